@@ -1,0 +1,14 @@
+"""recsys_common: the one shared, framework-free library of the recommender recipes.
+
+Modules:
+    feature_spec  FeatureSpec (NVIDIA-compatible YAML dataset description) and its validation.
+    datasets      Readers and writers for csv, parquet and NVIDIA's split_binary, driven by a FeatureSpec.
+    synthetic     Seeded synthetic datasets from a FeatureSpec (``python -m recsys_common.synthetic``).
+    transcode     Headerless CSV + spec -> parquet / split_binary (``python -m recsys_common.transcode``).
+    logger        DLLogger-compatible JSON log stream plus readable stdout lines.
+    plot_log      Log -> PNG plots (``python -m recsys_common.plot_log``).
+    testing       Locating the shared real datasets from tests (skip, or fail in CI).
+    io            Atomic file and directory writes.
+"""
+
+__version__ = "0.1.0"
