@@ -1,0 +1,137 @@
+"""Logging compatible with NVIDIA's DLLogger JSON stream, plus readable stdout lines.
+
+Every line of the JSON log is ``DLLL {json}`` with the keys DLLogger writes, so NVIDIA's log tooling reads ours:
+
+    DLLL {"timestamp": "1732280000.12", "datetime": "2026-11-22 15:00:00.120000", "elapsedtime": "3.5",
+          "type": "LOG", "step": [1, 200], "data": {"loss": 0.52}}
+
+Hyper-parameters are logged with ``step: "PARAMETER"``, the final summary with ``step: []`` (DLLogger's ``tuple()``),
+metric metadata as ``type: "METADATA"`` lines. Only rank 0 writes anything; other ranks get a silent logger.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "log.json")
+    >>> log = Logger(path, stdout=False)
+    >>> log.log_parameters({"lr": 0.1}); log.log(step=(0, 1), data={"loss": 0.5}); log.log_summary({"auc": 0.7})
+    >>> [r["step"] for r in read_log(path)]
+    ['PARAMETER', [0, 1], []]
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+Step = Union[str, int, Sequence[int]]
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return value.item()
+        except (ValueError, RuntimeError):
+            pass
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+class Logger:
+    """DLLogger-compatible logger.
+
+    Args:
+        path: JSON stream file (``None``: no file). Its directory is created.
+        rank: process rank; only rank 0 writes.
+        stdout: also print readable lines.
+        append: append to an existing log (resumed runs) instead of starting a new one.
+    """
+
+    def __init__(self, path: Optional[str] = "log.json", rank: int = 0, stdout: bool = True, append: bool = False):
+        self.enabled = rank == 0
+        self.stdout = stdout and self.enabled
+        self.start = time.time()
+        self._file = None
+        if self.enabled and path:
+            directory = os.path.dirname(os.path.abspath(path))
+            os.makedirs(directory, exist_ok=True)
+            self._file = open(path, "a" if append else "w", encoding="utf-8")
+
+    def _emit(self, record: Dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write("DLLL " + json.dumps(record) + "\n")
+            self._file.flush()
+
+    def _base(self, kind: str) -> Dict[str, Any]:
+        now = time.time()
+        return {"timestamp": str(now), "datetime": str(_dt.datetime.now()),
+                "elapsedtime": str(now - self.start), "type": kind}
+
+    def log(self, step: Step, data: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        step_value = step if isinstance(step, str) else ([step] if isinstance(step, int) else list(step))
+        record = self._base("LOG")
+        record.update({"step": step_value, "data": _jsonable(data)})
+        self._emit(record)
+        if self.stdout:
+            print(self._readable(step_value, data), flush=True)
+
+    def log_parameters(self, params: Dict[str, Any]) -> None:
+        self.log("PARAMETER", params)
+
+    def log_summary(self, data: Dict[str, Any]) -> None:
+        self.log((), data)
+
+    def metadata(self, metric: str, meta: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = self._base("METADATA")
+        record.update({"metric": metric, "metadata": _jsonable(meta)})
+        self._emit(record)
+
+    @staticmethod
+    def _readable(step: Any, data: Dict[str, Any]) -> str:
+        label = {"PARAMETER": "PARAMETER"}.get(step, None) if isinstance(step, str) else None
+        if label is None:
+            label = "SUMMARY" if step == [] else "step " + " ".join(str(s) for s in step)
+
+        def fmt(v):
+            if isinstance(v, float):
+                return f"{v:.6g}"
+            return str(_jsonable(v))
+        return f"[{label}] " + "  ".join(f"{k}: {fmt(v)}" for k, v in data.items())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "Logger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_log(path: str, kinds: Sequence[str] = ("LOG",)) -> List[Dict[str, Any]]:
+    """Parse a DLLogger JSON stream; lines that are not ``DLLL {...}`` are ignored."""
+    records = []
+    with open(path, "r", encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("DLLL "):
+                continue
+            record = json.loads(line[5:])
+            if record.get("type") in kinds:
+                records.append(record)
+    return records
+
+
+def log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,227 @@
+"""Seeded synthetic datasets from a FeatureSpec (the role of NVIDIA's ``gen_csv.py``), learnable on purpose.
+
+Values:
+    categorical   power law over ``[0, cardinality)``: ``P(id = k) ~ (k + 1) ** -alpha`` (ids ordered by frequency,
+                  as Criteo preprocessing orders them); multi-hot features draw 1..max_hotness such ids, padded -1.
+    numerical     standard normal, plus a per-row latent shared with the label.
+    label         Bernoulli(sigmoid(logit)), with a hidden model
+                  ``logit = b + sum_f w_f[id_f] + sum_j v_j x_j + u * w_0[id_0] * w_1[id_1]``
+                  whose weights depend only on ``seed``, so train and test mappings share one model and a trained
+                  recipe scores an AUC clearly above 0.5 on held-out synthetic rows.
+
+    >>> from recsys_common.feature_spec import FeatureSpec
+    >>> spec = FeatureSpec.get_default_feature_spec(2, [100, 7])
+    >>> cols = generate_columns(spec, 1000, seed=1)
+    >>> sorted(cols), cols["cat_0.bin"].max() < 100, cols["label"].dtype
+    (['cat_0.bin', 'cat_1.bin', 'label', 'num_0', 'num_1'], True, dtype('bool'))
+
+Command line: ``python -m recsys_common.synthetic --help``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import zlib
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+
+from .datasets import PAD, DatasetWriter
+from .feature_spec import FeatureSpec, FeatureSpecError
+
+_WEIGHT_TABLE = 4096  # hidden per-id weights are looked up modulo this, so huge tables cost nothing
+
+
+def _label_features(spec: FeatureSpec) -> List[str]:
+    return [f for ch, names in spec.channel_spec.items() if "label" in ch.lower() for f in names]
+
+
+def power_law_ids(rng: np.random.Generator, cardinality: int, size, alpha: float = 1.05) -> np.ndarray:
+    """Ids in ``[0, cardinality)`` with ``P(k) ~ (k+1)^-alpha`` (continuous inverse CDF, O(size) for any cardinality)."""
+    u = rng.random(size)
+    n = float(cardinality)
+    if abs(alpha - 1.0) < 1e-9:
+        x = np.exp(u * np.log(n + 1.0))
+    else:
+        a = 1.0 - alpha
+        x = (u * ((n + 1.0) ** a - 1.0) + 1.0) ** (1.0 / a)
+    return np.clip(np.floor(x).astype(np.int64) - 1, 0, cardinality - 1)
+
+
+class HiddenModel:
+    """The logistic model that labels synthetic rows; its weights depend only on the seed and the feature names."""
+
+    def __init__(self, spec: FeatureSpec, seed: int, strength: float = 1.0):
+        self.spec = spec
+        labels = set(_label_features(spec))
+        self.categorical = [f for f in spec.feature_spec if f not in labels and "cardinality" in spec.feature_spec[f]]
+        self.numerical = [f for f in spec.feature_spec if f not in labels and f not in self.categorical]
+        self.weights = {}
+        for f in self.categorical + self.numerical:
+            rng = np.random.default_rng([seed, zlib.crc32(f.encode())])
+            self.weights[f] = rng.normal(0.0, 1.0, _WEIGHT_TABLE if f in self.categorical else 1)
+        n_terms = max(1, len(self.categorical) + len(self.numerical))
+        # Each term's scale keeps the total logit variance near strength**2 * 2, whatever the feature count.
+        self.scale = strength * 1.4 / np.sqrt(n_terms)
+        self.bias = -1.0
+
+    def logit(self, columns: Dict[str, np.ndarray]) -> np.ndarray:
+        n = len(next(iter(columns.values())))
+        z = np.full(n, self.bias)
+        first_two = []
+        for f in self.categorical:
+            ids = np.asarray(columns[f])
+            if ids.ndim == 2:  # multi-hot: mean of the present ids' weights
+                present = ids != PAD
+                w = np.where(present, self.weights[f][np.where(present, ids, 0) % _WEIGHT_TABLE], 0.0)
+                term = w.sum(1) / np.maximum(present.sum(1), 1)
+            else:
+                term = self.weights[f][ids % _WEIGHT_TABLE]
+            z += self.scale * 2.0 * term
+            first_two.append(term)
+        for f in self.numerical:
+            z += self.scale * self.weights[f][0] * np.asarray(columns[f], np.float64).reshape(n, -1).mean(1)
+        if len(first_two) >= 2:  # one pairwise interaction, the kind dot-interaction models capture
+            z += 0.5 * first_two[0] * first_two[1]
+        return z
+
+
+def generate_columns(spec: FeatureSpec, num_rows: int, seed: int = 12345, mapping: Optional[str] = None,
+                     stream: int = 0, alpha: float = 1.05) -> Dict[str, np.ndarray]:
+    """One block of rows for every feature (or the features of ``mapping``), labels from the hidden model.
+
+    ``seed`` fixes the hidden model; ``stream`` selects an independent block of rows under that model (use different
+    streams for train/test and for consecutive blocks).
+    """
+    rng = np.random.default_rng([seed, stream, 7])
+    labels = _label_features(spec)
+    wanted = spec.features_of_mapping(mapping) if mapping else list(spec.feature_spec)
+    columns: Dict[str, np.ndarray] = {}
+    for f in spec.feature_spec:
+        meta = spec.feature_spec[f]
+        if f in labels:
+            continue
+        dtype = spec.numpy_dtype(f)
+        if "cardinality" in meta:
+            card = meta["cardinality"]
+            if card == "auto":
+                raise FeatureSpecError(f"{spec.origin}: feature_spec.{f}.cardinality is 'auto'; synthetic data needs "
+                                       f"a number")
+            hot = spec.max_hotness(f)
+            if hot > 1:
+                values = power_law_ids(rng, int(card), (num_rows, hot), alpha)
+                counts = rng.integers(1, hot + 1, num_rows)
+                values[np.arange(hot)[None, :] >= counts[:, None]] = PAD
+                columns[f] = values
+            else:
+                columns[f] = power_law_ids(rng, int(card), num_rows, alpha).astype(dtype)
+        elif np.issubdtype(dtype, np.integer):
+            high = min(100, int(np.iinfo(dtype).max))
+            columns[f] = rng.integers(0, high, num_rows).astype(dtype)
+        elif dtype == np.bool_:
+            columns[f] = rng.random(num_rows) < 0.5
+        else:
+            columns[f] = rng.normal(0.0, 1.0, num_rows).astype(dtype)
+    if labels:
+        z = HiddenModel(spec, seed).logit(columns)
+        p = 1.0 / (1.0 + np.exp(-z))
+        clicked = rng.random(num_rows) < p
+        for f in labels:
+            columns[f] = clicked.astype(spec.numpy_dtype(f))
+    return {f: columns[f] for f in wanted if f in columns}
+
+
+def generate_dataset(spec: FeatureSpec, output_dir: str, num_rows: Dict[str, int], seed: int = 12345,
+                     block_rows: int = 1 << 20, spec_filename: str = "feature_spec.yaml") -> FeatureSpec:
+    """Write every mapping in ``num_rows`` under ``output_dir`` in the spec's own chunk types; returns the new spec.
+
+    The spec file is written last, so a directory with a ``feature_spec.yaml`` is always complete.
+    """
+    out = spec.copy()
+    out.base_directory = os.path.abspath(output_dir)
+    out.origin = os.path.join(out.base_directory, spec_filename)
+    os.makedirs(out.base_directory, exist_ok=True)
+    for m_index, (mapping, rows) in enumerate(num_rows.items()):
+        if mapping not in out.source_spec:
+            raise FeatureSpecError(f"{spec.origin}: source_spec has no mapping {mapping!r}")
+        with DatasetWriter(out, mapping) as writer:
+            for b_index, start in enumerate(range(0, rows, block_rows)):
+                n = min(block_rows, rows - start)
+                writer.write(generate_columns(out, n, seed, mapping, stream=1000 * (m_index + 1) + b_index))
+    out.to_yaml(out.origin)
+    return out
+
+
+def _parse_sizes(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m recsys_common.synthetic",
+        description="Generate a seeded synthetic dataset from a FeatureSpec (or from a Criteo-shaped default spec) "
+                    "in the spec's own formats, with labels from a hidden logistic model, and print its summary.")
+    p.add_argument("--feature_spec", default=None,
+                   help="input FeatureSpec YAML; its source_spec decides formats and file names. Default: NVIDIA's "
+                        "Criteo split-binary layout built from --num_numerical_features and --table_sizes")
+    p.add_argument("--output", required=True, help="output dataset directory (feature_spec.yaml is written there)")
+    p.add_argument("--size", type=int, default=100000, help="rows of the train mapping (default 100000)")
+    p.add_argument("--test_size", type=int, default=None,
+                   help="rows of every other mapping (default: size // 10, at least 1)")
+    p.add_argument("--num_numerical_features", type=int, default=13,
+                   help="numerical features of the default spec (default 13)")
+    p.add_argument("--table_sizes", type=_parse_sizes, default=[100000] * 26,
+                   help="comma-separated cardinalities of the default spec's categoricals (default 26 x 100000)")
+    p.add_argument("--seed", type=int, default=12345, help="seed of the hidden model and of the rows (default 12345)")
+    p.add_argument("--block_rows", type=int, default=1 << 20, help="rows generated and written per block")
+    p.add_argument("--overwrite", action="store_true", help="allow writing into an existing non-empty directory")
+    return p
+
+
+def summarize(spec: FeatureSpec) -> str:
+    from .datasets import read_columns
+    lines = [f"dataset {spec.base_directory}"]
+    for mapping in spec.source_spec:
+        label = _label_features(spec)
+        cols = read_columns(spec, mapping, features=label or None, check_values=False)
+        n = len(next(iter(cols.values()))) if cols else 0
+        size = sum(os.path.getsize(spec.resolve_file(f)) for c in spec.source_spec[mapping] for f in c["files"])
+        pos = f", positive rate {np.mean(cols[label[0]]):.4f}" if label and n else ""
+        lines.append(f"  {mapping}: {n} rows, {size / 2**20:.1f} MiB{pos}")
+    for ch, names in spec.channel_spec.items():
+        cards = [spec.feature_spec[f].get("cardinality") for f in names]
+        extra = f" cardinalities {cards}" if any(c is not None for c in cards) else ""
+        lines.append(f"  channel {ch}: {len(names)} features{extra}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    if args.feature_spec:
+        spec = FeatureSpec.from_yaml(args.feature_spec)
+    else:
+        spec = FeatureSpec.get_default_feature_spec(args.num_numerical_features, args.table_sizes)
+    if os.path.isdir(args.output) and os.listdir(args.output) and not args.overwrite:
+        print(f"error: {args.output} exists and is not empty (use --overwrite)", file=sys.stderr)
+        raise SystemExit(2)
+    other = args.test_size if args.test_size is not None else max(1, args.size // 10)
+    sizes = {m: (args.size if i == 0 or m == "train" else other) for i, m in enumerate(spec.source_spec)}
+    if "train" in sizes:
+        sizes = {m: (args.size if m == "train" else other) for m in spec.source_spec}
+    start = time.perf_counter()
+    out = generate_dataset(spec, args.output, sizes, seed=args.seed, block_rows=args.block_rows)
+    elapsed = time.perf_counter() - start
+    total = sum(sizes.values())
+    print(summarize(out))
+    print(f"generated {total} rows in {elapsed:.2f} s ({total / max(elapsed, 1e-9):,.0f} rows/s)")
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (FeatureSpecError, ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
