@@ -17,7 +17,7 @@ CSV chunks are headerless with the chunk's features as columns. Parquet chunks h
 columns for multi-hot features).
 
 Batches are dicts ``channel -> array``: categorical channels int64 ``[B, n]``, other channels float32 ``[B, n]``,
-a channel of one non-categorical feature (the label) float32 ``[B]``. A channel holding a multi-hot feature yields a
+a label channel (name containing "label") of one feature float32 ``[B]``. A channel holding a multi-hot feature yields a
 list with one int64 ``[B, max_hotness]`` array per feature, padded with -1.
 """
 from __future__ import annotations
@@ -322,7 +322,7 @@ class BatchReader:
             dtype = np.int64 if categorical else np.float32
             if not names:
                 batch[ch] = np.zeros((self.batch_size, 0), dtype)
-            elif len(names) == 1 and not categorical:
+            elif len(names) == 1 and "label" in ch.lower():
                 batch[ch] = np.asarray(columns[names[0]], dtype=dtype)
             else:
                 batch[ch] = np.stack([np.asarray(columns[f], dtype=dtype) for f in names], axis=1)
