@@ -1,0 +1,100 @@
+"""DLLogger-compatible logs, plots, the shared-data locator, and --help of every command-line entry point."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recsys_common import plot_log, synthetic, testing, transcode
+from recsys_common.logger import Logger, read_log
+
+
+def test_log_lines_are_dllogger_json(tmp_path):
+    path = tmp_path / "sub" / "log.json"
+    log = Logger(str(path), stdout=False)
+    log.metadata("hr@10", {"unit": None})
+    log.log_parameters({"lr": 0.1, "layers": [256, 128]})
+    log.log(step=(1, 20), data={"loss": 0.25, "throughput": 1e6})
+    log.log(step=3, data={"hr@10": 0.5})
+    log.log_summary({"best_hr": 0.7})
+    log.close()
+    lines = path.read_text().splitlines()
+    assert all(line.startswith("DLLL {") for line in lines)
+    records = [json.loads(line[5:]) for line in lines]
+    assert records[0]["type"] == "METADATA" and records[0]["metric"] == "hr@10"
+    for r in records[1:]:
+        assert set(r) == {"timestamp", "datetime", "elapsedtime", "type", "step", "data"}
+        float(r["timestamp"]), float(r["elapsedtime"])
+    assert [r["step"] for r in records[1:]] == ["PARAMETER", [1, 20], [3], []]
+    assert records[1]["data"]["layers"] == [256, 128]
+
+
+def test_only_rank_zero_writes(tmp_path, capsys):
+    log = Logger(str(tmp_path / "log.json"), rank=1)
+    log.log(step=1, data={"loss": 1.0})
+    log.close()
+    assert not (tmp_path / "log.json").exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_stdout_lines_are_readable(tmp_path, capsys):
+    Logger(None).log(step=(2, 5), data={"loss": 0.123456789})
+    assert capsys.readouterr().out.strip() == "[step 2 5] loss: 0.123457"
+
+
+def test_plot_log_writes_pngs(tmp_path):
+    path = str(tmp_path / "log.json")
+    log = Logger(path, stdout=False)
+    log.log_parameters({"lr": 1})
+    for epoch in range(5):
+        log.log(step=epoch, data={"loss": 1.0 / (epoch + 1), "hr@10": 0.1 * epoch, "train_throughput": 1e5})
+    log.log_summary({"best": 1})
+    log.close()
+    written = plot_log.main([path, "--output", str(tmp_path / "plots")])
+    assert sorted(os.path.basename(w) for w in written) == ["loss.png", "metrics.png", "throughput.png"]
+    for w in written:
+        with open(w, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert len(read_log(path)) == 7
+
+
+def test_plot_log_rejects_empty_log(tmp_path):
+    (tmp_path / "log.json").write_text("not a log\n")
+    with pytest.raises(ValueError, match="no step-indexed numeric LOG records"):
+        plot_log.plot(str(tmp_path / "log.json"), str(tmp_path / "p"))
+
+
+def test_shared_data_path_skips_or_fails(monkeypatch, tmp_path):
+    monkeypatch.setenv("RECSYS_DATA_DIR", str(tmp_path))
+    (tmp_path / "present").mkdir()
+    assert testing.shared_data_path("present") == str(tmp_path / "present")
+    monkeypatch.delenv("RECSYS_REQUIRE_DATA", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not found"):
+        testing.shared_data_path("absent")
+    monkeypatch.setenv("RECSYS_REQUIRE_DATA", "1")
+    with pytest.raises(pytest.fail.Exception, match="RECSYS_REQUIRE_DATA=1 makes this a failure"):
+        testing.shared_data_path("absent")
+
+
+@pytest.mark.parametrize("module", [synthetic, transcode])
+def test_every_flag_is_documented(module):
+    parser = module.build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help and len(action.help) > 10, f"{module.__name__}: {action.option_strings} has no help"
+
+
+@pytest.mark.parametrize("module", ["recsys_common.synthetic", "recsys_common.transcode", "recsys_common.plot_log"])
+def test_python_dash_m_help(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "usage: python -m" in out
+
+
+def test_cli_errors_exit_nonzero_with_message(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "recsys_common.transcode", "--input", str(tmp_path),
+                        "--feature_spec_in", "nope.yaml", "--output", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "nope.yaml: feature spec file not found" in r.stderr
