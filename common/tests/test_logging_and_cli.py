@@ -98,3 +98,11 @@ def test_cli_errors_exit_nonzero_with_message(tmp_path):
                         "--feature_spec_in", "nope.yaml", "--output", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "nope.yaml: feature spec file not found" in r.stderr
+
+
+def test_synthetic_benchmark_prints_json():
+    bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_synthetic.py")
+    out = subprocess.run([sys.executable, bench, "--rows", "5000", "--repeats", "1", "--table_size", "1000"],
+                         capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["rows"] == 5000 and result["generate_rows_per_s"] > 0 and result["read_rows_per_s"] > 0
