@@ -1,0 +1,9 @@
+"""DLRM model parts: :class:`BottomMLP`, embeddings, :class:`DotInteraction`/:class:`CatInteraction`, :class:`TopMLP`,
+assembled by :class:`DLRM`. Parallel wrappers live in :mod:`dlrm.model.parallel`."""
+from .dlrm import DLRM
+from .embeddings import MultiTableEmbeddings, TorchRecEmbeddings, torchrec_available
+from .interaction import CatInteraction, DotInteraction
+from .mlp import MLP, BottomMLP, TopMLP
+
+__all__ = ["DLRM", "MLP", "BottomMLP", "TopMLP", "DotInteraction", "CatInteraction", "MultiTableEmbeddings",
+           "TorchRecEmbeddings", "torchrec_available"]

@@ -1,0 +1,69 @@
+"""Feature interactions: how the bottom MLP output and the embeddings meet before the top MLP.
+
+Let ``x`` be the bottom MLP output ``[B, d]`` and ``e_1..e_T`` the embeddings ``[B, T, d]``.
+
+* **dot** (DLRM paper, eq. 2): stack ``Z = [x, e_1, ..., e_T]`` (``[B, T+1, d]``), take all pairwise dot products
+  ``Z Z^T`` (``[B, T+1, T+1]``), keep the strictly lower triangle (``i > j``, ``(T+1)T/2`` values; with
+  self-interaction the diagonal too, ``(T+1)(T+2)/2``) and concatenate with ``x``:
+  ``out = [x, <z_i, z_j> for i > j]``, width ``d + (T+1)T/2``.
+* **cat**: ``out = [x, e_1, ..., e_T]`` flattened, width ``d (T+1)``; the bottom MLP output may then have any width.
+
+    >>> import torch
+    >>> dot = DotInteraction(num_embeddings=26, embedding_dim=128)
+    >>> dot(torch.zeros(2, 128), torch.zeros(2, 26, 128)).shape
+    torch.Size([2, 479])
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of ``[bottom, emb_1..emb_T]`` concatenated with the bottom MLP output."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, self_interaction: bool = False):
+        super().__init__()
+        n = num_embeddings + 1
+        offset = 0 if self_interaction else -1
+        rows, cols = torch.tril_indices(n, n, offset=offset)
+        # Index buffers are not parameters and not saved in checkpoints (persistent=False): they derive from the config.
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.embedding_dim = embedding_dim
+        self.output_width = embedding_dim + rows.numel()
+
+    def forward(self, bottom: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        if bottom.shape[-1] != embeddings.shape[-1]:
+            raise ValueError(f"dot interaction needs the bottom MLP output width ({bottom.shape[-1]}) to equal the "
+                             f"embedding dimension ({embeddings.shape[-1]})")
+        # Under autocast the bottom MLP output may be bf16/fp16 while embeddings stay fp32: compute in a common type.
+        embeddings = embeddings.to(bottom.dtype)
+        stacked = torch.cat([bottom.unsqueeze(1), embeddings], dim=1)      # [B, T+1, d]
+        gram = torch.bmm(stacked, stacked.transpose(1, 2))                  # [B, T+1, T+1]
+        pairs = gram[:, self.rows, self.cols]                               # [B, (T+1)T/2]
+        return torch.cat([bottom, pairs], dim=1)
+
+
+class CatInteraction(nn.Module):
+    """Concatenation ``[bottom, emb_1, ..., emb_T]`` flattened to ``[B, d_bottom + T d]``."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bottom_width: int):
+        super().__init__()
+        self.output_width = bottom_width + num_embeddings * embedding_dim
+
+    def forward(self, bottom: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        embeddings = embeddings.to(bottom.dtype)
+        return torch.cat([bottom, embeddings.flatten(1)], dim=1)
+
+
+def make_interaction(op: str, num_embeddings: int, embedding_dim: int, bottom_width: int,
+                     self_interaction: bool = False) -> nn.Module:
+    if op == "dot":
+        if bottom_width != embedding_dim:
+            raise ValueError(f"--interaction_op dot needs the last --bottom_mlp_sizes value ({bottom_width}) to equal "
+                             f"--embedding_dim ({embedding_dim})")
+        return DotInteraction(num_embeddings, embedding_dim, self_interaction)
+    if op == "cat":
+        return CatInteraction(num_embeddings, embedding_dim, bottom_width)
+    raise ValueError(f"--interaction_op must be 'dot' or 'cat', got {op!r}")

@@ -1,0 +1,209 @@
+"""Build a DLRM and make it trainable on one or many processes: embeddings, optimizers, parallel wrappers.
+
+Embedding types (``--embedding_type``):
+
+* ``torchrec_fused``: TorchRec ``DistributedModelParallel`` (DMP). Its planner shards the tables over the processes
+  (``--sharding_type table_wise`` / ``row_wise`` / ``auto``: the planner picks per table); each shard is an FBGEMM
+  table-batched embedding whose optimizer (SGD, or Adam on CUDA) runs fused inside the backward pass. The MLPs are
+  replicated and trained data-parallel (DMP wraps them in ``DistributedDataParallel``). This is hybrid parallelism:
+  model-parallel embeddings, data-parallel MLPs, with all-to-all exchanges between them.
+* ``multi_table``: one ``torch.nn.EmbeddingBag`` per table, replicated on every process; the whole model is
+  data-parallel (``DistributedDataParallel``). Sparse gradients on a single process, dense ones when data-parallel.
+  Needs only PyTorch.
+* ``auto``: ``torchrec_fused`` when TorchRec imports and supports the requested optimizer on this device, otherwise
+  ``multi_table``.
+
+Gradients are made equal to plain data-parallel SGD on the global batch: DDP averages the MLP gradients over the
+processes, and the embedding gradients, which TorchRec sums over the processes' local mean losses, are divided by the
+world size (``TorchRecEmbeddings.grad_multiplier``), as is any static fp16 loss scale the fused optimizer never sees.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .dlrm import DLRM
+from .embeddings import MultiTableEmbeddings, TorchRecEmbeddings, table_key, torchrec_available
+
+EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
+SHARDING_TYPES = ("auto", "table_wise", "row_wise")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    num_numerical_features: int
+    table_sizes: List[int]
+    feature_names: List[str]
+    embedding_dim: int = 128
+    bottom_mlp_sizes: List[int] = dataclasses.field(default_factory=lambda: [512, 256, 128])
+    top_mlp_sizes: List[int] = dataclasses.field(default_factory=lambda: [1024, 1024, 512, 256, 1])
+    interaction_op: str = "dot"
+    self_interaction: bool = False
+    hash_indices: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resolve_embedding_type(requested: str, device: torch.device, adam_embeddings: bool) -> str:
+    if requested not in EMBEDDING_TYPES:
+        raise ValueError(f"--embedding_type must be one of {EMBEDDING_TYPES}, got {requested!r}")
+    fused_adam_ok = device.type == "cuda"  # FBGEMM's CPU kernels have fused SGD and Adagrad, not Adam
+    if requested == "torchrec_fused":
+        if not torchrec_available():
+            raise RuntimeError("--embedding_type torchrec_fused needs torchrec and fbgemm-gpu (CPU: fbgemm-gpu-cpu); "
+                               "install them or use --embedding_type multi_table")
+        if adam_embeddings and not fused_adam_ok:
+            raise ValueError("--Adam_embedding_optimizer with --embedding_type torchrec_fused needs CUDA: FBGEMM's CPU "
+                             "kernels have no fused Adam. Use --embedding_type multi_table (torch SparseAdam) on CPU")
+        return requested
+    if requested == "auto":
+        if torchrec_available() and (fused_adam_ok or not adam_embeddings):
+            return "torchrec_fused"
+        return "multi_table"
+    return requested
+
+
+class _CpuRowWiseSharder:
+    """TorchRec's EmbeddingBagCollection sharder, also offering row-wise sharding on CPU.
+
+    TorchRec 1.8 lists row-wise sharding for CUDA only, but its CPU path (FBGEMM CPU kernels + gloo all-to-all and
+    reduce-scatter) works; tests compare it against single-process training.
+    """
+
+    def __new__(cls):
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+        class Sharder(EmbeddingBagCollectionSharder):
+            def sharding_types(self, compute_device_type: str) -> List[str]:
+                types = super().sharding_types(compute_device_type)
+                if compute_device_type == "cpu" and "row_wise" not in types:
+                    types = types + ["row_wise"]
+                return types
+
+        return Sharder()
+
+
+@dataclasses.dataclass
+class TrainableModel:
+    """The wrapped model to call, the bare DLRM inside it, and its optimizers."""
+    module: nn.Module                       # call this: DMP, DDP or the DLRM itself
+    core: DLRM                              # the DLRM (its embeddings may be sharded)
+    embedding_type: str
+    dense_optimizer: torch.optim.Optimizer
+    embedding_optimizer: Optional[object]   # plain: torch optimizer; torchrec: DMP's fused KeyedOptimizer
+    table_state_keys: List[str]             # state_dict key of table i (canonical: unwrapped names)
+    plan: Optional[object] = None
+
+    @property
+    def optimizers(self) -> list:
+        return [o for o in (self.dense_optimizer, self.embedding_optimizer) if o is not None]
+
+    def zero_grad(self) -> None:
+        self.dense_optimizer.zero_grad(set_to_none=True)
+        if self.embedding_optimizer is not None:
+            # For the fused optimizer this also pushes the current learning rate into the FBGEMM kernel.
+            self.embedding_optimizer.zero_grad()
+
+    def state_dict(self) -> Dict[str, object]:
+        """State with the wrapper prefixes removed (``module.``, ``_dmp_wrapped_module.``)."""
+        return {_canonical(k): v for k, v in self.module.state_dict().items()}
+
+    def dense_named_parameters(self):
+        return [(n, p) for n, p in self.core.named_parameters() if not n.startswith("embeddings.")]
+
+
+def _canonical(key: str) -> str:
+    for prefix in ("_dmp_wrapped_module.", "module."):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def build_trainable_model(config: ModelConfig, embedding_type: str, device: torch.device, world_size: int,
+                          lr: float, adam_mlp: bool = False, adam_embeddings: bool = False,
+                          sharding_type: str = "auto", local_batch_size: int = 512,
+                          grad_multiplier: float = 1.0) -> TrainableModel:
+    """Create the DLRM for ``embedding_type`` (already resolved) and wrap it for ``world_size`` processes.
+
+    A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
+    """
+    if embedding_type == "torchrec_fused":
+        return _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, sharding_type,
+                               local_batch_size, grad_multiplier)
+    if embedding_type != "multi_table":
+        raise ValueError(f"unresolved embedding type {embedding_type!r}")
+    sparse = world_size == 1
+    embeddings = MultiTableEmbeddings(config.table_sizes, config.embedding_dim, sparse=sparse, device=device)
+    core = _dlrm(config, embeddings).to(device)
+    dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
+    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
+    table_params = list(embeddings.parameters())
+    if adam_embeddings:
+        embedding_optimizer = torch.optim.SparseAdam(table_params, lr=lr) if sparse else torch.optim.Adam(table_params, lr=lr)
+    else:
+        embedding_optimizer = torch.optim.SGD(table_params, lr=lr)
+    module: nn.Module = core
+    if world_size > 1:
+        module = nn.parallel.DistributedDataParallel(
+            core, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
+    keys = [f"embeddings.tables.{i}.weight" for i in range(len(config.table_sizes))]
+    return TrainableModel(module, core, "multi_table", dense_optimizer, embedding_optimizer, keys)
+
+
+def _dlrm(config: ModelConfig, embeddings: nn.Module) -> DLRM:
+    return DLRM(config.num_numerical_features, config.table_sizes, config.embedding_dim, config.bottom_mlp_sizes,
+                config.top_mlp_sizes, embeddings, config.interaction_op, config.self_interaction,
+                config.hash_indices)
+
+
+def _dense_optimizer(params: Sequence[nn.Parameter], lr: float, adam: bool, device: torch.device):
+    if adam:
+        return torch.optim.Adam(params, lr=lr, fused=device.type == "cuda")
+    return torch.optim.SGD(params, lr=lr)
+
+
+def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, sharding_type, local_batch_size,
+                    grad_multiplier) -> TrainableModel:
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    if sharding_type not in SHARDING_TYPES:
+        raise ValueError(f"--sharding_type must be one of {SHARDING_TYPES}, got {sharding_type!r}")
+    embeddings = TorchRecEmbeddings(config.table_sizes, config.embedding_dim, config.feature_names)
+    embeddings.grad_multiplier = grad_multiplier
+    core = _dlrm(config, embeddings)
+    # Dense parts are real tensors on the CPU until DMP moves them; the EBC stays on "meta" until sharded.
+    for name, module in core.named_children():
+        if name != "embeddings":
+            module.to(device)
+    core._sizes = core._sizes.to(device)
+    embedding_optimizer_class = torch.optim.Adam if adam_embeddings else torch.optim.SGD
+    apply_optimizer_in_backward(embedding_optimizer_class, embeddings.ebc.parameters(), {"lr": lr})
+
+    allowed = ["table_wise", "row_wise"] if sharding_type == "auto" else [sharding_type]
+    constraints = {f"t_{table_key(f)}": ParameterConstraints(sharding_types=allowed, compute_kernels=["fused"])
+                   for f in config.feature_names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Topology constructed directly": we give world size and device explicitly
+        topology = Topology(world_size=world_size, compute_device=device.type,
+                            local_world_size=_local_world_size(world_size))
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=local_batch_size, constraints=constraints)
+        sharder = _CpuRowWiseSharder()
+        plan = planner.collective_plan(core, [sharder], dist.GroupMember.WORLD)
+    model = DistributedModelParallel(core, device=device, plan=plan, sharders=[sharder])
+    dense_params = [p for n, p in core.named_parameters() if "embeddings." not in n]
+    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
+    keys = [f"embeddings.ebc.embedding_bags.t_{table_key(f)}.weight" for f in config.feature_names]
+    return TrainableModel(model, core, "torchrec_fused", dense_optimizer, model.fused_optimizer, keys, plan)
+
+
+def _local_world_size(world_size: int) -> int:
+    import os
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

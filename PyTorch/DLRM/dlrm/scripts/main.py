@@ -1,0 +1,506 @@
+"""Train, evaluate and benchmark DLRM: ``python -m dlrm.scripts.main --help``.
+
+    python -m dlrm.scripts.main --mode train --dataset /data/dlrm/binary_dataset/
+    python -m dlrm.scripts.main --mode test --dataset /data/dlrm/binary_dataset/ --load_checkpoint_path ckpt
+    python -m dlrm.scripts.main --mode inference_benchmark --synthetic_dataset
+    torchrun --nproc_per_node=8 -m dlrm.scripts.main --dataset ...     (hybrid parallel)
+
+Flags and defaults follow NVIDIA's recipe (the 2020 seed, plus the later flags of reference A.4); see the README for
+what differs and why. ``main(argv)`` returns a dict of results (AUC, loss, throughput, latencies) for tests.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import flags
+
+FLAGS = flags.FlagValues()  # our own registry: importing this module never touches absl's global flags
+
+
+def _define_flags(f: flags.FlagValues) -> None:
+    d = flags
+    d.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark"], "Select task to be performed", flag_values=f)
+    d.DEFINE_integer("epochs", 1, "Number of epochs to train for", flag_values=f)
+    d.DEFINE_integer("max_steps", None, "Stop training after doing this many optimization steps", flag_values=f)
+    d.DEFINE_integer("batch_size", 32768, "Batch size used for training (global, over all processes)", flag_values=f)
+    d.DEFINE_integer("test_batch_size", 32768, "Batch size used for testing/validation", flag_values=f)
+    d.DEFINE_float("lr", 28.0, "Base learning rate", flag_values=f)
+    d.DEFINE_integer("warmup_factor", 0, "Learning rate warmup factor. Must be a non-negative integer", flag_values=f)
+    d.DEFINE_integer("warmup_steps", 6400, "Number of warmup optimization steps", flag_values=f)
+    d.DEFINE_integer("decay_steps", 80000,
+                     "Polynomial learning rate decay steps. If equal to 0 will not do any decaying", flag_values=f)
+    d.DEFINE_integer("decay_start_step", 64000,
+                     "Optimization step after which to start decaying the learning rate, if None will start decaying "
+                     "right after the warmup phase is completed", flag_values=f)
+    d.DEFINE_float("decay_power", 2.0, "Polynomial learning rate decay power", flag_values=f)
+    d.DEFINE_float("decay_end_lr", 0.0, "Learning rate at the end of the decay", flag_values=f)
+    d.DEFINE_enum("embedding_type", "auto", ["auto", "torchrec_fused", "multi_table"],
+                  "torchrec_fused: TorchRec EmbeddingBagCollection sharded by DistributedModelParallel, FBGEMM "
+                  "table-batched kernel with fused optimizer; multi_table: one torch.nn.EmbeddingBag per table "
+                  "(PyTorch only); auto: torchrec_fused when TorchRec is installed and supports the optimizer here",
+                  flag_values=f)
+    d.DEFINE_enum("sharding_type", "auto", ["auto", "table_wise", "row_wise"],
+                  "How TorchRec's planner may shard embedding tables over processes (auto: it chooses per table)",
+                  flag_values=f)
+    d.DEFINE_integer("embedding_dim", 128, "Dimensionality of embedding space for categorical features",
+                     flag_values=f)
+    d.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Linear layer sizes for the top MLP",
+                  flag_values=f)
+    d.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Linear layer sizes for the bottom MLP", flag_values=f)
+    d.DEFINE_enum("interaction_op", "dot", ["dot", "cat"],
+                  "Type of interaction operation to perform. Supported choices: 'dot' or 'cat'", flag_values=f)
+    d.DEFINE_boolean("self_interaction", False, "Set to True to use self-interaction", flag_values=f)
+    d.DEFINE_string("dataset", None, "Full path to the dataset directory (with its feature_spec.yaml)", flag_values=f)
+    d.DEFINE_string("feature_spec", "feature_spec.yaml", "Name of the FeatureSpec file in the dataset directory",
+                    flag_values=f)
+    d.DEFINE_enum("dataset_type", "parametric", ["parametric", "synthetic_gpu"],
+                  "parametric: read --dataset through its FeatureSpec; synthetic_gpu: random batches generated on "
+                  "the device (same as --synthetic_dataset)", flag_values=f)
+    d.DEFINE_float("dataset_subset", None, "Use only a subset of the training data. If None (default) will use all "
+                   "of it. Must be either None, or a float in range [0,1]", flag_values=f)
+    d.DEFINE_boolean("shuffle_batch_order", False, "Read batch in train dataset by random order", short_name="shuffle",
+                     flag_values=f)
+    d.DEFINE_integer("max_table_size", None, "Maximum number of rows per embedding table, by default equal to the "
+                     "number of unique values for each categorical variable", flag_values=f)
+    d.DEFINE_boolean("hash_indices", False, "If True the model will compute `index := index % table size` to ensure "
+                     "that the indices match table sizes", flag_values=f)
+    d.DEFINE_boolean("synthetic_dataset", False, "Use synthetic instead of real data for benchmarking purposes",
+                     flag_values=f)
+    d.DEFINE_integer("synthetic_dataset_num_entries", 2 ** 15 * 1024, "Number of samples per epoch for the "
+                     "synthetic dataset", flag_values=f)
+    d.DEFINE_list("synthetic_dataset_table_sizes", ["100000"] * 26,
+                  "Embedding table sizes to use with the synthetic dataset", flag_values=f)
+    d.DEFINE_integer("synthetic_dataset_numerical_features", 13,
+                     "Number of numerical features of the synthetic dataset", flag_values=f)
+    d.DEFINE_integer("num_numerical_features", 13, "Number of numerical features in the dataset. Defaults to 13 "
+                     "for the Criteo Terabyte Dataset (the FeatureSpec's numerical channel is checked against it)",
+                     flag_values=f)
+    d.DEFINE_string("load_checkpoint_path", None, "Path from which to load a checkpoint", flag_values=f)
+    d.DEFINE_string("save_checkpoint_path", None, "Path to which to save the training checkpoints", flag_values=f)
+    d.DEFINE_string("log_path", "./log.json", "Destination for the log file with various results and statistics",
+                    flag_values=f)
+    d.DEFINE_integer("test_freq", None,
+                     "Number of optimization steps between validations. If None will test after each epoch",
+                     flag_values=f)
+    d.DEFINE_float("test_after", 0.0, "Don't test the model unless this many epochs has been completed",
+                   flag_values=f)
+    d.DEFINE_integer("print_freq", 200, "Number of optimizations steps between printing training status to stdout",
+                     flag_values=f)
+    d.DEFINE_integer("benchmark_warmup_steps", 0, "Number of initial iterations to exclude from throughput "
+                     "measurements", flag_values=f)
+    d.DEFINE_string("base_device", "cuda", "Device to run the majority of the model operations (cuda falls back "
+                    "to cpu with a warning when CUDA is absent)", flag_values=f)
+    d.DEFINE_enum("backend", None, ["nccl", "gloo"], "torch.distributed backend (default: nccl on CUDA, gloo on CPU)",
+                  flag_values=f)
+    d.DEFINE_boolean("fp16", True, "If True (default) the script will use Automatic Mixed Precision", flag_values=f)
+    d.DEFINE_boolean("amp", False, "Use Automatic Mixed Precision (same as --fp16; pass --nofp16 for FP32)",
+                     flag_values=f)
+    d.DEFINE_enum("amp_dtype", "float16", ["float16", "bfloat16"], "Half type of AMP on CUDA (the CPU always uses "
+                  "bfloat16); embeddings stay float32", flag_values=f)
+    d.DEFINE_float("loss_scale", 8192.0, "Static loss scale for Mixed Precision Training (float16 only)",
+                   flag_values=f)
+    d.DEFINE_boolean("cuda_graphs", False, "Capture the MLPs of the training and inference steps in CUDA graphs "
+                     "(CUDA only)", flag_values=f)
+    d.DEFINE_list("inference_benchmark_batch_sizes", ["1", "64", "4096"],
+                  "Batch sizes for inference throughput and latency measurements", flag_values=f)
+    d.DEFINE_integer("inference_benchmark_steps", 200, "Number of steps for measuring inference latency and "
+                     "throughput", flag_values=f)
+    d.DEFINE_float("auc_threshold", None, "Stop the training after achieving this AUC", flag_values=f)
+    d.DEFINE_integer("seed", 12345, "Random seed", flag_values=f)
+    d.DEFINE_boolean("Adam_embedding_optimizer", False, "Use Adam for the embeddings (default SGD)", flag_values=f)
+    d.DEFINE_boolean("Adam_MLP_optimizer", False, "Use Adam for the MLPs (default SGD)", flag_values=f)
+
+
+_define_flags(FLAGS)
+
+
+# ----------------------------------------------------------------------------------------------------------- setup
+def _ints(values: Sequence[str], flag: str) -> List[int]:
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}") from None
+
+
+def _build_data(args, ctx, info_only: bool = False):
+    from dlrm.data import SplitBinaryBatches, SyntheticBatches, dataset_info, default_synthetic_info
+    synthetic = args.synthetic_dataset or args.dataset_type == "synthetic_gpu"
+    if synthetic:
+        info = default_synthetic_info(_ints(args.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
+                                      args.synthetic_dataset_numerical_features)
+    else:
+        if not args.dataset:
+            raise ValueError("--dataset is required (or pass --synthetic_dataset for random benchmark data)")
+        info = dataset_info(args.dataset, args.feature_spec)
+        if info.num_numerical_features != args.num_numerical_features and args.num_numerical_features != 13:
+            raise ValueError(f"--num_numerical_features {args.num_numerical_features} but {info.spec.origin} has "
+                             f"{info.num_numerical_features} numerical features")
+    if info_only:
+        return info, None, None
+
+    def train_data():
+        if synthetic:
+            return SyntheticBatches(info, args.synthetic_dataset_num_entries, args.batch_size, ctx.device, ctx.rank,
+                                    ctx.world_size, seed=args.seed)
+        return SplitBinaryBatches(info, "train", args.batch_size, ctx.device, ctx.rank, ctx.world_size,
+                                  training=True, shuffle=args.shuffle_batch_order, seed=args.seed,
+                                  subset=args.dataset_subset)
+
+    def test_data():
+        if synthetic:
+            return SyntheticBatches(info, max(args.synthetic_dataset_num_entries // 8, args.test_batch_size),
+                                    args.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=args.seed + 1,
+                                    training=False)
+        return SplitBinaryBatches(info, "test", args.test_batch_size, ctx.device, ctx.rank, ctx.world_size,
+                                  training=False)
+    return info, train_data, test_data
+
+
+def _table_sizes(info, args) -> List[int]:
+    sizes = list(info.cardinalities)
+    if args.max_table_size is not None:
+        capped = [(name, n) for name, n in zip(info.categorical_features, sizes) if n > args.max_table_size]
+        if capped and not args.hash_indices:
+            names = ", ".join(f"{name} ({n} rows)" for name, n in capped)
+            raise ValueError(f"--max_table_size {args.max_table_size} caps {names}: their ids would overflow the "
+                             f"capped tables; pass --hash_indices to map ids with id % table size")
+        sizes = [min(n, args.max_table_size) for n in sizes]
+    return sizes
+
+
+class _Amp:
+    """Autocast and (float16 only) a static loss scaler, as NVIDIA's recipe: scale 8192, never grown."""
+
+    def __init__(self, enabled: bool, device, amp_dtype: str, loss_scale: float):
+        import torch
+        self.enabled = enabled
+        self.device_type = device.type
+        if device.type == "cpu":
+            self.dtype = torch.bfloat16
+        else:
+            self.dtype = torch.float16 if amp_dtype == "float16" else torch.bfloat16
+        self.scaler = None
+        if enabled and self.dtype == torch.float16:
+            self.scaler = torch.amp.GradScaler(device.type, init_scale=loss_scale, growth_interval=1_000_000_000)
+
+    def autocast(self):
+        import torch
+        # cache_enabled=False: required when parts of the step are captured in CUDA graphs, harmless otherwise.
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=False)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "") if self.enabled else "float32"
+
+
+# ------------------------------------------------------------------------------------------------------ evaluation
+def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
+    """Exact AUC and mean BCE over the whole mapping, predictions gathered from every process."""
+    import torch
+    from dlrm.utils.distributed import all_gather_1d, all_reduce_sum
+    from dlrm.utils.metrics import binary_cross_entropy_sum, roc_auc_score
+    model = trainable.core  # no DDP wrapper: evaluation needs no gradient sync
+    model.eval()
+    logits_parts, label_parts = [], []
+    with torch.no_grad():
+        for numerical, categorical, label, valid in data:
+            with amp.autocast():
+                logits = model(numerical, categorical)
+            logits_parts.append(logits[:valid].float())
+            label_parts.append(label[:valid])
+    model.train()
+    device = data.device if hasattr(data, "device") else torch.device("cpu")
+    logits = torch.cat(logits_parts) if logits_parts else torch.zeros(0, device=device)
+    labels = torch.cat(label_parts) if label_parts else torch.zeros(0, device=device)
+    loss_sum, count = all_reduce_sum([binary_cross_entropy_sum(logits, labels).item(), float(labels.numel())],
+                                     logits.device)
+    all_logits, all_labels = all_gather_1d(logits), all_gather_1d(labels)
+    auc = roc_auc_score(all_labels, all_logits)
+    return {"auc": auc, "loss": loss_sum / max(count, 1.0), "samples": int(count)}
+
+
+# -------------------------------------------------------------------------------------------------------- training
+def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start: Dict[str, int]) -> Dict[str, Any]:
+    import torch
+    from dlrm.utils.distributed import barrier
+    from dlrm.utils.lr_schedule import LearningRateSchedule
+    schedule = LearningRateSchedule(args.lr, args.warmup_steps, args.warmup_factor, args.decay_start_step,
+                                    args.decay_steps, args.decay_power, args.decay_end_lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    steps_per_epoch = len(train_data)
+    global_step = start.get("global_step", 0)
+    epoch = start.get("epoch", 0)
+    step_in_epoch = start.get("step_in_epoch", 0)
+    if step_in_epoch >= steps_per_epoch:
+        epoch, step_in_epoch = epoch + 1, 0
+    max_steps = args.max_steps
+    results: Dict[str, Any] = {"evaluations": []}
+    timed_steps, timed_start = 0, None
+    stop = max_steps is not None and global_step >= max_steps
+    last_eval_step = -1
+    loss_accumulator = torch.zeros((), device=ctx.device)
+    loss_count = 0
+    last_print = time.perf_counter()
+    embeddings = trainable.core.embeddings
+    fused = trainable.embedding_type == "torchrec_fused"
+    graphs = _maybe_graph_mlps(args, ctx, trainable, amp, train_data)
+
+    def run_eval(tag_step: int, tag_epoch: int) -> bool:
+        nonlocal last_eval_step
+        last_eval_step = tag_step
+        metrics = evaluate(trainable, test_data(), amp)
+        results["evaluations"].append({"step": tag_step, **metrics})
+        logger.log(step=(tag_epoch, tag_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"]})
+        return args.auc_threshold is not None and metrics["auc"] >= args.auc_threshold
+
+    while not stop and epoch < args.epochs:
+        train_data.set_epoch(epoch)
+        for numerical, categorical, label, _ in train_data.iterate(step_in_epoch):
+            if max_steps is not None and global_step >= max_steps:
+                stop = True
+                break
+            global_step += 1
+            step_in_epoch += 1
+            lr = schedule.apply(trainable.optimizers, global_step)
+            trainable.zero_grad()
+            if fused:  # the fused optimizer sees neither DDP's averaging nor the loss scale (see model/parallel.py)
+                embeddings.grad_multiplier = 1.0 / (ctx.world_size * _loss_scale(amp))
+            with amp.autocast():
+                logits = graphs.forward(numerical, categorical) if graphs else trainable.module(numerical, categorical)
+            loss = loss_fn(logits.float(), label)
+            if amp.scaler is not None:
+                amp.scaler.scale(loss).backward()
+                for optimizer in trainable.optimizers:
+                    amp.scaler.step(optimizer)
+                amp.scaler.update()
+            else:
+                loss.backward()
+                for optimizer in trainable.optimizers:
+                    optimizer.step()
+            loss_accumulator += loss.detach()
+            loss_count += 1
+            if global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
+                _sync(ctx.device)
+                timed_start, timed_steps = time.perf_counter(), 0
+            elif timed_start is not None:
+                timed_steps += 1
+            if args.print_freq and global_step % args.print_freq == 0:
+                now = time.perf_counter()
+                mean_loss = loss_accumulator.item() / loss_count
+                step_time = (now - last_print) / loss_count
+                eta = step_time * (steps_per_epoch - step_in_epoch)
+                if ctx.is_main:
+                    print(f"Epoch:[{epoch}/{args.epochs}] [{step_in_epoch}/{steps_per_epoch}] "
+                          f"eta: {_hms(eta)} loss: {mean_loss:.4f} step_time: {step_time:.6f} lr: {lr:.4f}",
+                          flush=True)
+                logger.log(step=(epoch, global_step), data={"loss": mean_loss, "lr": lr, "step_time": step_time})
+                results["train_loss"] = mean_loss
+                loss_accumulator.zero_()
+                loss_count, last_print = 0, now
+                if not math.isfinite(mean_loss):
+                    raise FloatingPointError(f"training loss became {mean_loss} at step {global_step}; lower --lr "
+                                             f"or lengthen --warmup_steps")
+            epochs_done = epoch + step_in_epoch / steps_per_epoch
+            if args.test_freq and global_step % args.test_freq == 0 and epochs_done >= args.test_after:
+                if run_eval(global_step, epoch):
+                    logger.log(step=(epoch, global_step), data={"early_stop": f"AUC >= {args.auc_threshold}"})
+                    stop = True
+                    break
+        else:  # epoch finished
+            epoch += 1
+            step_in_epoch = 0
+            if not args.test_freq and epoch >= args.test_after and last_eval_step != global_step:
+                if run_eval(global_step, epoch - 1):
+                    stop = True
+            continue
+        break
+    _sync(ctx.device)
+    if loss_count:
+        results["train_loss"] = loss_accumulator.item() / loss_count
+    if timed_start is not None and timed_steps > 0:
+        elapsed = time.perf_counter() - timed_start
+        results["train_throughput"] = timed_steps * args.batch_size / elapsed
+        results["train_step_time"] = elapsed / timed_steps
+    if last_eval_step != global_step and (args.max_steps is None or global_step > 0 or args.mode == "train"):
+        run_eval(global_step, epoch)
+    results["global_step"] = global_step
+    results["position"] = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step}
+    barrier()
+    return results
+
+
+def _loss_scale(amp):
+    """The scaler's current scale, as a device tensor when it has one (no host sync), else a float."""
+    if amp.scaler is None:
+        return 1.0
+    scale = getattr(amp.scaler, "_scale", None)  # a tensor once the scaler has scaled a loss
+    return scale if scale is not None else amp.scaler.get_scale()
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _maybe_graph_mlps(args, ctx, trainable, amp, train_data):
+    if not args.cuda_graphs:
+        return None
+    if ctx.device.type != "cuda":
+        warnings.warn("--cuda_graphs needs CUDA; running without CUDA graphs on the CPU", stacklevel=2)
+        return None
+    from dlrm.utils.cuda_graphs import GraphedDLRM
+    return GraphedDLRM(trainable, amp, train_data.local_batch_size, len(trainable.core.table_sizes),
+                       trainable.core.bottom_mlp.in_features, ctx.device)
+
+
+# ---------------------------------------------------------------------------------------------- inference benchmark
+def inference_benchmark(args, ctx, trainable, amp: _Amp, info) -> Dict[str, Any]:
+    """Per batch size: samples/s and mean/p90/p95/p99 latency of forward passes (this process's batches)."""
+    import numpy as np
+    import torch
+    from dlrm.data import SplitBinaryBatches, SyntheticBatches
+    model = trainable.core
+    model.eval()
+    synthetic = args.synthetic_dataset or args.dataset_type == "synthetic_gpu"
+    out = {}
+    for batch_size in _ints(args.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"):
+        global_batch = batch_size * ctx.world_size
+        if synthetic:
+            data = SyntheticBatches(info, global_batch * 4, global_batch, ctx.device, ctx.rank, ctx.world_size,
+                                    seed=args.seed, pool_size=4)
+        else:
+            data = SplitBinaryBatches(info, "test", global_batch, ctx.device, ctx.rank, ctx.world_size,
+                                      training=True)
+        batches = [b for _, b in zip(range(4), data)]
+        latencies = []
+        with torch.no_grad():
+            for step in range(args.inference_benchmark_steps + 10):
+                numerical, categorical, _, _ = batches[step % len(batches)]
+                _sync(ctx.device)
+                begin = time.perf_counter()
+                with amp.autocast():
+                    model(numerical, categorical)
+                _sync(ctx.device)
+                if step >= 10:  # warmup
+                    latencies.append(time.perf_counter() - begin)
+        lat = np.array(latencies) * 1000.0
+        out[str(batch_size)] = {
+            "throughput": batch_size / (lat.mean() / 1000.0),
+            "latency_mean_ms": float(lat.mean()), "latency_p90_ms": float(np.percentile(lat, 90)),
+            "latency_p95_ms": float(np.percentile(lat, 95)), "latency_p99_ms": float(np.percentile(lat, 99)),
+        }
+    model.train()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ main
+def run(args) -> Dict[str, Any]:
+    """Everything after flag parsing; ``args`` is a namespace with one attribute per flag."""
+    import torch
+    from recsys_common.logger import Logger
+    from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
+    from dlrm.utils import checkpointing
+    from dlrm.utils.distributed import resolve_device, setup, teardown
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(args.base_device, local_rank)
+    embedding_type = resolve_embedding_type(args.embedding_type, device, args.Adam_embedding_optimizer)
+    ctx = setup(args.base_device, args.backend, need_group=embedding_type == "torchrec_fused")
+    logger = Logger(args.log_path, rank=ctx.rank, stdout=True,
+                    append=bool(args.load_checkpoint_path and args.mode == "train"))
+    try:
+        torch.manual_seed(args.seed)
+        info, train_data, test_data = _build_data(args, ctx)
+        table_sizes = _table_sizes(info, args)
+        config = ModelConfig(info.num_numerical_features, table_sizes, info.categorical_features,
+                             args.embedding_dim, _ints(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
+                             _ints(args.top_mlp_sizes, "top_mlp_sizes"), args.interaction_op, args.self_interaction,
+                             args.hash_indices)
+        amp = _Amp(args.fp16 or args.amp, ctx.device, args.amp_dtype, args.loss_scale)
+        local_batch = max(args.batch_size // ctx.world_size, 1)
+        trainable = build_trainable_model(config, embedding_type, ctx.device, ctx.world_size, args.lr,
+                                          args.Adam_MLP_optimizer, args.Adam_embedding_optimizer,
+                                          args.sharding_type, local_batch)
+        params = {k: v for k, v in vars(args).items()}
+        params.update({"resolved_embedding_type": embedding_type, "device": str(ctx.device),
+                       "world_size": ctx.world_size, "amp_dtype_used": amp.dtype_name,
+                       "table_sizes": table_sizes})
+        logger.log_parameters(params)
+        start: Dict[str, int] = {}
+        if args.load_checkpoint_path:
+            meta = checkpointing.load_checkpoint(args.load_checkpoint_path, trainable, amp.scaler,
+                                                 load_optimizer=args.mode == "train")
+            if args.mode == "train":
+                start = dict(meta["position"])
+        results: Dict[str, Any] = {"mode": args.mode, "embedding_type": embedding_type,
+                                   "world_size": ctx.world_size, "device": str(ctx.device),
+                                   "amp": amp.dtype_name}
+        if args.mode == "train":
+            results.update(train(args, ctx, trainable, amp, train_data(), test_data, logger, start))
+            if results["evaluations"]:
+                last = results["evaluations"][-1]
+                results["auc"], results["test_loss"] = last["auc"], last["loss"]
+                results["best_auc"] = max(e["auc"] for e in results["evaluations"])
+            if args.save_checkpoint_path:
+                checkpointing.save_checkpoint(args.save_checkpoint_path, trainable, config.to_dict(),
+                                              results["position"], ctx.rank, ctx.world_size, amp.scaler)
+        elif args.mode == "test":
+            metrics = evaluate(trainable, test_data(), amp)
+            results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"]})
+        else:
+            results["inference"] = inference_benchmark(args, ctx, trainable, amp, info)
+        summary = {k: v for k, v in results.items() if k not in ("evaluations", "position")}
+        logger.log_summary(summary)
+        return results
+    finally:
+        logger.close()
+        teardown(ctx)
+
+
+def parse(argv: Optional[Sequence[str]]) -> SimpleNamespace:
+    """Parse ``argv`` (without the program name) into a fresh namespace; flags not given take their defaults."""
+    FLAGS.unparse_flags()
+    FLAGS(["dlrm.scripts.main"] + list(argv if argv is not None else sys.argv[1:]))
+    return SimpleNamespace(**FLAGS.flag_values_dict())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Entry point for tests and scripts: ``main(["--mode", "train", "--dataset", d])`` returns the results dict."""
+    return run(parse(argv))
+
+
+def _cli() -> int:
+    from dlrm.data import DataError
+    from dlrm.utils.checkpointing import CheckpointError
+    from recsys_common.datasets import DatasetError
+    from recsys_common.feature_spec import FeatureSpecError
+    if any(a in ("--help", "-h", "--helpfull") for a in sys.argv[1:]):
+        print(__doc__)
+        print(FLAGS.get_help())
+        return 0
+    try:
+        main(sys.argv[1:])
+    except flags.Error as e:
+        print(f"error: {e}\nrun with --help for the flags", file=sys.stderr)
+        return 2
+    except (DataError, DatasetError, FeatureSpecError, CheckpointError, ValueError, FloatingPointError,
+            RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())

@@ -1,0 +1,1 @@
+"""Training utilities: learning-rate schedule, exact ROC AUC, process groups, checkpoints."""
