@@ -1,0 +1,52 @@
+# Entry points of the monorepo. Everything runs with the venv's python explicitly
+# (no 'source activate' needed).
+#
+#   make setup        build/refresh .venv (ci/setup_env.sh; a no-op when up to date)
+#   make test         setup, then every component's tests, each in its own pytest process
+#   make test-<c>     one component: test-common test-ci test-ncf test-pytorch-dlrm
+#                     test-wide-and-deep test-dlrm-dcnv2
+#   make quickstart   setup, then $(QUICKSTART)
+#
+# PYTEST_ARGS="-x -k name" passes extra arguments to pytest.
+
+SHELL := /bin/bash
+VENV ?= $(CURDIR)/.venv
+PYTHON := $(VENV)/bin/python
+export RECSYS_VENV := $(VENV)
+
+# TF recipes use tf-keras (Keras 2): Horovod's Keras integration needs it.
+export TF_USE_LEGACY_KERAS := 1
+# Spark otherwise binds a non-loopback address.
+export SPARK_LOCAL_IP := 127.0.0.1
+# MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 help the big-buffer benchmarks on these VMs
+# (see the recipes' benchmark scripts); they are not set for tests.
+
+QUICKSTART ?= $(PYTHON) -m recsys_common.synthetic --help
+
+.PHONY: setup test quickstart test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
+        test-dlrm-dcnv2 help
+
+help:
+	@sed -n '1,10p' Makefile | sed 's/^# \{0,1\}//'
+
+setup:
+	bash ci/setup_env.sh
+
+test: setup
+	bash ci/run_tests.sh
+
+quickstart: setup
+	$(QUICKSTART)
+
+test-common: setup
+	bash ci/run_tests.sh common
+test-ci: setup
+	bash ci/run_tests.sh ci
+test-ncf: setup
+	bash ci/run_tests.sh PyTorch/NCF
+test-pytorch-dlrm: setup
+	bash ci/run_tests.sh PyTorch/DLRM
+test-wide-and-deep: setup
+	bash ci/run_tests.sh TensorFlow2/WideAndDeep
+test-dlrm-dcnv2: setup
+	bash ci/run_tests.sh TensorFlow2/DLRM_DCNv2
