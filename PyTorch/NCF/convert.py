@@ -1,0 +1,396 @@
+"""Turn raw interactions into the NCF recipe's dataset (parquet files + ``feature_spec.yaml``).
+
+Two protocols:
+
+* **Leave-one-out with sampled test negatives** (NVIDIA's recipe, the default), from a raw ratings file:
+  ML-20m ``ratings.csv``, ML-1m ``ratings.dat``, ML-100k ``u.data`` or a BYO CSV with the header
+  ``user_id,item_id,timestamp`` (also ``.gz``). Every rating is an implicit positive (no filtering, no rating
+  threshold). User and item ids are factorised to ``0..N-1`` in order of first appearance, rows are sorted by
+  time (stable), repeated ``(user, item)`` pairs are dropped (the earliest kept), each user's latest interaction
+  becomes the test positive and the rest the training positives. ``--valid_negative`` (100) test negatives per
+  user are drawn uniformly, with replacement, from the items the user has no *training* interaction with
+  (``--seed``, 1); the held-out item itself may be drawn, which the evaluation's duplicate mask handles.
+
+      python convert.py --path /data/ml-20m/ratings.csv --output /data/cache/ml-20m
+
+* **The NCF paper's published split** (He et al. 2017): ``PREFIX.train.rating``, ``PREFIX.test.rating`` and
+  ``PREFIX.test.negative`` (99 negatives per user, ids already 0-based):
+
+      python convert.py --paper_split Data/ml-1m --output /data/cache/ml-1m-paper
+
+  When ``PREFIX.train.rating`` is absent, ``--path`` names the ML-1m ``ratings.dat`` (or a prefix of it, sorted by
+  user, such as ``ratings.users-1-2999.dat.gz``) and the training rows are rebuilt as the paper made them: every
+  rating except the test one, user = UserID - 1, item = order of first appearance of the MovieID. ``--max_user``
+  keeps users ``0..max_user`` only (needed when the ratings file is a prefix whose last user may be cut short).
+
+Output (all of it appears at once, or not at all):
+
+    OUTPUT/feature_spec.yaml   channels user_ch=[user], item_ch=[item], label_ch=[label];
+                               metadata.test_samples_per_series = 1 + negatives per user
+    OUTPUT/train.parquet       user, item (int32), label (float32, all 1): training positives
+    OUTPUT/test.parquet        per user ``test_samples_per_series`` consecutive rows: the positive (label 1) first,
+                               then its negatives (label 0)
+
+Bad input (wrong column count, non-numeric ids, an empty file, a user with a single interaction) raises
+:class:`ConversionError` naming the file and line; nothing is written.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import os
+import sys
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.io import atomic_directory
+
+USER, ITEM, LABEL = "user", "item", "label"
+TRAIN_FILE, TEST_FILE = "train.parquet", "test.parquet"
+
+
+class ConversionError(ValueError):
+    """Raw input that cannot be converted; the message names the file and line."""
+
+
+# --------------------------------------------------------------------------------------------- raw formats
+@dataclass(frozen=True)
+class RawFormat:
+    """How one raw ratings layout is read: separator, header, the columns and which of them we keep."""
+    name: str
+    separator: str
+    has_header: bool
+    columns: Sequence[str]          # all columns of a line, in order
+    user: str
+    item: str
+    timestamp: str
+
+
+FORMATS = {
+    "ml-20m": RawFormat("ml-20m", ",", True, ("userId", "movieId", "rating", "timestamp"),
+                        "userId", "movieId", "timestamp"),
+    "ml-1m": RawFormat("ml-1m", "::", False, ("UserID", "MovieID", "Rating", "Timestamp"),
+                       "UserID", "MovieID", "Timestamp"),
+    "ml-100k": RawFormat("ml-100k", "\t", False, ("user_id", "item_id", "rating", "timestamp"),
+                         "user_id", "item_id", "timestamp"),
+    "csv": RawFormat("csv", ",", True, ("user_id", "item_id", "timestamp"), "user_id", "item_id", "timestamp"),
+    # the NCF paper's *.rating files: user \t item \t rating \t timestamp, 0-based ids
+    "paper-rating": RawFormat("paper-rating", "\t", False, ("user", "item", "rating", "timestamp"),
+                              "user", "item", "timestamp"),
+}
+
+
+def detect_format(path: str) -> str:
+    """The raw format of ``path`` from its name (as NVIDIA's loader does), else the BYO CSV."""
+    name = os.path.basename(path).lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path))).lower()
+    if name == "u.data" or "ml-100k" in parent:
+        return "ml-100k"
+    if name.startswith("ratings") and name.endswith(".dat"):
+        return "ml-1m"
+    if name.endswith(".rating"):
+        return "paper-rating"
+    if name == "ratings.csv" and ("ml-20m" in parent or "ml-25m" in parent or "ml-latest" in parent):
+        return "ml-20m"
+    return "csv"
+
+
+def _read_text(path: str) -> str:
+    if not os.path.isfile(path):
+        raise ConversionError(f"{path}: file not found")
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+        return data.decode("latin-1")
+    except (OSError, EOFError) as err:
+        raise ConversionError(f"{path}: cannot read: {err}") from err
+
+
+def read_ratings(path: str, fmt: Optional[str] = None) -> pd.DataFrame:
+    """Read a raw ratings file into columns ``user, item, timestamp`` (the raw ids, int64), in file order.
+
+    Raises ConversionError naming the file and the 1-based line for a wrong column count, a non-numeric id or
+    timestamp, or an empty file.
+    """
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise ConversionError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    spec = FORMATS[fmt]
+    text = _read_text(path)
+    if spec.separator == "::":
+        text = text.replace("::", "\t")  # lets the fast C parser read ML-1m
+        sep = "\t"
+    else:
+        sep = spec.separator
+    lines = text.splitlines()
+    first_data_line = 2 if spec.has_header else 1
+    if spec.has_header:
+        if not lines or not lines[0].strip():
+            raise ConversionError(f"{path}: empty file (expected a header line {','.join(spec.columns)})")
+        header = [h.strip() for h in lines[0].split(sep)]
+        missing = [c for c in (spec.user, spec.item, spec.timestamp) if c not in header]
+        if missing:
+            raise ConversionError(f"{path}: line 1: header {lines[0]!r} lacks column(s) {missing}; "
+                                  f"expected {sep.join(spec.columns)}")
+        columns = header
+        body = lines[1:]
+    else:
+        columns = list(spec.columns)
+        body = lines
+    # a trailing newline is fine; any other blank line is an error below
+    while body and not body[-1].strip():
+        body.pop()
+    if not body:
+        raise ConversionError(f"{path}: empty file: no interactions")
+    # column count, checked on every line (vectorised: count separators)
+    counts = np.fromiter((line.count(sep) for line in body), dtype=np.int64, count=len(body)) + 1
+    bad = np.flatnonzero(counts != len(columns))
+    if bad.size:
+        i = int(bad[0])
+        raise ConversionError(f"{path}: line {i + first_data_line}: expected {len(columns)} "
+                              f"{sep!r}-separated fields ({', '.join(columns)}), found {counts[i]}: {body[i]!r}")
+    frame = pd.read_csv(io.StringIO("\n".join(body)), sep=sep, header=None, names=columns, dtype=str,
+                        usecols=[spec.user, spec.item, spec.timestamp], skip_blank_lines=False,
+                        keep_default_na=False, engine="c")
+    out = {}
+    for target, source in (("user", spec.user), ("item", spec.item), ("timestamp", spec.timestamp)):
+        values = pd.to_numeric(frame[source].str.strip(), errors="coerce")
+        bad_rows = np.flatnonzero(values.isna().to_numpy() | (values.to_numpy() % 1 != 0))
+        if bad_rows.size:
+            i = int(bad_rows[0])
+            raise ConversionError(f"{path}: line {i + first_data_line}: column {source!r} must be an integer, "
+                                  f"got {frame[source].iloc[i]!r}")
+        out[target] = values.to_numpy().astype(np.int64)
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------------------------- protocol
+@dataclass
+class Split:
+    """A converted dataset in memory: training positives and per-user test candidate lists."""
+    train_users: np.ndarray        # int64 [P]
+    train_items: np.ndarray        # int64 [P]
+    test_users: np.ndarray         # int64 [U]
+    test_candidates: np.ndarray    # int64 [U, 1 + negatives]; column 0 is the held-out positive
+    num_users: int
+    num_items: int
+
+
+def leave_one_out(ratings: pd.DataFrame, path: str = "<ratings>") -> tuple:
+    """Factorise ids, sort by time, drop repeated pairs; return (train, test, num_users, num_items, raw user ids)."""
+    users, raw_users = pd.factorize(ratings["user"])
+    items, _ = pd.factorize(ratings["item"])
+    frame = pd.DataFrame({"user": users.astype(np.int64), "item": items.astype(np.int64),
+                          "timestamp": ratings["timestamp"].to_numpy()})
+    frame = frame.sort_values("timestamp", kind="mergesort")
+    frame = frame.drop_duplicates(subset=["user", "item"], keep="first")
+    per_user = np.bincount(frame["user"].to_numpy(), minlength=len(raw_users))
+    lonely = np.flatnonzero(per_user < 2)
+    if lonely.size:
+        examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
+        raise ConversionError(f"{path}: {lonely.size} user(s) have a single distinct interaction (user id(s) "
+                              f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
+                              f"per user (one for training, one for the test). Remove them or add interactions.")
+    is_test = ~frame.duplicated(subset=["user"], keep="last")  # each user's latest row
+    test = frame[is_test.to_numpy()].sort_values("user", kind="mergesort")
+    train = frame[~is_test.to_numpy()]
+    return train, test, len(raw_users), int(items.max()) + 1
+
+
+def sample_test_negatives(train_users: np.ndarray, train_items: np.ndarray, test_users: np.ndarray,
+                          num_items: int, num_negatives: int, seed: int) -> np.ndarray:
+    """``num_negatives`` items per test user, uniform with replacement over items without a training interaction.
+
+    Vectorised rejection sampling against the sorted keys ``user * num_items + item`` of the training pairs.
+    Returns int64 ``[len(test_users), num_negatives]``.
+    """
+    if num_negatives == 0:
+        return np.zeros((len(test_users), 0), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    train_keys = np.unique(train_users.astype(np.int64) * num_items + train_items.astype(np.int64))
+    per_user = np.bincount(train_users, minlength=int(test_users.max()) + 1)
+    full = np.flatnonzero(per_user[test_users] >= num_items)
+    if full.size:
+        raise ConversionError(f"user {int(test_users[full[0]])} has a training interaction with every item: "
+                              f"no test negative can be drawn")
+    out = rng.integers(0, num_items, size=(len(test_users), num_negatives), dtype=np.int64)
+    todo = np.ones(out.shape, dtype=bool)
+    while True:
+        keys = test_users[:, None] * num_items + out
+        pos = np.searchsorted(train_keys, keys)
+        pos = np.minimum(pos, len(train_keys) - 1)
+        todo = train_keys[pos] == keys
+        n = int(todo.sum())
+        if n == 0:
+            return out
+        out[todo] = rng.integers(0, num_items, size=n, dtype=np.int64)
+
+
+def convert_ratings(path: str, valid_negative: int = 100, seed: int = 1, fmt: Optional[str] = None) -> Split:
+    """NVIDIA's protocol on one raw ratings file (see the module docstring)."""
+    ratings = read_ratings(path, fmt)
+    train, test, num_users, num_items = leave_one_out(ratings, path)
+    train_users = train["user"].to_numpy()
+    train_items = train["item"].to_numpy()
+    test_users = test["user"].to_numpy()
+    negatives = sample_test_negatives(train_users, train_items, test_users, num_items, valid_negative, seed)
+    candidates = np.concatenate([test["item"].to_numpy()[:, None], negatives], axis=1)
+    return Split(train_users, train_items, test_users, candidates, num_users, num_items)
+
+
+def read_paper_negatives(path: str) -> tuple:
+    """``PREFIX.test.negative``: ``(user,item)\\t`` then the negatives, tab-separated. Returns (pairs [U,2], negs [U,K])."""
+    text = _read_text(path)
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise ConversionError(f"{path}: empty file: no test negatives")
+    pairs, negatives, width = [], [], None
+    for number, line in enumerate(lines, start=1):
+        fields = line.rstrip("\t").split("\t")
+        head = fields[0].strip()
+        if not (head.startswith("(") and head.endswith(")") and head.count(",") == 1):
+            raise ConversionError(f"{path}: line {number}: expected '(user,item)' as the first field, got {head!r}")
+        try:
+            pair = [int(x) for x in head[1:-1].split(",")]
+            negs = [int(x) for x in fields[1:]]
+        except ValueError as err:
+            raise ConversionError(f"{path}: line {number}: non-numeric id: {err}") from err
+        if width is None:
+            width = len(negs)
+        elif len(negs) != width:
+            raise ConversionError(f"{path}: line {number}: expected {width} negatives (as on line 1), "
+                                  f"found {len(negs)}")
+        pairs.append(pair)
+        negatives.append(negs)
+    return np.asarray(pairs, dtype=np.int64), np.asarray(negatives, dtype=np.int64)
+
+
+def convert_paper_split(prefix: str, ratings_path: Optional[str] = None, max_user: Optional[int] = None) -> Split:
+    """The NCF paper's split (see the module docstring)."""
+    test = read_ratings(prefix + ".test.rating", "paper-rating")
+    pairs, negatives = read_paper_negatives(prefix + ".test.negative")
+    if len(pairs) != len(test) or not (np.array_equal(pairs[:, 0], test["user"].to_numpy())
+                                       and np.array_equal(pairs[:, 1], test["item"].to_numpy())):
+        raise ConversionError(f"{prefix}.test.negative: its (user,item) pairs do not match "
+                              f"{prefix}.test.rating line for line")
+    train_file = prefix + ".train.rating"
+    if os.path.isfile(train_file):
+        train = read_ratings(train_file, "paper-rating")[["user", "item"]]
+    elif ratings_path:
+        raw = read_ratings(ratings_path, "ml-1m")
+        items, _ = pd.factorize(raw["item"])  # the paper's item id: order of first appearance of the MovieID
+        train = pd.DataFrame({"user": raw["user"].to_numpy() - 1, "item": items.astype(np.int64)})
+        if max_user is None:
+            max_user = int(train["user"].max())
+        train = train[train["user"] <= max_user]
+        held_out = test[test["user"] <= max_user]
+        key = train["user"].to_numpy() * 1_000_000 + train["item"].to_numpy()
+        held_key = held_out["user"].to_numpy() * 1_000_000 + held_out["item"].to_numpy()
+        found = np.isin(held_key, key)
+        if not found.all():
+            u = int(held_out["user"].to_numpy()[~found][0])
+            raise ConversionError(f"{ratings_path}: user {u}'s test item from {prefix}.test.rating is not among its "
+                                  f"ratings: the item mapping or the ratings file does not match the paper's split")
+        train = train[~np.isin(key, held_key)]
+    else:
+        raise ConversionError(f"{train_file} not found: pass --path with the ML-1m ratings.dat to rebuild it")
+    if max_user is not None:
+        keep = test["user"].to_numpy() <= max_user
+        test, negatives = test[keep], negatives[keep]
+        train = train[train["user"] <= max_user]
+    train = train.drop_duplicates(subset=["user", "item"])
+    test_users = test["user"].to_numpy()
+    candidates = np.concatenate([test["item"].to_numpy()[:, None], negatives], axis=1)
+    num_users = int(max(train["user"].max(), test_users.max())) + 1
+    num_items = int(max(train["item"].max(), candidates.max())) + 1
+    return Split(train["user"].to_numpy(), train["item"].to_numpy(), test_users, candidates, num_users, num_items)
+
+
+# --------------------------------------------------------------------------------------------- output
+def feature_spec_for(split: Split) -> FeatureSpec:
+    samples = split.test_candidates.shape[1]
+    return FeatureSpec(
+        feature_spec={USER: {"dtype": "int32", "cardinality": int(split.num_users)},
+                      ITEM: {"dtype": "int32", "cardinality": int(split.num_items)},
+                      LABEL: {"dtype": "float32"}},
+        source_spec={"train": [{"type": "parquet", "features": [USER, ITEM, LABEL], "files": [TRAIN_FILE]}],
+                     "test": [{"type": "parquet", "features": [USER, ITEM, LABEL], "files": [TEST_FILE]}]},
+        channel_spec={"user_ch": [USER], "item_ch": [ITEM], "label_ch": [LABEL]},
+        metadata={"test_samples_per_series": int(samples)},
+    )
+
+
+def write_split(split: Split, output: str, overwrite: bool = True) -> str:
+    """Write parquet files and ``feature_spec.yaml`` into ``output`` atomically. Returns the spec's path."""
+    samples = split.test_candidates.shape[1]
+    test_labels = np.zeros(split.test_candidates.shape, dtype=np.float32)
+    test_labels[:, 0] = 1.0
+    tables = {
+        TRAIN_FILE: pa.table({USER: split.train_users.astype(np.int32), ITEM: split.train_items.astype(np.int32),
+                              LABEL: np.ones(len(split.train_users), dtype=np.float32)}),
+        TEST_FILE: pa.table({USER: np.repeat(split.test_users, samples).astype(np.int32),
+                             ITEM: split.test_candidates.reshape(-1).astype(np.int32),
+                             LABEL: test_labels.reshape(-1)}),
+    }
+    with atomic_directory(output, overwrite=overwrite) as tmp:
+        for name, table in tables.items():
+            pq.write_table(table, os.path.join(tmp, name))
+        spec = feature_spec_for(split)
+        spec.base_directory = tmp
+        spec.validate(check_files=True)
+        spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
+    return os.path.join(output, "feature_spec.yaml")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", type=str, help="raw ratings file (ratings.csv, ratings.dat, u.data or BYO CSV)")
+    parser.add_argument("--output", type=str, required=True, help="output dataset directory")
+    parser.add_argument("--valid_negative", type=int, default=100,
+                        help="number of test negatives sampled per user (leave-one-out protocol)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the test-negative sampling")
+    parser.add_argument("--format", choices=sorted(FORMATS), default=None,
+                        help="raw format; default: detected from the file name")
+    parser.add_argument("--paper_split", type=str, default=None, metavar="PREFIX",
+                        help="convert the NCF paper's PREFIX.{train.rating,test.rating,test.negative}")
+    parser.add_argument("--max_user", type=int, default=None,
+                        help="with --paper_split: keep users 0..MAX_USER only")
+    args = parser.parse_args(argv)
+    if not args.paper_split and not args.path:
+        parser.error("one of --path or --paper_split is required")
+    if args.valid_negative < 0:
+        parser.error("--valid_negative must be >= 0")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.paper_split:
+            split = convert_paper_split(args.paper_split, args.path, args.max_user)
+        else:
+            split = convert_ratings(args.path, args.valid_negative, args.seed, args.format)
+        spec_path = write_split(split, args.output)
+    except ConversionError as err:
+        print(f"convert.py: error: {err}", file=sys.stderr)
+        return 2
+    print(f"convert.py: {len(split.train_users)} training positives, {split.num_users} users, "
+          f"{split.num_items} items, {split.test_candidates.shape[1]} test samples per user -> {spec_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

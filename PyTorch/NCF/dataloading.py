@@ -1,0 +1,233 @@
+"""Loading the NCF dataset into device memory, and the per-epoch training data made there.
+
+The whole dataset lives on the training device (GPU memory, or host memory on CPU) for the whole run:
+
+* :func:`load_dataset` reads the FeatureSpec (channels ``user_ch``, ``item_ch``, ``label_ch``; metadata
+  ``test_samples_per_series``) and its chunks: ``parquet`` (what ``convert.py`` writes) or NVIDIA's
+  ``torch_tensor`` (``train_data_0.pt``... from NVIDIA's own ``convert.py``; loaded with ``weights_only=True``).
+* :class:`TrainEpochs` keeps this rank's shard of the training positives and, each epoch, appends
+  ``negative_samples`` random items per positive *on the device* (NVIDIA's "approximate train negative sampling":
+  uniform over all items, so a negative may collide with a positive) and shuffles, seeded by
+  ``(seed, epoch, rank)`` so that an interrupted run resumes bit-exactly.
+* :class:`TestSet` holds this rank's users' candidate lists ``[U, S]`` (positive in column 0) and the duplicate
+  mask: a candidate equal to an earlier candidate of the same list is ignored at ranking (NVIDIA's and MLPerf's
+  rule; it also makes sampled negatives that equal the held-out item harmless).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterator, Tuple
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+
+USER_CHANNEL, ITEM_CHANNEL, LABEL_CHANNEL = "user_ch", "item_ch", "label_ch"
+SAMPLES_PER_SERIES = "test_samples_per_series"
+
+
+class DatasetError(ValueError):
+    """A dataset on disk that does not match its FeatureSpec; the message names the file."""
+
+
+@dataclass
+class NCFData:
+    """The dataset as host arrays (int64 ids)."""
+    train_users: np.ndarray
+    train_items: np.ndarray
+    test_users: np.ndarray        # [U * S], S consecutive rows per user
+    test_items: np.ndarray
+    test_labels: np.ndarray
+    num_users: int
+    num_items: int
+    samples_per_series: int
+
+
+def _channel_feature(spec: FeatureSpec, channel: str) -> str:
+    names = spec.channel_spec.get(channel)
+    if not names or len(names) != 1:
+        raise FeatureSpecError(f"{spec.origin}: channel_spec.{channel} must name exactly one feature, got {names!r}")
+    return names[0]
+
+
+def _read_mapping(spec: FeatureSpec, mapping: str, features: Tuple[str, ...]) -> Dict[str, np.ndarray]:
+    """Columns ``features`` of ``mapping``, concatenated over the chunk's files in order."""
+    columns: Dict[str, list] = {name: [] for name in features}
+    for chunk in spec.source_spec[mapping]:
+        wanted = [name for name in chunk["features"] if name in columns]
+        if not wanted:
+            continue
+        for rel in chunk["files"]:
+            path = spec.resolve_file(rel)
+            if not os.path.isfile(path):
+                raise DatasetError(f"{path}: file of source_spec.{mapping} not found")
+            if chunk["type"] == "parquet":
+                try:
+                    table = pq.read_table(path, columns=wanted)
+                except Exception as err:  # pyarrow raises several types for broken files
+                    raise DatasetError(f"{path}: cannot read parquet columns {wanted}: {err}") from err
+                for name in wanted:
+                    columns[name].append(table.column(name).to_numpy())
+            elif chunk["type"] == "torch_tensor":
+                tensor = torch.load(path, map_location="cpu", weights_only=True)
+                if not isinstance(tensor, torch.Tensor):
+                    raise DatasetError(f"{path}: expected a tensor, got {type(tensor).__name__}")
+                tensor = tensor.reshape(tensor.shape[0], -1)
+                if tensor.shape[1] != len(chunk["features"]):
+                    raise DatasetError(f"{path}: tensor has {tensor.shape[1]} columns, the chunk lists "
+                                       f"{len(chunk['features'])} features {chunk['features']}")
+                for name in wanted:
+                    columns[name].append(tensor[:, chunk["features"].index(name)].numpy())
+            else:
+                raise DatasetError(f"{spec.origin}: source_spec.{mapping}: chunk type {chunk['type']!r} is not "
+                                   f"supported by NCF (use parquet or torch_tensor)")
+    out = {}
+    for name, parts in columns.items():
+        if not parts:
+            raise DatasetError(f"{spec.origin}: source_spec.{mapping} stores no feature {name!r}")
+        out[name] = np.concatenate(parts)
+    lengths = {name: len(a) for name, a in out.items()}
+    if len(set(lengths.values())) != 1:
+        raise DatasetError(f"{spec.origin}: source_spec.{mapping}: features have different row counts {lengths}")
+    return out
+
+
+def load_dataset(data_dir: str, feature_spec_file: str = "feature_spec.yaml") -> NCFData:
+    """Read and check the dataset described by ``data_dir/feature_spec_file``."""
+    spec_path = feature_spec_file if os.path.isabs(feature_spec_file) else os.path.join(data_dir, feature_spec_file)
+    if not os.path.isfile(spec_path):
+        raise DatasetError(f"{spec_path}: feature spec not found (run prepare_dataset.sh or convert.py first)")
+    spec = FeatureSpec.from_yaml(spec_path)
+    spec.validate(check_files=True, mappings=("train", "test"))
+    user, item, label = (_channel_feature(spec, c) for c in (USER_CHANNEL, ITEM_CHANNEL, LABEL_CHANNEL))
+    if SAMPLES_PER_SERIES not in spec.metadata:
+        raise FeatureSpecError(f"{spec_path}: metadata.{SAMPLES_PER_SERIES} is missing")
+    samples = int(spec.metadata[SAMPLES_PER_SERIES])
+    num_users, num_items = spec.cardinality(user), spec.cardinality(item)
+    train = _read_mapping(spec, "train", (user, item))
+    test = _read_mapping(spec, "test", (user, item, label))
+    for mapping, cols in (("train", train), ("test", test)):
+        for name, card in ((user, num_users), (item, num_items)):
+            values = cols[name]
+            if len(values) and (values.min() < 0 or values.max() >= card):
+                bad = int(np.flatnonzero((values < 0) | (values >= card))[0])
+                raise DatasetError(f"{spec_path}: source_spec.{mapping}: feature {name!r} row {bad} = "
+                                   f"{int(values[bad])} is outside [0, cardinality {card})")
+    if len(train[user]) == 0:
+        raise DatasetError(f"{spec_path}: the train mapping has no rows")
+    n_test = len(test[user])
+    if n_test == 0 or n_test % samples:
+        raise DatasetError(f"{spec_path}: the test mapping has {n_test} rows, not a positive multiple of "
+                           f"{SAMPLES_PER_SERIES}={samples}")
+    series_users = test[user].reshape(-1, samples)
+    if not (series_users == series_users[:, :1]).all():
+        row = int(np.flatnonzero((series_users != series_users[:, :1]).any(axis=1))[0])
+        raise DatasetError(f"{spec_path}: test series {row} (rows {row * samples}..{(row + 1) * samples - 1}) "
+                           f"mixes users: each series must be one user's candidates")
+    return NCFData(train[user].astype(np.int64), train[item].astype(np.int64), test[user].astype(np.int64),
+                   test[item].astype(np.int64), test[label].astype(np.float32), num_users, num_items, samples)
+
+
+def shard_bounds(total: int, rank: int, world_size: int) -> Tuple[int, int]:
+    """Contiguous ``[start, end)`` of ``total`` rows owned by ``rank`` (sizes differ by at most one)."""
+    base, extra = divmod(total, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def epoch_generator(seed: int, epoch: int, rank: int, device: torch.device) -> torch.Generator:
+    """The random stream of one (epoch, rank): independent of everything that happened before (exact resume)."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + epoch) * 1_009 + rank)
+    return g
+
+
+class TrainEpochs:
+    """This rank's training positives on ``device``, and the shuffled positives + negatives of each epoch.
+
+    All ranks run the same number of steps per epoch: every rank draws ``steps * local_batch`` rows per epoch,
+    where ``steps`` comes from the largest shard; a smaller shard tops its epoch up with extra randomly chosen
+    positives (and their negatives), as DistributedSampler pads by repeating samples.
+
+    Args:
+        users, items: int64 host arrays of *all* training positives (each rank keeps its shard).
+        num_items: items to draw negatives from.
+        negative_samples: negatives per positive.
+        global_batch_size: rows per optimizer step over all ranks (``-b``).
+    """
+
+    def __init__(self, users: np.ndarray, items: np.ndarray, num_items: int, negative_samples: int,
+                 global_batch_size: int, rank: int, world_size: int, device: torch.device):
+        if global_batch_size % world_size:
+            raise ValueError(f"--batch_size {global_batch_size} must be divisible by the number of processes "
+                             f"({world_size})")
+        start, end = shard_bounds(len(users), rank, world_size)
+        self.users = torch.as_tensor(users[start:end], dtype=torch.int64).to(device)
+        self.items = torch.as_tensor(items[start:end], dtype=torch.int64).to(device)
+        self.num_items = num_items
+        self.negative_samples = negative_samples
+        self.local_batch = global_batch_size // world_size
+        self.positives_per_epoch = shard_bounds(len(users), 0, world_size)[1]  # rank 0's shard is the largest
+        rows = self.positives_per_epoch * (1 + negative_samples)
+        self.steps_per_epoch = -(-rows // self.local_batch)
+        self.rows_per_epoch = rows * world_size  # over all ranks
+        self.rank, self.device = rank, device
+
+    def epoch(self, seed: int, epoch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield ``steps_per_epoch`` batches ``(users, items, labels)`` of at most ``local_batch`` rows."""
+        g = epoch_generator(seed, epoch, self.rank, self.device)
+        n_pos = len(self.users)
+        index = torch.arange(n_pos, device=self.device)
+        if n_pos < self.positives_per_epoch:  # top up a smaller shard so that every rank runs the same steps
+            extra = torch.randint(0, n_pos, (self.positives_per_epoch - n_pos,), generator=g, device=self.device)
+            index = torch.cat([index, extra])
+        users = self.users[index]
+        items = self.items[index]
+        neg_users = users.repeat(self.negative_samples)
+        neg_items = torch.randint(0, self.num_items, (len(neg_users),), generator=g, device=self.device)
+        all_users = torch.cat([users, neg_users])
+        all_items = torch.cat([items, neg_items])
+        labels = torch.zeros(len(all_users), dtype=torch.float32, device=self.device)
+        labels[: len(users)] = 1.0
+        perm = torch.randperm(len(all_users), generator=g, device=self.device)
+        all_users, all_items, labels = all_users[perm], all_items[perm], labels[perm]
+        for step in range(self.steps_per_epoch):
+            lo = step * self.local_batch
+            yield all_users[lo: lo + self.local_batch], all_items[lo: lo + self.local_batch], \
+                labels[lo: lo + self.local_batch]
+
+
+def duplicate_mask(candidates: torch.Tensor) -> torch.Tensor:
+    """True where a candidate repeats an earlier candidate of the same row (those are not ranked).
+
+    >>> duplicate_mask(torch.tensor([[5, 1, 5, 1, 2]])).tolist()
+    [[False, False, True, True, False]]
+    """
+    sorted_items, order = torch.sort(candidates, dim=1, stable=True)
+    repeat_sorted = torch.zeros_like(sorted_items, dtype=torch.bool)
+    repeat_sorted[:, 1:] = sorted_items[:, 1:] == sorted_items[:, :-1]
+    mask = torch.zeros_like(repeat_sorted)
+    mask.scatter_(1, order, repeat_sorted)
+    return mask
+
+
+class TestSet:
+    """This rank's evaluation users: ``users [U]``, ``candidates [U, S]`` (positive first) and their mask."""
+
+    def __init__(self, data: NCFData, rank: int, world_size: int, device: torch.device):
+        samples = data.samples_per_series
+        all_users = data.test_users.reshape(-1, samples)[:, 0]
+        candidates = data.test_items.reshape(-1, samples)
+        labels = data.test_labels.reshape(-1, samples)
+        if not ((labels[:, 0] == 1).all() and (labels[:, 1:] == 0).all()):
+            raise DatasetError("test mapping: each series must hold its positive (label 1) first, then negatives "
+                               "(label 0)")
+        start, end = shard_bounds(len(all_users), rank, world_size)
+        self.num_users_total = len(all_users)
+        self.users = torch.as_tensor(all_users[start:end]).to(device)
+        self.candidates = torch.as_tensor(candidates[start:end]).to(device)
+        self.mask = duplicate_mask(self.candidates)
+        self.samples_per_series = samples

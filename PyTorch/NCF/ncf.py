@@ -1,0 +1,398 @@
+"""Train and evaluate NCF (NeuMF, GMF or MLP) on a converted MovieLens-style dataset.
+
+    python ncf.py --data /data/cache/ml-20m                                  # one process (CPU or one GPU)
+    torchrun --nproc_per_node=8 ncf.py --data /data/cache/ml-20m             # DDP, NCCL on GPUs / gloo on CPU
+    python -m torch.distributed.launch --nproc_per_node=8 --use_env ncf.py --data /data/cache/ml-20m
+
+Data flow (top to bottom of :func:`run`): dataset -> device memory (:mod:`dataloading`) -> per epoch: negatives
+drawn on the device, shuffled, ``-b`` rows per optimizer step split over ranks and ``--grads_accumulated``
+micro-batches -> BCE-with-logits loss -> fused Adam -> evaluation (HR@K, NDCG@K over each user's candidates,
+all-reduced over ranks) -> checkpoint when HR improves -> early stop at ``--threshold``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dataloading import DatasetError, TestSet, TrainEpochs, load_dataset
+from neumf import MODEL_NAMES, build_model
+from recsys_common.feature_spec import FeatureSpecError
+from recsys_common.io import atomic_path
+from recsys_common.logger import Logger
+
+CHECKPOINT_FORMAT = "ncf-checkpoint-v1"
+BEST_CHECKPOINT = "model.pth"     # NVIDIA's name: the weights of the best epoch so far
+RESUME_CHECKPOINT = "last.pth"    # the state after the latest finished epoch, for --resume
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used with this configuration; the message names the file and shapes."""
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train a Neural Collaborative Filtering model")
+    p.add_argument("--data", type=str, required=True, help="Path to the directory with the feature spec and data files")
+    p.add_argument("--feature_spec_file", type=str, default="feature_spec.yaml",
+                   help="Name of the feature spec file inside --data")
+    p.add_argument("-e", "--epochs", type=int, default=30, help="Number of epochs for training")
+    p.add_argument("-b", "--batch_size", type=int, default=2 ** 20,
+                   help="Number of examples for each iteration (global, over all processes)")
+    p.add_argument("--valid_batch_size", type=int, default=2 ** 20, help="Number of examples in each validation chunk")
+    p.add_argument("-f", "--factors", type=int, default=64, help="Number of predictive factors")
+    p.add_argument("--layers", nargs="+", type=int, default=[256, 256, 128, 64], help="Sizes of hidden layers for MLP")
+    p.add_argument("-n", "--negative_samples", type=int, default=4, help="Number of negative examples per interaction")
+    p.add_argument("-l", "--learning_rate", type=float, default=0.0045, help="Learning rate for optimizer")
+    p.add_argument("-k", "--topk", type=int, default=10, help="Rank for test examples to be considered a hit")
+    p.add_argument("--seed", "-s", type=int, default=None, help="Manually set random seed for torch")
+    p.add_argument("--threshold", "-t", type=float, default=1.0, help="Stop training early at threshold")
+    p.add_argument("--beta1", "-b1", type=float, default=0.25, help="Beta1 for Adam")
+    p.add_argument("--beta2", "-b2", type=float, default=0.5, help="Beta2 for Adam")
+    p.add_argument("--eps", type=float, default=1e-8, help="Epsilon for Adam")
+    p.add_argument("--dropout", type=float, default=0.5,
+                   help="Dropout probability, if equal to 0 will not use dropout at all")
+    p.add_argument("--checkpoint_dir", type=str, default="",
+                   help="Path to the directory storing the checkpoint file, passing an empty path disables checkpoint saving")
+    p.add_argument("--load_checkpoint_path", type=str, default=None,
+                   help="Path to the checkpoint file to be loaded before training/evaluation")
+    p.add_argument("--mode", choices=("train", "test"), default="train",
+                   help='Passing "test" will only run a single evaluation; otherwise full training will be performed')
+    p.add_argument("--grads_accumulated", type=int, default=1,
+                   help="Number of gradients to accumulate before performing an optimization step")
+    p.add_argument("--amp", action="store_true",
+                   help="Enable mixed precision (bf16 autocast on CPU; fp16 + GradScaler on CUDA unless --amp_dtype bf16)")
+    p.add_argument("--log_path", type=str, default="log.json", help="Path for the JSON training log")
+    # ---- beyond NVIDIA's flags
+    p.add_argument("--model", choices=MODEL_NAMES, default="neumf",
+                   help="NCF instantiation: NeuMF, or the paper's GMF / MLP baselines")
+    p.add_argument("--amp_dtype", choices=("auto", "fp16", "bf16"), default="auto",
+                   help="Autocast dtype with --amp; auto = fp16 on CUDA, bf16 on CPU")
+    p.add_argument("--resume", action="store_true",
+                   help=f"Resume the interrupted run saved in --checkpoint_dir/{RESUME_CHECKPOINT} (exactly)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="Where to train; auto = CUDA when available")
+    p.add_argument("--apex_fused_adam", action="store_true",
+                   help="Use apex.optimizers.FusedAdam (must be installed) instead of torch.optim.Adam(fused=True)")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
+    args = p.parse_args(argv)
+    checks = [(args.epochs >= 0, "--epochs must be >= 0"), (args.batch_size > 0, "--batch_size must be > 0"),
+              (args.valid_batch_size > 0, "--valid_batch_size must be > 0"), (args.factors > 0, "--factors must be > 0"),
+              (all(s > 0 for s in args.layers), "--layers must be positive"),
+              (args.negative_samples >= 0, "--negative_samples must be >= 0"), (args.topk > 0, "--topk must be > 0"),
+              (0 <= args.dropout < 1, "--dropout must be in [0, 1)"),
+              (args.grads_accumulated > 0, "--grads_accumulated must be > 0")]
+    for ok, message in checks:
+        if not ok:
+            p.error(message)
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint_dir")
+    return args
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+def init_distributed(args: argparse.Namespace):
+    """(rank, world_size, device). Multi-process when WORLD_SIZE > 1: NCCL on GPUs, gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank if args.local_rank is not None else 0))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is available")
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world_size > 1:
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
+def all_reduce_sum(values: List[float], device: torch.device) -> List[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def agree_on_seed(seed: Optional[int], device: torch.device) -> int:
+    """The seed every rank uses: --seed, or one random draw on rank 0 broadcast to the others."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2 ** 31)
+        if dist.is_initialized():
+            t = torch.tensor([seed], dtype=torch.int64, device=device)
+            dist.broadcast(t, src=0)
+            seed = int(t.item())
+    return seed
+
+
+# ------------------------------------------------------------------------------------------------ precision
+def autocast_for(args: argparse.Namespace, device: torch.device):
+    """(autocast context factory, GradScaler-or-None)."""
+    if not args.amp:
+        return nullcontext, None
+    dtype = args.amp_dtype
+    if dtype == "auto":
+        dtype = "fp16" if device.type == "cuda" else "bf16"
+    if dtype == "fp16" and device.type != "cuda":
+        raise ValueError("--amp_dtype fp16 needs CUDA; on CPU use bf16")
+    torch_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda") if dtype == "fp16" else None
+    return (lambda: torch.autocast(device_type=device.type, dtype=torch_dtype)), scaler
+
+
+def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+    betas = (args.beta1, args.beta2)
+    if args.apex_fused_adam:
+        try:
+            from apex.optimizers import FusedAdam  # only in NGC images / source builds of NVIDIA apex
+        except ImportError as err:
+            raise RuntimeError("--apex_fused_adam: NVIDIA apex is not installed (use the default fused torch Adam)") \
+                from err
+        return FusedAdam(model.parameters(), lr=args.learning_rate, betas=betas, eps=args.eps)
+    return torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=betas, eps=args.eps, fused=True)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def model_config(args: argparse.Namespace, num_users: int, num_items: int) -> Dict:
+    return {"model": args.model, "num_users": num_users, "num_items": num_items, "factors": args.factors,
+            "layers": list(args.layers), "dropout": args.dropout}
+
+
+def _read_checkpoint(path: str) -> Dict:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint: {err}") from err
+    if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
+        return obj
+    if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return {"model": obj}  # a bare state_dict, as NVIDIA's recipe saves
+    raise CheckpointError(f"{path}: neither an NCF checkpoint nor a model state_dict")
+
+
+def load_model_weights(model: nn.Module, state: Dict[str, torch.Tensor], path: str) -> None:
+    """Copy ``state`` into ``model`` after checking every name and shape; the error lists the mismatches."""
+    expected = model.state_dict()
+    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    problems = []
+    for name in sorted(set(expected) | set(state)):
+        if name not in state:
+            problems.append(f"{name}: missing from the checkpoint (expected shape {list(expected[name].shape)})")
+        elif name not in expected:
+            problems.append(f"{name}: in the checkpoint (shape {list(state[name].shape)}) but not in this model")
+        elif state[name].shape != expected[name].shape:
+            problems.append(f"{name}: shape {list(state[name].shape)} in the checkpoint, "
+                            f"{list(expected[name].shape)} for this configuration")
+    if problems:
+        raise CheckpointError(f"{path}: checkpoint does not match this configuration (--model, --factors, --layers "
+                              f"or the dataset's users/items differ):\n  " + "\n  ".join(problems))
+    model.load_state_dict(state)
+
+
+def save_checkpoint(path: str, payload: Dict) -> None:
+    """torch.save under a temporary name, then rename: a crash never leaves a half-written checkpoint."""
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+@torch.no_grad()
+def evaluate(model: nn.Module, test: TestSet, topk: int, valid_batch_size: int, autocast) -> Dict[str, float]:
+    """HR@K and NDCG@K over all ranks' users (all-reduced), and the validation BCE over all candidates.
+
+    A user's positive ranks ``r`` = number of its (non-duplicate) negatives scoring at least as high (ties count
+    against the positive, as the NCF paper's evaluation does); hit if ``r < K``, NDCG = ``1 / log2(r + 2)``.
+    """
+    model.eval()
+    users, candidates = test.users, test.candidates
+    n_users, samples = candidates.shape
+    flat_users = users.repeat_interleave(samples)
+    flat_items = candidates.reshape(-1)
+    scores = torch.empty(flat_items.shape[0], dtype=torch.float32, device=flat_items.device)
+    for lo in range(0, flat_items.shape[0], valid_batch_size):
+        with autocast():
+            scores[lo: lo + valid_batch_size] = model(flat_users[lo: lo + valid_batch_size],
+                                                      flat_items[lo: lo + valid_batch_size]).float()
+    scores = scores.view(n_users, samples)
+    labels = torch.zeros_like(scores)
+    labels[:, 0] = 1.0
+    bce = nn.functional.binary_cross_entropy_with_logits(scores, labels, reduction="sum") if n_users else \
+        torch.zeros((), device=scores.device)
+    ranked = scores.masked_fill(test.mask, float("-inf"))
+    rank = (ranked[:, 1:] >= ranked[:, :1]).sum(dim=1)
+    hits = rank < topk
+    ndcg = torch.where(hits, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros((), dtype=torch.float64,
+                                                                                  device=rank.device))
+    total_hits, total_ndcg, total_bce, total_users = all_reduce_sum(
+        [float(hits.sum()), float(ndcg.sum()), float(bce), float(n_users)], scores.device)
+    return {"hr": total_hits / total_users, "ndcg": total_ndcg / total_users,
+            "val_loss": total_bce / (total_users * samples), "eval_rows": total_users * samples}
+
+
+# ------------------------------------------------------------------------------------------------ training
+def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_accumulated: int,
+                world_size: int) -> float:
+    """One pass; returns the mean training loss of this rank."""
+    model.train()
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    loss_sum, rows = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device), 0
+    for users, items, labels in batches:
+        batch_rows = users.shape[0]
+        micro = list(zip(users.chunk(grads_accumulated), items.chunk(grads_accumulated),
+                         labels.chunk(grads_accumulated)))
+        for j, (u, i, y) in enumerate(micro):
+            # Intermediate micro-batches skip DDP's all-reduce; the last one syncs the accumulated gradient.
+            sync = j == len(micro) - 1 or not hasattr(model, "no_sync")
+            with (nullcontext() if sync else model.no_sync()):
+                with autocast():
+                    logits = model(u, i)
+                loss = loss_fn(logits.float(), y) / batch_rows  # mean over the whole (local) batch
+                (scaler.scale(loss) if scaler else loss).backward()
+            loss_sum += loss.detach().double() * batch_rows
+        rows += batch_rows
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return float(loss_sum) / max(rows, 1)
+
+
+def run(args: argparse.Namespace) -> Dict:
+    """Everything :func:`main` does; returns the summary (also logged). Raises on bad input."""
+    rank, world_size, device = init_distributed(args)
+    logger = Logger(args.log_path, rank=rank)
+    for metric, unit in (("train_throughput", "samples/s"), ("eval_throughput", "samples/s"),
+                         ("time_to_target", "s"), ("epoch_time", "s")):
+        logger.metadata(metric, {"unit": unit})
+
+    data = load_dataset(args.data, args.feature_spec_file)
+    resume_state = None
+    if args.resume:
+        resume_path = os.path.join(args.checkpoint_dir, RESUME_CHECKPOINT)
+        resume_state = _read_checkpoint(resume_path)
+        if "epoch" not in resume_state:
+            raise CheckpointError(f"{resume_path}: has no training state to resume from")
+        if args.seed is None:
+            args.seed = int(resume_state["seed"])
+    seed = agree_on_seed(args.seed, device)
+    torch.manual_seed(seed)
+    config = model_config(args, data.num_users, data.num_items)
+    model = build_model(args.model, data.num_users, data.num_items, args.factors, args.layers,
+                        args.dropout).to(device)
+    if args.load_checkpoint_path:
+        load_model_weights(model, _read_checkpoint(args.load_checkpoint_path)["model"], args.load_checkpoint_path)
+    autocast, scaler = autocast_for(args, device)
+    optimizer = make_optimizer(args, model)
+    start_epoch, best = 0, {"hr": -1.0, "ndcg": 0.0, "epoch": -1}
+    elapsed, time_to_target = 0.0, None
+    if resume_state is not None:
+        if resume_state.get("config") != config:
+            raise CheckpointError(f"{resume_path}: saved for configuration {resume_state.get('config')}, "
+                                  f"this run is {config}")
+        load_model_weights(model, resume_state["model"], resume_path)
+        optimizer.load_state_dict(resume_state["optimizer"])
+        if scaler is not None and resume_state.get("scaler"):
+            scaler.load_state_dict(resume_state["scaler"])
+        start_epoch = int(resume_state["epoch"]) + 1
+        best = {"hr": float(resume_state["best_hr"]), "ndcg": float(resume_state["best_ndcg"]),
+                "epoch": int(resume_state["best_epoch"])}
+        elapsed = float(resume_state["elapsed"])
+        time_to_target = resume_state.get("time_to_target")
+
+    test = TestSet(data, rank, world_size, device)
+    ddp_model = model
+    if world_size > 1:
+        ddp_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    params = dict(vars(args), seed=seed, world_size=world_size, device=str(device), num_users=data.num_users,
+                  num_items=data.num_items, train_positives=len(data.train_users),
+                  test_samples_per_series=data.samples_per_series)
+    logger.log_parameters(params)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if args.mode == "test":
+        sync(); t0 = time.perf_counter()
+        metrics = evaluate(ddp_model, test, args.topk, args.valid_batch_size, autocast)
+        sync(); seconds = time.perf_counter() - t0
+        summary = {f"hr@{args.topk}": metrics["hr"], f"ndcg@{args.topk}": metrics["ndcg"],
+                   "val_loss": metrics["val_loss"], "eval_throughput": metrics["eval_rows"] / seconds}
+        logger.log_summary(summary)
+        logger.close()
+        return summary
+
+    train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
+                        args.batch_size, rank, world_size, device)
+    best_train_tp, best_eval_tp, last = 0.0, 0.0, {}
+    for epoch in range(start_epoch, args.epochs):
+        torch.manual_seed(seed * 7919 + epoch * 104729 + rank)  # dropout stream of this epoch: resume is exact
+        sync(); t0 = time.perf_counter()
+        loss = train_epoch(ddp_model, optimizer, scaler, autocast, train.epoch(seed, epoch), args.grads_accumulated,
+                           world_size)
+        sync(); train_time = time.perf_counter() - t0
+        metrics = evaluate(ddp_model, test, args.topk, args.valid_batch_size, autocast)
+        sync(); eval_time = time.perf_counter() - t0 - train_time
+        loss = all_reduce_sum([loss], device)[0] / world_size
+        elapsed += train_time + eval_time
+        train_tp, eval_tp = train.rows_per_epoch / train_time, metrics["eval_rows"] / eval_time
+        best_train_tp, best_eval_tp = max(best_train_tp, train_tp), max(best_eval_tp, eval_tp)
+        last = {"epoch": epoch, f"hr@{args.topk}": metrics["hr"], f"ndcg@{args.topk}": metrics["ndcg"],
+                "loss": loss, "val_loss": metrics["val_loss"], "train_throughput": train_tp,
+                "eval_throughput": eval_tp, "epoch_time": train_time + eval_time}
+        logger.log(step=(epoch,), data=last)
+        improved = metrics["hr"] > best["hr"]
+        if improved:
+            best = {"hr": metrics["hr"], "ndcg": metrics["ndcg"], "epoch": epoch}
+        if time_to_target is None and metrics["hr"] >= args.threshold:
+            time_to_target = elapsed
+        if args.checkpoint_dir and rank == 0:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+            state = {"format": CHECKPOINT_FORMAT, "config": config, "model": model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None,
+                     "epoch": epoch, "seed": seed, "best_hr": best["hr"], "best_ndcg": best["ndcg"],
+                     "best_epoch": best["epoch"], "elapsed": elapsed, "time_to_target": time_to_target}
+            if improved:
+                save_checkpoint(os.path.join(args.checkpoint_dir, BEST_CHECKPOINT), state)
+            save_checkpoint(os.path.join(args.checkpoint_dir, RESUME_CHECKPOINT), state)
+        if metrics["hr"] >= args.threshold:
+            break
+    summary = {f"best_hr@{args.topk}": best["hr"], f"best_ndcg@{args.topk}": best["ndcg"],
+               "best_epoch": best["epoch"], "time_to_target": time_to_target, "total_time": elapsed,
+               "best_train_throughput": best_train_tp, "best_eval_throughput": best_eval_tp,
+               "last": last, "seed": seed}
+    logger.log_summary(summary)
+    logger.close()
+    if dist.is_initialized():
+        dist.barrier()  # rank 0's checkpoint is complete before any rank returns
+    return summary
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (DatasetError, FeatureSpecError, CheckpointError) as err:
+        print(f"ncf.py: error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()
+    if dist.is_initialized():
+        dist.destroy_process_group()

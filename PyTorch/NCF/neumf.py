@@ -1,0 +1,165 @@
+"""The three NCF instantiations of He et al. (WWW'17): GMF, MLP and NeuMF.
+
+Every model maps a batch of ``(user, item)`` id pairs to one logit per pair
+(the probability of an interaction is ``sigmoid(logit)``; training uses
+``BCEWithLogitsLoss``). They are built from two branches:
+
+* :class:`GMFBranch`  ``phi_GMF = p_u * q_i``  (element-wise product of a user and
+  an item embedding, ``factors`` wide) -- matrix factorisation.
+* :class:`MLPBranch`  ``phi_MLP = a_L(W_L ... a_1(W_1 [p'_u ; q'_i]))`` -- user and
+  item embeddings of ``layers[0] // 2`` each, concatenated and passed through
+  ``Linear -> ReLU -> Dropout`` blocks of the sizes in ``layers[1:]``.
+
+and a final ``Linear(width, 1)`` (:class:`Predictor`):
+
+* ``GMF``   = Predictor(phi_GMF)
+* ``MLP``   = Predictor(phi_MLP)
+* ``NeuMF`` = Predictor([phi_GMF ; phi_MLP])  (separate embeddings per branch)
+
+Initialisation follows NVIDIA's recipe: embeddings ~ N(0, 0.01), MLP weights
+Glorot-uniform, the final layer LeCun-uniform, biases zero.
+
+>>> import torch
+>>> model = NeuMF(num_users=4, num_items=5, factors=8, layers=[16, 8], dropout=0.0)
+>>> model(torch.tensor([0, 3]), torch.tensor([1, 4])).shape
+torch.Size([2])
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+MODEL_NAMES = ("neumf", "gmf", "mlp")
+
+
+def _glorot_uniform_(layer: nn.Linear) -> None:
+    fan_out, fan_in = layer.weight.shape
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    nn.init.uniform_(layer.weight, -limit, limit)
+    nn.init.zeros_(layer.bias)
+
+
+def _lecun_uniform_(layer: nn.Linear) -> None:
+    fan_in = layer.weight.shape[1]
+    limit = math.sqrt(3.0 / fan_in)
+    nn.init.uniform_(layer.weight, -limit, limit)
+    nn.init.zeros_(layer.bias)
+
+
+class GMFBranch(nn.Module):
+    """Generalized matrix factorisation: ``p_u * q_i``.
+
+    Takes ``users`` and ``items`` (int64 ``[B]``), returns float ``[B, factors]``.
+
+    >>> GMFBranch(3, 4, factors=2)(torch.tensor([0]), torch.tensor([3])).shape
+    torch.Size([1, 2])
+    """
+
+    def __init__(self, num_users: int, num_items: int, factors: int):
+        super().__init__()
+        self.user_embedding = nn.Embedding(num_users, factors)
+        self.item_embedding = nn.Embedding(num_items, factors)
+        nn.init.normal_(self.user_embedding.weight, 0.0, 0.01)
+        nn.init.normal_(self.item_embedding.weight, 0.0, 0.01)
+        self.output_width = factors
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return self.user_embedding(users) * self.item_embedding(items)
+
+
+class MLPBranch(nn.Module):
+    """Learned similarity: an MLP over the concatenated user and item embeddings.
+
+    ``layers[0]`` is the width of ``[p'_u ; q'_i]`` (so each embedding has
+    ``layers[0] // 2`` dimensions); each further size adds a
+    ``Linear -> ReLU -> Dropout(dropout)`` block. Returns ``[B, layers[-1]]``.
+
+    >>> MLPBranch(3, 4, layers=[8, 4], dropout=0.0)(torch.tensor([0]), torch.tensor([3])).shape
+    torch.Size([1, 4])
+    """
+
+    def __init__(self, num_users: int, num_items: int, layers: Sequence[int], dropout: float):
+        super().__init__()
+        if layers[0] % 2 != 0:
+            raise ValueError(f"--layers: the first size ({layers[0]}) must be even: it is split between "
+                             "the user and the item embedding")
+        half = layers[0] // 2
+        self.user_embedding = nn.Embedding(num_users, half)
+        self.item_embedding = nn.Embedding(num_items, half)
+        nn.init.normal_(self.user_embedding.weight, 0.0, 0.01)
+        nn.init.normal_(self.item_embedding.weight, 0.0, 0.01)
+        blocks = []
+        for width_in, width_out in zip(layers[:-1], layers[1:]):
+            linear = nn.Linear(width_in, width_out)
+            _glorot_uniform_(linear)
+            blocks += [linear, nn.ReLU()]
+            if dropout > 0:  # NVIDIA: "if equal to 0 will not use dropout at all"
+                blocks.append(nn.Dropout(dropout))
+        self.mlp = nn.Sequential(*blocks)
+        self.output_width = layers[-1]
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.user_embedding(users), self.item_embedding(items)], dim=1)
+        return self.mlp(x)
+
+
+class Predictor(nn.Module):
+    """``Linear(width, 1)`` turning branch features ``[B, width]`` into logits ``[B]``."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, 1)
+        _lecun_uniform_(self.linear)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear(features).squeeze(1)
+
+
+class GMF(nn.Module):
+    """GMF baseline of the NCF paper: logit = h^T (p_u * q_i) + b."""
+
+    def __init__(self, num_users: int, num_items: int, factors: int, **_unused):
+        super().__init__()
+        self.gmf = GMFBranch(num_users, num_items, factors)
+        self.predictor = Predictor(self.gmf.output_width)
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return self.predictor(self.gmf(users, items))
+
+
+class MLP(nn.Module):
+    """MLP baseline of the NCF paper: logit = h^T MLP([p'_u ; q'_i]) + b."""
+
+    def __init__(self, num_users: int, num_items: int, layers: Sequence[int], dropout: float, **_unused):
+        super().__init__()
+        self.mlp = MLPBranch(num_users, num_items, layers, dropout)
+        self.predictor = Predictor(self.mlp.output_width)
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return self.predictor(self.mlp(users, items))
+
+
+class NeuMF(nn.Module):
+    """Neural matrix factorisation: logit = h^T [p_u * q_i ; MLP([p'_u ; q'_i])] + b."""
+
+    def __init__(self, num_users: int, num_items: int, factors: int, layers: Sequence[int], dropout: float):
+        super().__init__()
+        self.gmf = GMFBranch(num_users, num_items, factors)
+        self.mlp = MLPBranch(num_users, num_items, layers, dropout)
+        self.predictor = Predictor(self.gmf.output_width + self.mlp.output_width)
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return self.predictor(torch.cat([self.gmf(users, items), self.mlp(users, items)], dim=1))
+
+
+def build_model(name: str, num_users: int, num_items: int, factors: int, layers: Sequence[int],
+                dropout: float) -> nn.Module:
+    """The model called ``name`` (one of :data:`MODEL_NAMES`)."""
+    classes = {"neumf": NeuMF, "gmf": GMF, "mlp": MLP}
+    if name not in classes:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
+    return classes[name](num_users=num_users, num_items=num_items, factors=factors,
+                         layers=list(layers), dropout=dropout)
