@@ -30,9 +30,9 @@ class ScaleGradient(torch.autograd.Function):
     """Identity in the forward pass; multiplies the gradient by ``factor`` in the backward pass.
 
     Used on the pooled embeddings of the TorchRec path, whose optimizer runs inside the backward pass and so never
-    sees the loss scaler or the data-parallel averaging: ``factor = 1 / (loss_scale * world_size)`` makes the
-    embedding update the one plain SGD would make on the global batch's mean loss. Non-finite gradients (an fp16
-    overflow, which the loss scaler would skip for the MLPs) are zeroed so they never reach the tables.
+    sees the loss scaler's unscaling: ``factor = 1 / loss_scale`` makes the embedding update the unscaled one.
+    Non-finite gradients (an fp16 overflow, which the loss scaler would skip for the MLPs) are zeroed so they never
+    reach the tables.
     """
 
     @staticmethod
@@ -98,7 +98,7 @@ class TorchRecEmbeddings(nn.Module):
         self.feature_names = [table_key(f) for f in feature_names]
         tables = [
             EmbeddingBagConfig(name=f"t_{name}", embedding_dim=embedding_dim, num_embeddings=n,
-                               feature_names=[name], init_fn=uniform_table_init_)
+                               feature_names=[name])  # TorchRec's default init: U(-sqrt(1/n), sqrt(1/n))
             for name, n in zip(self.feature_names, self.table_sizes)
         ]
         self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -112,8 +112,13 @@ class TorchRecEmbeddings(nn.Module):
             values=categorical.t().reshape(-1),  # feature-major: all ids of feature 0, then feature 1, ...
             lengths=torch.ones(batch * num_features, dtype=torch.int32, device=categorical.device),
         )
-        pooled = self.ebc(kjt).values()  # [B, T * D], features in key order
-        if self.grad_multiplier != 1.0:
+        keyed = self.ebc(kjt)
+        if list(keyed.keys()) == self.feature_names:
+            pooled = keyed.values()  # [B, T * D]
+        else:  # a sharded collection returns features grouped by shard: restore the model's feature order
+            by_name = keyed.to_dict()
+            pooled = torch.cat([by_name[name] for name in self.feature_names], dim=1)
+        if not (isinstance(self.grad_multiplier, float) and self.grad_multiplier == 1.0):
             pooled = ScaleGradient.apply(pooled, self.grad_multiplier)
         return pooled.view(batch, num_features, self.embedding_dim)
 

@@ -13,9 +13,10 @@ Embedding types (``--embedding_type``):
 * ``auto``: ``torchrec_fused`` when TorchRec imports and supports the requested optimizer on this device, otherwise
   ``multi_table``.
 
-Gradients are made equal to plain data-parallel SGD on the global batch: DDP averages the MLP gradients over the
-processes, and the embedding gradients, which TorchRec sums over the processes' local mean losses, are divided by the
-world size (``TorchRecEmbeddings.grad_multiplier``), as is any static fp16 loss scale the fused optimizer never sees.
+Training equals plain SGD on the global batch whatever the number of processes (a test checks it): DDP averages the
+MLP gradients over the processes, and TorchRec divides the embedding gradients by the world size in the backward of its
+all-to-all (``torchrec.distributed.comm_ops.GRADIENT_DIVISION``, on by default). With an fp16 loss scale, the fused
+optimizer would see scaled gradients, so ``TorchRecEmbeddings.grad_multiplier`` divides them by the scale first.
 """
 from __future__ import annotations
 

@@ -269,8 +269,8 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
             step_in_epoch += 1
             lr = schedule.apply(trainable.optimizers, global_step)
             trainable.zero_grad()
-            if fused:  # the fused optimizer sees neither DDP's averaging nor the loss scale (see model/parallel.py)
-                embeddings.grad_multiplier = 1.0 / (ctx.world_size * _loss_scale(amp))
+            if fused and amp.scaler is not None:  # the fused optimizer never sees the loss scaler's unscaling
+                embeddings.grad_multiplier = 1.0 / _loss_scale(amp)
             with amp.autocast():
                 logits = graphs.forward(numerical, categorical) if graphs else trainable.module(numerical, categorical)
             loss = loss_fn(logits.float(), label)
@@ -292,7 +292,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
                 timed_steps += 1
             if args.print_freq and global_step % args.print_freq == 0:
                 now = time.perf_counter()
-                mean_loss = loss_accumulator.item() / loss_count
+                mean_loss = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
                 step_time = (now - last_print) / loss_count
                 eta = step_time * (steps_per_epoch - step_in_epoch)
                 if ctx.is_main:
@@ -322,7 +322,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
         break
     _sync(ctx.device)
     if loss_count:
-        results["train_loss"] = loss_accumulator.item() / loss_count
+        results["train_loss"] = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
     if timed_start is not None and timed_steps > 0:
         elapsed = time.perf_counter() - timed_start
         results["train_throughput"] = timed_steps * args.batch_size / elapsed
@@ -333,6 +333,12 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     results["position"] = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step}
     barrier()
     return results
+
+
+def _mean_over_ranks(total: float, count: int, device) -> float:
+    from dlrm.utils.distributed import all_reduce_sum
+    total, count = all_reduce_sum([total, float(count)], device)
+    return total / count
 
 
 def _loss_scale(amp):
@@ -452,6 +458,7 @@ def run(args) -> Dict[str, Any]:
             if results["evaluations"]:
                 last = results["evaluations"][-1]
                 results["auc"], results["test_loss"] = last["auc"], last["loss"]
+                results["test_samples"] = last["samples"]
                 results["best_auc"] = max(e["auc"] for e in results["evaluations"])
             if args.save_checkpoint_path:
                 checkpointing.save_checkpoint(args.save_checkpoint_path, trainable, config.to_dict(),

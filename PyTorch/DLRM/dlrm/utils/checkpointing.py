@@ -64,10 +64,10 @@ def load_into(target: Any, source: np.ndarray, where: str) -> None:
     with torch.no_grad():
         if _is_sharded(target):
             for shard in target.local_shards():
-                block = np.ascontiguousarray(source[_shard_slices(shard)])
+                block = np.array(source[_shard_slices(shard)], dtype=np.float32)
                 shard.tensor.copy_(torch.from_numpy(block).to(shard.tensor.dtype))
         else:
-            target.copy_(torch.from_numpy(np.ascontiguousarray(source)).to(target.dtype))
+            target.copy_(torch.from_numpy(np.array(source)).to(target.dtype))
 
 
 def save_checkpoint(path: str, trainable, config: Dict[str, Any], position: Dict[str, Any], rank: int,
