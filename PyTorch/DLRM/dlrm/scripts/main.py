@@ -152,7 +152,14 @@ def _build_data(args, ctx, info_only: bool = False):
                                   training=True, shuffle=args.shuffle_batch_order, seed=args.seed,
                                   subset=args.dataset_subset)
 
+    cache = {}
+
     def test_data():
+        if "test" not in cache:
+            cache["test"] = make_test_data()
+        return cache["test"]
+
+    def make_test_data():
         if synthetic:
             return SyntheticBatches(info, max(args.synthetic_dataset_num_entries // 8, args.test_batch_size),
                                     args.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=args.seed + 1,
@@ -453,6 +460,8 @@ def run(args) -> Dict[str, Any]:
         results: Dict[str, Any] = {"mode": args.mode, "embedding_type": embedding_type,
                                    "world_size": ctx.world_size, "device": str(ctx.device),
                                    "amp": amp.dtype_name}
+        if args.mode in ("train", "test"):
+            test_data()  # open (and so check) the test mapping before spending time on training
         if args.mode == "train":
             results.update(train(args, ctx, trainable, amp, train_data(), test_data, logger, start))
             if results["evaluations"]:
