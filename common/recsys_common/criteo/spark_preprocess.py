@@ -1,0 +1,464 @@
+"""Spark job: Criteo raw TSV -> frequency-limited dictionaries and parquet ``train`` / ``test`` / ``validation``.
+
+    python -m recsys_common.criteo.spark_preprocess --input_path /data/dlrm/criteo --output_path /data/dlrm/spark/output
+
+Runs on ``local[*]`` by default and on any cluster with ``--master`` (the input and output paths must then be on a
+file system every executor and this driver see). The steps, each one pass over the raw data:
+
+1. *Line index of the split file* (Terabyte ``day_23``, Kaggle ``train.txt``): count the lines of each input block, so
+   every line gets its exact line number and the file can be cut into train / test / validation by line
+   (``layout.split_boundaries``).
+2. *Counts*: parse every row; count malformed rows per split and reason, padded rows, and the frequency of every
+   categorical value (``--dictionary_source all``, as NVIDIA's "frequency in the whole dataset", or ``train``).
+   Values seen at least ``--frequency_limit`` times get ids ``2, 3, ...`` by decreasing frequency: the dictionaries,
+   written to ``OUTPUT/models`` (parquet: ``column, value, count, id``).
+3. *Transform*: join every row with the dictionaries (0 = missing, 1 = rare or unseen), ``log(x + 3)`` the integer
+   features (missing -> 0), and write ``OUTPUT/{train,test,validation}/part-*.parquet``, ``train`` rows in random
+   order (``--train_ordering``), ``test`` and ``validation`` in line order. Part files sort by name in row order.
+
+Outputs also ``OUTPUT/model_size.json`` (NVIDIA's: largest id per categorical column ``_c14 .. _c39``, so cardinality
+= value + 1), ``OUTPUT/cardinalities.json`` and ``OUTPUT/preprocess_report.json`` (row counts per split, malformed
+rows per reason with examples, padded rows, parameters). The output directory is written under a temporary name and
+renamed when complete. Then ``python -m recsys_common.criteo.to_split_binary`` converts the parquet files.
+
+Rows with fewer than 40 fields are padded with missing fields (``padded`` in the report). Rows that cannot be parsed
+(label not 0/1, an integer field that is not an integer, more than 40 fields, an empty line) are counted, reported and
+excluded; the job fails (non-zero exit, no output) when they exceed ``--max_malformed_fraction`` of the rows, which
+catches a wrong file or separator instead of silently training on garbage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, LABEL_COLUMN, MISSING_ID,
+               NUM_CATEGORICAL, NUM_FIELDS, NUM_NUMERICAL, NUMERICAL_COLUMNS, RARE_ID, REASON_BAD_LABEL,
+               REASON_BAD_NUMERICAL, REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, SPLITS)
+from .layout import CriteoInputError, InputLayout, discover_input, split_boundaries
+from ..io import atomic_directory, atomic_write_text
+
+_ROW_BITS = 33                      # monotonically_increasing_id(): partition index << 33 | row within partition
+_ROW_MASK = (1 << _ROW_BITS) - 1
+_INTEGER_RE = r"^-?[0-9]{1,18}$"    # fits in a signed 64-bit integer
+_MAX_EXAMPLE_CHARS = 300
+
+
+class CriteoPreprocessError(RuntimeError):
+    """The job ran but its result cannot be trusted (too many malformed rows, an inconsistent line index)."""
+
+
+# ----------------------------------------------------------------------------------------------------- arguments
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="python -m recsys_common.criteo.spark_preprocess",
+        description="Criteo raw TSV (Terabyte day_0..day_23 or Kaggle train.txt) -> dictionaries + parquet splits.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--input_path", default=env("INPUT_PATH"), required=env("INPUT_PATH") is None,
+                        help="directory with day_0 .. day_23 (Terabyte) or train.txt (Kaggle), or train.txt itself "
+                             "[env INPUT_PATH]")
+    parser.add_argument("--output_path", default=env("OUTPUT_PATH"), required=env("OUTPUT_PATH") is None,
+                        help="output directory (models/, train/, test/, validation/, reports) [env OUTPUT_PATH]")
+    parser.add_argument("--layout", choices=("auto", "terabyte", "kaggle"), default="auto",
+                        help="input layout; auto: day_<N> files -> terabyte, else train.txt -> kaggle")
+    parser.add_argument("--frequency_limit", type=int,
+                        default=int(env("FREQUENCY_LIMIT", DEFAULT_FREQUENCY_LIMIT)),
+                        help="categorical values seen fewer times map to the rare id 1; 0 or 1 keeps every value "
+                             "[env FREQUENCY_LIMIT]")
+    parser.add_argument("--dictionary_source", choices=("all", "train"), default="all",
+                        help="rows whose categorical values are counted for the dictionaries: all splits "
+                             "(NVIDIA's choice) or train only (test values unseen in train then map to id 1)")
+    parser.add_argument("--train_ordering", choices=("random", "input"), default="random",
+                        help="row order of the train split: shuffled with --seed, or the input's order")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the train shuffle")
+    parser.add_argument("--max_malformed_fraction", type=float, default=0.01,
+                        help="fail when more than this fraction of the rows is malformed")
+    parser.add_argument("--max_examples", type=int, default=20, help="malformed rows quoted in the report")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    spark = parser.add_argument_group("Spark")
+    spark.add_argument("--master", default=env("SPARK_MASTER", "local[*]"),
+                       help="Spark master: local[*], local[N], spark://host:7077, yarn, k8s://... [env SPARK_MASTER]")
+    spark.add_argument("--total_cores", type=int, default=int(env("TOTAL_CORES")) if env("TOTAL_CORES") else None,
+                       help="cores to use: local[N] for a local master, spark.cores.max otherwise [env TOTAL_CORES]")
+    spark.add_argument("--total_memory", type=int,
+                       default=int(env("TOTAL_MEMORY")) if env("TOTAL_MEMORY") else None,
+                       help="GiB of memory: the driver's for a local master, shared by the executors otherwise "
+                            "[env TOTAL_MEMORY]")
+    spark.add_argument("--executor_cores", type=int, default=5, help="cores per executor (non-local masters)")
+    spark.add_argument("--spark_local_dirs", default=env("SPARK_LOCAL_DIRS"),
+                       help="scratch directories for shuffle data, comma-separated [env SPARK_LOCAL_DIRS]")
+    spark.add_argument("--shuffle_partitions", type=int, default=None,
+                       help="spark.sql.shuffle.partitions (default: Spark's, coalesced by adaptive execution)")
+    spark.add_argument("--broadcast_max_rows", type=int, default=1_000_000,
+                       help="dictionaries with at most this many values are broadcast to the join; larger ones are "
+                            "sort-merge joined")
+    spark.add_argument("--spark_conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="extra Spark configuration, repeatable (e.g. the RAPIDS plugin for GPU Spark)")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.frequency_limit < 0:
+        parser.error(f"--frequency_limit must be >= 0, got {args.frequency_limit}")
+    if not 0.0 <= args.max_malformed_fraction <= 1.0:
+        parser.error(f"--max_malformed_fraction must be in [0, 1], got {args.max_malformed_fraction}")
+    for item in args.spark_conf:
+        if "=" not in item:
+            parser.error(f"--spark_conf expects KEY=VALUE, got {item!r}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------- Spark session
+def spark_settings(args: argparse.Namespace) -> Dict[str, str]:
+    """The Spark configuration this job asks for (see README's memory/disk section for sizing)."""
+    master = args.master
+    conf: Dict[str, str] = {"spark.ui.showConsoleProgress": "false"}
+    local = master.startswith("local")
+    if local and args.total_cores and master in ("local", "local[*]"):
+        master = f"local[{args.total_cores}]"
+    if args.total_memory:
+        if local:
+            conf["spark.driver.memory"] = f"{args.total_memory}g"
+        else:
+            cores = args.total_cores or args.executor_cores
+            executors = max(1, cores // args.executor_cores)
+            conf["spark.executor.memory"] = f"{max(1, int(args.total_memory * 0.9 / executors))}g"
+    if not local:
+        conf["spark.executor.cores"] = str(args.executor_cores)
+        if args.total_cores:
+            conf["spark.cores.max"] = str(args.total_cores)
+    if args.spark_local_dirs:
+        conf["spark.local.dir"] = args.spark_local_dirs
+    if args.shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(args.shuffle_partitions)
+    for item in args.spark_conf:
+        key, value = item.split("=", 1)
+        conf[key.strip()] = value.strip()
+    conf["spark.master"] = master
+    return conf
+
+
+def create_session(args: argparse.Namespace):
+    from pyspark.sql import SparkSession
+    if args.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # otherwise Spark binds a non-loopback address
+    conf = spark_settings(args)
+    builder = SparkSession.builder.appName("criteo-preprocess")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+# ----------------------------------------------------------------------------------------------------- reading
+def _read_file(spark, path: str, file_index: int):
+    """One raw file as rows ``value, _file, _block, _row``: ``_row`` is the row's index within its input block."""
+    from pyspark.sql import functions as F
+    return spark.read.text(path).select(
+        F.col("value"),
+        F.lit(file_index).alias("_file"),
+        F.input_file_block_start().alias("_block"),
+        (F.monotonically_increasing_id().bitwiseAND(F.lit(_ROW_MASK))).alias("_row"))
+
+
+def block_line_offsets(spark, path: str) -> Dict[int, int]:
+    """Pass 1 for the split file: ``{block start byte: index of the block's first line}`` and the line count.
+
+    In a scan of one file every partition reads exactly one block, so a row's number within its partition (the low
+    bits of ``monotonically_increasing_id``) is its number within the block; the checks below make sure of it.
+    """
+    from pyspark.sql import functions as F
+    rows = (_read_file(spark, path, 0).groupBy("_block")
+            .agg(F.count(F.lit(1)).alias("n"), F.min("_row").alias("lo"), F.max("_row").alias("hi"))
+            .orderBy("_block").collect())
+    offsets, total = {}, 0
+    for r in rows:
+        if r["lo"] != 0 or r["hi"] != r["n"] - 1:
+            raise CriteoPreprocessError(f"{path}: block at byte {r['_block']} was read in pieces (rows {r['lo']}.."
+                                        f"{r['hi']} for {r['n']} lines); cannot number its lines exactly")
+        offsets[int(r["_block"])] = total
+        total += int(r["n"])
+    offsets[-1] = total
+    return offsets
+
+
+def read_raw_with_splits(spark, layout: InputLayout, split_offsets: Dict[int, int]):
+    """Every raw row with its split (``train`` / ``test`` / ``validation``) and, for the split file, its line."""
+    from pyspark.sql import functions as F
+    num_lines = split_offsets[-1]
+    train_end, test_end = split_boundaries(layout.kind, num_lines)
+    frames = []
+    files = list(layout.train_files) + [layout.split_file]
+    for index, path in enumerate(layout.train_files):
+        frames.append(_read_file(spark, path, index)
+                      .withColumn("_line", F.lit(None).cast("long"))
+                      .withColumn("split", F.lit("train")))
+    blocks = spark.createDataFrame([(b, o) for b, o in split_offsets.items() if b >= 0],
+                                   "_block long, _block_first_line long")
+    split_df = (_read_file(spark, layout.split_file, len(files) - 1)
+                .join(F.broadcast(blocks), on="_block", how="left")
+                .withColumn("_line", F.col("_block_first_line") + F.col("_row"))
+                .drop("_block_first_line"))
+    split_df = split_df.withColumn(
+        "split", F.when(F.col("_line").isNull(), "unassigned").when(F.col("_line") < train_end, "train").when(F.col("_line") < test_end, "test")
+        .otherwise("validation"))
+    frames.append(split_df)
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union, {"lines_in_split_file": num_lines, "train_end_line": train_end, "test_end_line": test_end}
+
+
+# ----------------------------------------------------------------------------------------------------- parsing
+def parse_rows(raw, seed: int = 0):
+    """Raw rows -> ``label``, ``num_raw_<i>`` (long or null), ``cat_raw_<i>`` (string or null), ``_reason``, ``_padded``.
+
+    ``_reason`` is null for a good row, else the first problem found (see module docstring).
+    """
+    from pyspark.sql import functions as F
+    text = F.regexp_replace(F.col("value"), "\r$", "")
+    fields = F.split(text, "\t", -1)
+    count = F.size(fields)
+
+    def field(i: int):
+        return F.get(fields, i)
+
+    label = field(0)
+    numeric_text = [field(1 + i) for i in range(NUM_NUMERICAL)]
+    bad_numerical = [F.when(t.isNotNull() & (t != "") & ~t.rlike(_INTEGER_RE), F.lit(REASON_BAD_NUMERICAL.format(i + 1)))
+                     for i, t in enumerate(numeric_text)]
+    reason = (F.when(text == "", F.lit(REASON_EMPTY_LINE))
+              .when(count > NUM_FIELDS, F.lit(REASON_TOO_MANY_FIELDS))
+              .when(~label.isin("0", "1"), F.lit(REASON_BAD_LABEL))
+              .otherwise(F.coalesce(*bad_numerical)))
+    columns = [F.col("value").alias("_text")] + [F.col(c) for c in ("_file", "_block", "_row", "_line", "split")]
+    columns.append(F.rand(seed).alias("_rand"))   # drawn while reading, so the shuffle is reproducible
+    columns.append(reason.alias("_reason"))
+    columns.append((count < NUM_FIELDS).alias("_padded"))
+    columns.append(F.when(label.isin("0", "1"), label.cast("int")).alias(LABEL_COLUMN))
+    for i, t in enumerate(numeric_text):
+        columns.append(F.when(t != "", t.try_cast("long")).alias(f"num_raw_{i}"))
+    for i in range(NUM_CATEGORICAL):
+        t = field(1 + NUM_NUMERICAL + i)
+        columns.append(F.when(t != "", t).alias(f"cat_raw_{i}"))
+    return raw.select(*columns)
+
+
+def value_counts(parsed, dictionary_source: str):
+    """One aggregation for the dictionaries and the report: ``column, value, count``.
+
+    ``column`` 0..25 counts categorical values; ``column`` -1 counts rows by ``split|status`` where status is
+    ``ok``, ``padded`` or the malformed reason.
+    """
+    from pyspark.sql import functions as F
+    valid = F.col("_reason").isNull()
+    counted = valid if dictionary_source == "all" else valid & (F.col("split") == "train")
+    status = F.coalesce(F.col("_reason"), F.when(F.col("_padded"), F.lit("padded")).otherwise(F.lit("ok")))
+    entries = [F.struct(F.lit(-1).alias("column"), F.concat_ws("|", F.col("split"), status).alias("value"))]
+    for i in range(NUM_CATEGORICAL):
+        entries.append(F.struct(F.lit(i).alias("column"),
+                                F.when(counted, F.col(f"cat_raw_{i}")).alias("value")))
+    return (parsed.select(F.explode(F.array(*entries)).alias("e"))
+            .select("e.column", "e.value").where(F.col("value").isNotNull())
+            .groupBy("column", "value").count())
+
+
+def build_dictionaries(counts, frequency_limit: int):
+    """Frequent values -> ids ``2, 3, ...`` by decreasing count, ties by value (deterministic)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    frequent = counts.where((F.col("column") >= 0) & (F.col("count") >= max(frequency_limit, 1)))
+    order = Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value"))
+    return frequent.withColumn("id", (F.row_number().over(order) + (FIRST_FREQUENT_ID - 1)).cast("int"))
+
+
+def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
+    """Good rows -> ``split, label, num_0..12 (float), cat_0..25 (int)`` plus the ordering key."""
+    from pyspark.sql import functions as F
+    df = parsed.where(F.col("_reason").isNull())
+    # Small dictionaries go into one broadcast table that every join reuses (one broadcast, not 26); the large
+    # ones are joined column by column (sort-merge), as NVIDIA's job does.
+    small, budget = [], args.broadcast_max_rows
+    for i in sorted(range(NUM_CATEGORICAL), key=lambda c: sizes[c]):
+        if sizes[i] <= budget:
+            small.append(i)
+            budget -= sizes[i]
+    # The shared table is keyed by "<column>:<value>", so that no join condition refers to the table alone (the
+    # optimizer would push such a filter into it and every join would broadcast its own copy).
+    shared = (F.broadcast(dictionaries.where(F.col("column").isin(small))
+                          .select(F.concat_ws(":", F.col("column"), F.col("value")).alias("key"), F.col("id")))
+              if small else None)
+    for i in range(NUM_CATEGORICAL):
+        if i in small:
+            d = shared.alias(f"d{i}")
+            condition = F.concat(F.lit(f"{i}:"), F.col(f"cat_raw_{i}")) == F.col(f"d{i}.key")
+        else:
+            d = dictionaries.where(F.col("column") == i).alias(f"d{i}")
+            condition = F.col(f"cat_raw_{i}") == F.col(f"d{i}.value")
+        df = df.join(d, on=condition, how="left").select(
+            *[c for c in df.columns], F.col(f"d{i}.id").alias(f"_id{i}"))
+    out = [F.col("split"), F.col(LABEL_COLUMN).cast("byte").alias(LABEL_COLUMN)]
+    for i in range(NUM_NUMERICAL):
+        x = F.col(f"num_raw_{i}")
+        # NVIDIA: log(x + 3), then fillna(0): Spark's log is NULL for x + 3 <= 0, and missing is NULL.
+        out.append(F.when(x.isNotNull() & (x > -3), F.log(x.cast("double") + 3.0)).otherwise(F.lit(0.0))
+                   .cast("float").alias(NUMERICAL_COLUMNS[i]))
+    for i in range(NUM_CATEGORICAL):
+        out.append(F.when(F.col(f"cat_raw_{i}").isNull(), F.lit(MISSING_ID))
+                   .when(F.col(f"_id{i}").isNull(), F.lit(RARE_ID))
+                   .otherwise(F.col(f"_id{i}")).cast("int").alias(CATEGORICAL_COLUMNS[i]))
+    if args.train_ordering == "random":
+        # train: shuffled; test/validation: line order.
+        out += [F.when(F.col("split") == "train", F.col("_rand")).otherwise(F.col("_line").cast("double")).alias("_k1"),
+                F.lit(0).cast("long").alias("_k2"), F.lit(0).cast("long").alias("_k3")]
+    else:
+        # every split in input order: file, then block, then row within the block (= line order).
+        out += [F.col("_file").cast("double").alias("_k1"), F.col("_block").alias("_k2"), F.col("_row").alias("_k3")]
+    return df.select(*out)
+
+
+# ----------------------------------------------------------------------------------------------------- the job
+def _status_counts(rows) -> Dict[str, Dict[str, int]]:
+    out: Dict[str, Dict[str, int]] = {s: {} for s in SPLITS}
+    for r in rows:
+        split, status = r["value"].split("|", 1)
+        out.setdefault(split, {})[status] = int(r["count"])
+    return out
+
+
+def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
+    """Run the job with an existing SparkSession; returns the report (also written to preprocess_report.json)."""
+    from pyspark.sql import functions as F
+    started = time.time()
+    layout = discover_input(args.input_path, args.layout)
+    report: Dict[str, Any] = {"input": layout.describe(), "frequency_limit": args.frequency_limit,
+                              "dictionary_source": args.dictionary_source, "train_ordering": args.train_ordering,
+                              "seed": args.seed, "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID,
+                                                          "first_frequent": FIRST_FREQUENT_ID}}
+    print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
+          f"{os.path.basename(layout.split_file)}", flush=True)
+
+    with atomic_directory(args.output_path, overwrite=args.overwrite) as out:
+        work = os.path.join(out, "_work")
+        # Pass 1: number the lines of the split file.
+        offsets = block_line_offsets(spark, layout.split_file)
+        _progress(started, f"pass 1: {offsets[-1]} lines in {os.path.basename(layout.split_file)}")
+        raw, split_info = read_raw_with_splits(spark, layout, offsets)
+        report["split"] = split_info
+        parsed = parse_rows(raw, args.seed)
+
+        # Pass 2: counts for dictionaries and the report, written once and read twice.
+        value_counts(parsed, args.dictionary_source).write.parquet(os.path.join(work, "counts"))
+        counts = spark.read.parquet(os.path.join(work, "counts"))
+        _progress(started, "pass 2: value counts")
+        status = _status_counts(counts.where(F.col("column") == -1).collect())
+        rows_read = {s: sum(v.values()) for s, v in status.items() if s != "unassigned"}
+        malformed = {s: {k: v for k, v in status[s].items() if k not in ("ok", "padded")} for s in SPLITS}
+        total_rows = sum(rows_read.values())
+        total_malformed = sum(sum(m.values()) for m in malformed.values())
+        report["rows_read"] = rows_read
+        report["rows_padded"] = {s: status[s].get("padded", 0) for s in SPLITS}
+        report["rows_malformed"] = malformed
+        report["rows_written"] = {s: rows_read[s] - sum(malformed[s].values()) for s in SPLITS}
+        unassigned = status.pop("unassigned", {})
+        expected_split_lines = split_info["lines_in_split_file"]
+        split_file_rows = (rows_read["test"] + rows_read["validation"] +
+                           (rows_read["train"] if layout.kind == "kaggle" else 0))
+        if unassigned or split_file_rows != expected_split_lines:
+            raise CriteoPreprocessError(f"{layout.split_file}: {split_file_rows} rows were assigned to splits by line "
+                                        f"number ({sum(unassigned.values())} without one) but the file has "
+                                        f"{expected_split_lines} lines")
+        if total_malformed:
+            examples = (parsed.where(F.col("_reason").isNotNull())
+                        .select("_file", "_line", "split", "_reason", F.substring("_text", 1, _MAX_EXAMPLE_CHARS).alias("text"))
+                        .limit(args.max_examples).collect())
+            files = list(layout.train_files) + [layout.split_file]
+            report["malformed_examples"] = [
+                {"file": os.path.basename(files[r["_file"]]), "line": None if r["_line"] is None else int(r["_line"]) + 1,
+                 "split": r["split"], "reason": r["_reason"], "text": r["text"]} for r in examples]
+            print(f"[criteo] {total_malformed} malformed row(s) of {total_rows} excluded: "
+                  f"{json.dumps(malformed)}", flush=True)
+            for e in report["malformed_examples"][:5]:
+                where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
+                print(f"[criteo]   {where}: {e['reason']}: {e['text'][:120]!r}", flush=True)
+        if total_rows == 0:
+            raise CriteoPreprocessError(f"{args.input_path}: no rows")
+        if total_malformed > args.max_malformed_fraction * total_rows:
+            raise CriteoPreprocessError(
+                f"{args.input_path}: {total_malformed} of {total_rows} rows are malformed "
+                f"({total_malformed / total_rows:.2%} > --max_malformed_fraction {args.max_malformed_fraction:.2%}): "
+                f"{json.dumps(malformed)}; first: {json.dumps(report.get('malformed_examples', [])[:3])}")
+
+        # Dictionaries.
+        build_dictionaries(counts, args.frequency_limit).write.parquet(os.path.join(out, "models"))
+        dictionaries = spark.read.parquet(os.path.join(out, "models"))
+        size_rows = dictionaries.groupBy("column").agg(F.count(F.lit(1)).alias("n"), F.max("id").alias("max_id")).collect()
+        sizes = [0] * NUM_CATEGORICAL
+        for r in size_rows:
+            sizes[int(r["column"])] = int(r["n"])
+            if int(r["max_id"]) != int(r["n"]) + FIRST_FREQUENT_ID - 1:
+                raise CriteoPreprocessError(f"dictionary of column {r['column']} has {r['n']} values but max id "
+                                            f"{r['max_id']}")
+        cardinalities = [n + FIRST_FREQUENT_ID for n in sizes]
+        _progress(started, f"dictionaries: cardinalities {cardinalities}")
+        report["cardinalities"] = cardinalities
+
+        # Pass 3: transform and write the splits, one job, sorted by (split, ordering key).
+        data = transform(parsed, dictionaries, sizes, args).orderBy("split", "_k1", "_k2", "_k3").drop("_k1", "_k2", "_k3")
+        data.write.partitionBy("split").parquet(os.path.join(work, "splits"))
+        for split in SPLITS:
+            source = os.path.join(work, "splits", f"split={split}")
+            target = os.path.join(out, split)
+            if os.path.isdir(source):
+                os.replace(source, target)
+            else:
+                os.makedirs(target)   # an empty split (e.g. no validation rows in a tiny input)
+        _remove_tree(work)
+        _progress(started, "pass 3: splits written")
+
+        atomic_write_text(os.path.join(out, "model_size.json"),
+                          json.dumps({f"_c{1 + NUM_NUMERICAL + i}": c - 1 for i, c in enumerate(cardinalities)},
+                                     indent=2) + "\n")
+        atomic_write_text(os.path.join(out, "cardinalities.json"), json.dumps(cardinalities) + "\n")
+        report["seconds"] = round(time.time() - started, 1)
+        atomic_write_text(os.path.join(out, "preprocess_report.json"), json.dumps(report, indent=2) + "\n")
+    print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, "
+          f"malformed {total_malformed}, padded {sum(report['rows_padded'].values())}, "
+          f"{report['seconds']} s", flush=True)
+    return report
+
+
+def _progress(started: float, message: str) -> None:
+    print(f"[criteo] {time.time() - started:7.1f} s  {message}", flush=True)
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: Optional[Sequence[str]] = None, spark=None) -> Dict[str, Any]:
+    """Entry point; ``spark``: an existing session to use (tests share one), else one is created and stopped."""
+    args = parse_args(argv)
+    discover_input(args.input_path, args.layout)   # fail on a wrong path before starting Spark
+    own_session = spark is None
+    if own_session:
+        spark = create_session(args)
+    try:
+        return run(args, spark)
+    finally:
+        if own_session:
+            spark.stop()
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (CriteoInputError, CriteoPreprocessError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
