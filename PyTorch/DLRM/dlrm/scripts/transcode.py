@@ -1,0 +1,29 @@
+"""Convert headerless CSV files described by a FeatureSpec into the split-binary dataset DLRM trains on.
+
+    python -m dlrm.scripts.transcode --input /tmp/csv --output /data/binary [--feature_spec_in feature_spec.yaml]
+
+``cardinality: auto`` in the input spec becomes ``max(id) + 1``; the completed spec is written as
+``--feature_spec_out`` in ``--output``. A thin wrapper over ``recsys_common.transcode``. Flags as NVIDIA's script.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    from recsys_common import transcode
+    args = list(argv) if argv is not None else sys.argv[1:]
+    if "--format" not in args:
+        args += ["--format", "split_binary"]  # DLRM reads split binary
+    return transcode.main(args)
+
+
+if __name__ == "__main__":
+    from recsys_common.datasets import DatasetError
+    from recsys_common.feature_spec import FeatureSpecError
+    try:
+        main()
+    except (FeatureSpecError, DatasetError, FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
