@@ -1,0 +1,323 @@
+"""Criteo raw TSV -> Spark -> parquet -> split binary, checked against an independent Python reading of the raw rows.
+
+One local Spark session (2 cores) is shared by the module: each start costs ~10-20 s.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from recsys_common.criteo import layout as criteo_layout
+from recsys_common.criteo import spark_preprocess, to_split_binary
+from recsys_common.datasets import open_reader, read_columns
+from recsys_common.testing import shared_data_path
+
+pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job (ci/requirements.txt)")
+
+N_NUM, N_CAT = 13, 26
+
+
+# ------------------------------------------------------------------------------------------- independent reference
+def parse_raw(line):
+    """label, [13 ints or None], [26 strings or None]; rows with < 40 fields padded; None if malformed."""
+    fields = line.rstrip("\n").rstrip("\r").split("\t")
+    if len(fields) > 40 or fields[0] not in ("0", "1"):
+        return None
+    fields += [""] * (40 - len(fields))
+    try:
+        ints = [int(f) if f else None for f in fields[1:14]]
+    except ValueError:
+        return None
+    return int(fields[0]), ints, [f if f else None for f in fields[14:]]
+
+
+def read_raw(path):
+    with open(path, encoding="utf-8") as f:
+        return [parse_raw(line) for line in f.read().split("\n") if line != ""]
+
+
+def expected_numerical(ints):
+    # Spark computes log in double, stores float32; the binary holds float16.
+    return np.array([np.float16(np.float32(math.log(x + 3))) if x is not None and x > -3 else np.float16(0)
+                     for x in ints], dtype=np.float16)
+
+
+def expected_dictionaries(rows, frequency_limit):
+    """Per column: value -> id (2.. by decreasing count, ties by value); rare values absent (-> 1)."""
+    dictionaries = []
+    for c in range(N_CAT):
+        counts = Counter(r[2][c] for r in rows if r is not None and r[2][c] is not None)
+        frequent = sorted((v for v, n in counts.items() if n >= max(frequency_limit, 1)), key=lambda v: (-counts[v], v))
+        dictionaries.append({v: i + 2 for i, v in enumerate(frequent)})
+    return dictionaries
+
+
+def expected_ids(row, dictionaries):
+    return [0 if v is None else dictionaries[c].get(v, 1) for c, v in enumerate(row[2])]
+
+
+def binary_rows(spec, split):
+    """label [N], numerical float16 [N, 13], categorical [N, 26] from the split-binary files."""
+    cols = read_columns(spec, split)
+    label = cols["label"].astype(np.int64)
+    numerical = np.stack([cols[f"num_{i}"] for i in range(N_NUM)], axis=1) if len(label) else np.zeros((0, N_NUM))
+    categorical = (np.stack([cols[f"cat_{i}.bin"].astype(np.int64) for i in range(N_CAT)], axis=1)
+                   if len(label) else np.zeros((0, N_CAT), np.int64))
+    return label, numerical, categorical
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("test-criteo")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def run_pipeline(spark, input_path, work, *extra):
+    out, binary = os.path.join(work, "spark_out"), os.path.join(work, "binary")
+    report = spark_preprocess.main(["--input_path", str(input_path), "--output_path", out, *extra], spark=spark)
+    spec = to_split_binary.main(["--input", out, "--output", binary])
+    return report, spec, out
+
+
+@pytest.fixture(scope="module")
+def kaggle_1999(spark, tmp_path_factory):
+    """The 1999 real rows as a Kaggle train.txt: 1714 train, 143 test, 142 validation."""
+    raw_path = shared_data_path("criteo", "kaggle-train-head1999.tsv")
+    work = tmp_path_factory.mktemp("kaggle")
+    (work / "in").mkdir()
+    os.symlink(raw_path, work / "in" / "train.txt")
+    report, spec, out = run_pipeline(spark, work / "in", str(work), "--frequency_limit", "2")
+    return read_raw(raw_path), report, spec, out
+
+
+@pytest.fixture(scope="module")
+def terabyte_stripped(spark, tmp_path_factory):
+    """Terabyte layout: day_0 = the 1999 rows (train, input order), day_1 = the same first 1000 rows with trailing
+    empty fields stripped (test = its first 500 lines, validation = the last 500)."""
+    work = tmp_path_factory.mktemp("stripped")
+    (work / "in").mkdir()
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), work / "in" / "day_0")
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1000.stripped-trailing-tabs.txt"), work / "in" / "day_1")
+    return run_pipeline(spark, work / "in", str(work), "--frequency_limit", "2", "--train_ordering", "input")
+
+
+def _row(label, ints, cats):
+    return "\t".join([label] + ints + cats)
+
+
+def _cats(first="", rest="x"):
+    return [first] + [rest] * (N_CAT - 1)
+
+
+TINY_DAYS = {
+    # C1 values: aa x3, bb x2, dd x2, cc x1 -> with frequency limit 2: aa=2, bb=3, dd=4 (tie with bb, by value), cc=1.
+    "day_0": [
+        _row("1", ["0", "-1", "-2", "-3", "5"] + [""] * 8, _cats("aa")),
+        _row("0", ["7"] + [""] * 12, _cats("bb")),
+        _row("2", ["1"] * 13, _cats("aa")),                              # malformed: label
+        _row("0", ["1", "1.5"] + ["1"] * 11, _cats("aa")),               # malformed: I2 not an integer
+        _row("1", ["1"] * 13, _cats("zz") + ["extra"]),                  # malformed: 41 fields
+        "1\t3",                                                          # padded: 38 missing fields
+    ],
+    "day_1": [
+        _row("0", [""] * 13, _cats("dd")),
+        _row("1", ["100"] + [""] * 12, _cats("cc")),
+        "",                                                              # malformed: empty line
+    ],
+    "day_2": [                                                           # split day: 4 lines -> test 2, validation 2
+        _row("1", ["2"] * 13, _cats("aa")),
+        _row("0", [""] * 13, _cats("dd")),
+        _row("1", ["x"] + [""] * 12, _cats("aa")),                       # malformed (validation): I1
+        _row("0", ["4"] * 13, _cats("bb")),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_days(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny") / "in"
+    directory.mkdir()
+    for name, lines in TINY_DAYS.items():
+        (directory / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_terabyte(spark, tiny_days, tmp_path_factory):
+    work = tmp_path_factory.mktemp("tiny_out")
+    return run_pipeline(spark, tiny_days, str(work), "--frequency_limit", "2", "--train_ordering", "input",
+                        "--max_malformed_fraction", "0.5")
+
+
+# ------------------------------------------------------------------------------------------- Kaggle 1999 rows
+def test_kaggle_split_sizes_and_report(kaggle_1999):
+    raw, report, spec, out = kaggle_1999
+    assert len(raw) == 1999 and all(r is not None for r in raw)
+    assert report["input"]["kind"] == "kaggle"
+    assert report["rows_written"] == {"train": 1714, "test": 143, "validation": 142}
+    assert report["rows_malformed"] == {"train": {}, "test": {}, "validation": {}}
+    for split, n in report["rows_written"].items():
+        reader = open_reader(spec, split, batch_size=512)
+        assert reader.num_samples == n
+        assert sum(len(b["label"]) for b in reader) == n
+    assert spec.metadata["num_samples"] == report["rows_written"]
+    saved = json.load(open(os.path.join(out, "preprocess_report.json")))
+    assert saved["rows_written"] == report["rows_written"]
+
+
+def test_kaggle_held_out_rows_match_raw_in_order(kaggle_1999):
+    raw, report, spec, _ = kaggle_1999
+    dictionaries = expected_dictionaries(raw, 2)
+    for split, rows in (("test", raw[1714:1857]), ("validation", raw[1857:])):
+        label, numerical, categorical = binary_rows(spec, split)
+        np.testing.assert_array_equal(label, [r[0] for r in rows])
+        expected = np.stack([expected_numerical(r[1]) for r in rows])
+        np.testing.assert_allclose(numerical.astype(np.float32), expected.astype(np.float32), rtol=1e-3, atol=0)
+        np.testing.assert_array_equal(categorical, [expected_ids(r, dictionaries) for r in rows])
+    # missing -> 0, in both channels
+    label, numerical, categorical = binary_rows(spec, "test")
+    missing_num = np.array([[x is None for x in r[1]] for r in raw[1714:1857]])
+    missing_cat = np.array([[v is None for v in r[2]] for r in raw[1714:1857]])
+    assert missing_num.any() and missing_cat.any()
+    assert np.all(numerical[missing_num] == 0) and np.all(categorical[missing_cat] == 0)
+    assert np.all(categorical[~missing_cat] >= 1)
+
+
+def test_kaggle_dictionaries_and_train_rows(kaggle_1999):
+    raw, report, spec, out = kaggle_1999
+    dictionaries = expected_dictionaries(raw, 2)
+    cardinalities = [len(d) + 2 for d in dictionaries]
+    assert report["cardinalities"] == cardinalities
+    assert [spec.cardinality(f"cat_{i}.bin") for i in range(N_CAT)] == cardinalities
+    for i, card in enumerate(cardinalities):
+        assert spec.numpy_dtype(f"cat_{i}.bin") == (np.int8 if card < 127 else np.int16)
+    assert spec.numpy_dtype("num_0") == np.float16 and spec.numpy_dtype("label") == np.bool_
+    model_size = json.load(open(os.path.join(out, "model_size.json")))
+    assert model_size["_c14"] == cardinalities[0] - 1 and len(model_size) == N_CAT
+    # train: the first 1714 rows, shuffled: same rows as a multiset, not in input order
+    label, numerical, categorical = binary_rows(spec, "train")
+    expected = np.array([[r[0]] + expected_ids(r, dictionaries) for r in raw[:1714]])
+    got = np.concatenate([label[:, None], categorical], axis=1)
+    assert not np.array_equal(got, expected), "train rows should be shuffled (--train_ordering random)"
+    np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], expected[np.lexsort(expected.T[::-1])])
+
+
+# ------------------------------------------------------------------------------------------- stripped trailing tabs
+def test_stripped_rows_are_padded_and_agree_with_full_rows(terabyte_stripped):
+    report, spec, _ = terabyte_stripped
+    assert report["input"] == {"kind": "terabyte", "train_files": ["day_0"], "split_file": "day_1"}
+    assert report["rows_written"] == {"train": 1999, "test": 500, "validation": 500}
+    assert report["rows_malformed"] == {"train": {}, "test": {}, "validation": {}}
+    # 502 of the 1000 stripped lines keep 40 fields (data README); the others were padded.
+    assert report["rows_padded"]["train"] == 0
+    assert report["rows_padded"]["test"] + report["rows_padded"]["validation"] == 1000 - 502
+    train = binary_rows(spec, "train")
+    for split, start in (("test", 0), ("validation", 500)):
+        held_out = binary_rows(spec, split)
+        for got, full in zip(held_out, train):
+            np.testing.assert_array_equal(got, full[start:start + 500])
+
+
+# ------------------------------------------------------------------------------------------- tiny generated days
+def test_tiny_days_malformed_rows_counted_reported_and_excluded(tiny_terabyte):
+    report, spec, _ = tiny_terabyte
+    assert report["rows_read"] == {"train": 9, "test": 2, "validation": 2}
+    assert report["rows_malformed"] == {
+        "train": {"bad_label": 1, "bad_numerical_I2": 1, "too_many_fields": 1, "empty_line": 1},
+        "test": {}, "validation": {"bad_numerical_I1": 1}}
+    assert report["rows_written"] == {"train": 5, "test": 2, "validation": 1}
+    assert report["rows_padded"]["train"] == 1
+    examples = {(e["file"], e["reason"]): e for e in report["malformed_examples"]}
+    assert examples[("day_2", "bad_numerical_I1")]["line"] == 3          # the split day's lines are numbered
+    assert examples[("day_0", "bad_label")]["text"].startswith("2\t1\t1")
+    assert ("day_0", "too_many_fields") in examples and ("day_1", "empty_line") in examples
+    label, numerical, categorical = binary_rows(spec, "validation")
+    np.testing.assert_array_equal(label, [0])                            # only the good last line is left
+    assert categorical[0, 0] == 3                                        # "bb"
+
+
+def test_tiny_days_frequency_limit_and_numerical_transform(tiny_terabyte):
+    report, spec, _ = tiny_terabyte
+    # C1 over the good rows of all days: aa 2 (day_0 row 1, day_2 row 1), bb 2, dd 2, cc 1 -> limit 2:
+    # ids by count then value: aa=2, bb=3, dd=4; cc rare=1. The other columns: "x" everywhere but the padded row.
+    assert report["cardinalities"][0] == 5 and report["cardinalities"][1] == 3
+    label, numerical, categorical = binary_rows(spec, "train")             # input order
+    np.testing.assert_array_equal(label, [1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(categorical[:, 0], [2, 3, 0, 4, 1])      # aa, bb, (padded row) missing, dd, cc
+    np.testing.assert_array_equal(categorical[2], np.zeros(N_CAT))         # padded row: every categorical missing
+    assert np.all(categorical[[0, 1, 3, 4], 1:] == 2)                       # "x" is the only frequent value
+    f = lambda x: np.float16(np.float32(math.log(x + 3)))
+    np.testing.assert_array_equal(numerical[0, :5], [f(0), f(-1), f(-2), 0, f(5)])  # -3: log(0) undefined -> 0
+    assert np.all(numerical[0, 5:] == 0) and np.all(numerical[3] == 0)            # missing -> 0
+    np.testing.assert_array_equal(numerical[2], [f(3)] + [0] * 12)                # padded row "1\t3"
+    np.testing.assert_array_equal(numerical[4, 0], f(100))
+    test_label, test_num, test_cat = binary_rows(spec, "test")
+    np.testing.assert_array_equal(test_label, [1, 0])
+    np.testing.assert_array_equal(test_cat[:, 0], [2, 4])
+    np.testing.assert_array_equal(test_num[0], [f(2)] * 13)
+
+
+def test_too_many_malformed_rows_fail_without_output(spark, tiny_days, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(spark_preprocess.CriteoPreprocessError, match=r"5 of 13 rows are malformed"):
+        spark_preprocess.main(["--input_path", str(tiny_days), "--output_path", str(out),
+                               "--max_malformed_fraction", "0.1"], spark=spark)
+    assert not out.exists()
+    assert os.listdir(tmp_path) == [], "temporary output left behind"
+
+
+# ------------------------------------------------------------------------------------------- no Spark needed
+def test_layout_discovery_and_errors(tmp_path):
+    assert criteo_layout.split_boundaries("kaggle", 45_840_617) == (39_291_958, 42_566_288)
+    assert criteo_layout.split_boundaries("terabyte", 5) == (0, 3)
+    for name in ("day_0", "day_1", "day_2.gz"):
+        (tmp_path / name).write_text("")
+    found = criteo_layout.discover_input(str(tmp_path))
+    assert found.kind == "terabyte" and [os.path.basename(p) for p in found.train_files] == ["day_0", "day_1"]
+    assert os.path.basename(found.split_file) == "day_2.gz"
+    (tmp_path / "day_4").write_text("")
+    with pytest.raises(criteo_layout.CriteoInputError, match="missing day_3"):
+        criteo_layout.discover_input(str(tmp_path))
+    (tmp_path / "day_3").write_text("")
+    (tmp_path / "day_3.gz").write_text("")
+    with pytest.raises(criteo_layout.CriteoInputError, match="day 3 is present twice"):
+        criteo_layout.discover_input(str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(criteo_layout.CriteoInputError, match="neither day_0"):
+        criteo_layout.discover_input(str(empty))
+    (empty / "train.txt").write_text("")
+    assert criteo_layout.discover_input(str(empty)).kind == "kaggle"
+
+
+def test_converter_rejects_non_spark_output(tmp_path):
+    with pytest.raises(to_split_binary.ConversionError, match="cardinalities.json: not found"):
+        to_split_binary.main(["--input", str(tmp_path), "--output", str(tmp_path / "bin")])
+    assert not (tmp_path / "bin").exists()
+
+
+def test_entry_points_help_and_light_imports():
+    code = ("import sys, recsys_common.criteo.spark_preprocess, recsys_common.criteo.to_split_binary;"
+            "bad = [m for m in ('pyspark', 'torch', 'tensorflow') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+    for module in ("spark_preprocess", "to_split_binary"):
+        result = subprocess.run([sys.executable, "-m", f"recsys_common.criteo.{module}", "--help"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and "--" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "recsys_common.criteo.spark_preprocess",
+                             "--input_path", "/nonexistent/criteo", "--output_path", "/tmp/never"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "/nonexistent/criteo: input path does not exist" in result.stderr
