@@ -194,7 +194,12 @@ class _Amp:
             self.dtype = torch.float16 if amp_dtype == "float16" else torch.bfloat16
         self.scaler = None
         if enabled and self.dtype == torch.float16:
-            self.scaler = torch.amp.GradScaler(device.type, init_scale=loss_scale, growth_interval=1_000_000_000)
+            # torch.amp.GradScaler(device) is torch >= 2.3; older 2.x releases have torch.cuda.amp.GradScaler.
+            scaler_class = getattr(torch.amp, "GradScaler", None)
+            if scaler_class is not None:
+                self.scaler = scaler_class(device.type, init_scale=loss_scale, growth_interval=1_000_000_000)
+            else:
+                self.scaler = torch.cuda.amp.GradScaler(init_scale=loss_scale, growth_interval=1_000_000_000)
 
     def autocast(self):
         import torch

@@ -71,7 +71,7 @@ def load_into(target: Any, source: np.ndarray, where: str) -> None:
 
 
 def save_checkpoint(path: str, trainable, config: Dict[str, Any], position: Dict[str, Any], rank: int,
-                    world_size: int, scaler: Optional[torch.amp.GradScaler] = None) -> None:
+                    world_size: int, scaler=None) -> None:
     """Collective: every rank calls it; rank 0 writes ``path`` atomically."""
     state = trainable.state_dict()
     table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
@@ -150,7 +150,7 @@ def read_meta(path: str) -> Dict[str, Any]:
     return meta
 
 
-def load_checkpoint(path: str, trainable, scaler: Optional[torch.amp.GradScaler] = None,
+def load_checkpoint(path: str, trainable, scaler=None,
                     load_optimizer: bool = True) -> Dict[str, Any]:
     """Load ``path`` into ``trainable`` (any process count, any embedding type); returns ``meta.json``."""
     meta = read_meta(path)
