@@ -128,7 +128,7 @@ else
       "$PY" -m pip wheel -v --no-build-isolation --no-deps . -w "$BUILD_DIR/wheel"
     ) > "$BUILD_LOG" 2>&1 || { tail -n 60 "$BUILD_LOG" >&2; die "horovod build failed; full log: $BUILD_LOG"; }
     mkdir -p "$WHEEL_CACHE"
-    TMP_DIR="$(mktemp -d "$WHEEL_CACHE/.tmp.XXXXXX")"
+    TMP_DIR="$(mktemp -d "$WHEEL_CACHE/.tmp.XXXXXX")" && chmod 755 "$TMP_DIR"
     mv "$BUILD_DIR"/wheel/horovod-*.whl "$TMP_DIR"/
     mv -T "$TMP_DIR" "$HVD_DIR" 2>/dev/null || rm -rf "$TMP_DIR"   # another setup may have won the race
     rm -rf "$BUILD_DIR"

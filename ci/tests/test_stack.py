@@ -150,7 +150,19 @@ def test_tritonclient_builds_kserve_v2_requests():
     assert np_to_triton_dtype(np.int64) == "INT64"
 
 
-@pytest.mark.parametrize("name", ["horovod", "mlserver", "merlin.dataloader", "tf2onnx", "onnxscript"])
+@pytest.mark.parametrize("name", ["horovod", "merlin.dataloader", "tf2onnx", "onnxscript"])
 def test_imports(name):
     import importlib
     importlib.import_module(name)
+
+
+def test_mlserver_imports_in_its_own_process():
+    """mlserver and tritonclient.grpc both register the KServe-v2 'inference.*' protobuf messages, so
+    one process cannot import both ("duplicate symbol 'inference.ServerLiveRequest'"): a server and
+    its client live in separate processes anyway."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", "import mlserver, mlserver.grpc; print(mlserver.__version__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "1.7.1"
