@@ -45,19 +45,23 @@ def load_mapping(spec: FeatureSpec, mapping: str, max_rows: Optional[int]) -> Di
     }
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dataset", required=True, help="dataset directory")
     parser.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec file, relative to --dataset")
-    parser.add_argument("--train_mapping", default="train")
-    parser.add_argument("--test_mapping", default="test")
+    parser.add_argument("--train_mapping", default="train", help="source_spec mapping to fit on")
+    parser.add_argument("--test_mapping", default="test", help="source_spec mapping to evaluate on")
     parser.add_argument("--C", type=float, default=1.0, help="inverse L2 regularization strength")
     parser.add_argument("--max_iter", type=int, default=1000, help="solver iterations")
     parser.add_argument("--max_train_rows", type=int, default=None, help="use only the first N training rows")
     parser.add_argument("--max_test_rows", type=int, default=None, help="use only the first N test rows")
     parser.add_argument("--output_json", default=None, help="also write the result here")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> float:

@@ -270,7 +270,7 @@ def make_feature_spec(cardinalities: Dict[str, int], categorical: Sequence[str],
     }
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--input_dir", required=True, help="MovieLens-1M directory (users.dat, movies.dat, ratings)")
@@ -282,6 +282,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--genre_slots", type=int, default=3, help="number of genre_<i> categorical features")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train-row shuffle")
     parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in time order")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not 0.0 < args.test_fraction < 1.0:
         parser.error(f"--test_fraction must be in (0, 1), got {args.test_fraction}")

@@ -1,0 +1,173 @@
+"""preproc/prepare_dataset.sh and the preproc README, around the shared Criteo job (tested in common/tests)."""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from recsys_common.datasets import open_reader, read_columns
+from recsys_common.testing import shared_data_path
+
+from preproc import logistic_baseline, movielens_ctr
+
+PREPROC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preproc")
+SCRIPT = os.path.join(PREPROC, "prepare_dataset.sh")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(PREPROC)))
+
+
+def run_script(args, env_overrides, timeout=600):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("INPUT_PATH", "OUTPUT_PATH", "BINARY_PATH", "SPARK_LOCAL_DIRS", "FREQUENCY_LIMIT",
+                        "TOTAL_CORES", "TOTAL_MEMORY", "SPARK_MASTER", "PREPROC_CONFIG", "OVERWRITE",
+                        "SPARK_PREPROCESS_ARGS")}
+    env.update({"PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+                "PYTHONPATH": os.path.join(REPO_ROOT, "common") + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update(env_overrides)
+    return subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def paths(tmp_path, input_path):
+    return {"INPUT_PATH": str(input_path), "OUTPUT_PATH": str(tmp_path / "spark"), "BINARY_PATH": str(tmp_path / "bin"),
+            "SPARK_LOCAL_DIRS": str(tmp_path / "scratch"), "TOTAL_CORES": "2", "TOTAL_MEMORY": "1"}
+
+
+# ------------------------------------------------------------------------------------------- argument errors
+@pytest.mark.parametrize("args, message", [
+    (["15", "GPU"], "GPU Spark (RAPIDS Accelerator) is not packaged"),
+    (["15", "CPU", "NVTabular"], "third argument must be Spark"),
+    (["fifteen"], "FREQUENCY_LIMIT must be a non-negative integer"),
+])
+def test_prepare_dataset_rejects_unsupported_arguments(tmp_path, args, message):
+    result = run_script(args, paths(tmp_path, tmp_path))
+    assert result.returncode == 2 and message in result.stderr
+    assert not (tmp_path / "bin").exists()
+
+
+def test_prepare_dataset_verifies_input_first(tmp_path):
+    days = tmp_path / "criteo"
+    days.mkdir()
+    for day in (0, 1, 3):
+        (days / f"day_{day}").write_text("0\t1\n")
+    result = run_script([], paths(tmp_path, days))
+    assert result.returncode == 2 and "day_2 is missing" in result.stderr
+    (days / "day_2").write_text("")
+    result = run_script([], paths(tmp_path, days))
+    assert result.returncode == 2 and "day_2 is empty" in result.stderr
+    assert not (tmp_path / "spark").exists()
+
+
+# ------------------------------------------------------------------------------------------- conversion step alone
+def fake_spark_output(directory, rows, frequency_limit=15):
+    """What spark_preprocess writes, made with pyarrow: lets the shell pipeline be tested without a JVM."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(0)
+    cards = [3 + i for i in range(26)]
+    written = {}
+    for split, n in rows.items():
+        os.makedirs(os.path.join(directory, split))
+        table = {"label": pa.array(rng.integers(0, 2, n).astype(np.int8))}
+        for i in range(13):
+            table[f"num_{i}"] = pa.array(rng.random(n).astype(np.float32))
+        for i in range(26):
+            table[f"cat_{i}"] = pa.array(rng.integers(0, cards[i], n).astype(np.int32))
+        half = n // 2   # two part files: their name order is row order
+        full = pa.table(table)
+        pq.write_table(full.slice(0, half), os.path.join(directory, split, "part-00000-x.c000.snappy.parquet"))
+        pq.write_table(full.slice(half), os.path.join(directory, split, "part-00001-x.c000.snappy.parquet"))
+        written[split] = full
+    with open(os.path.join(directory, "cardinalities.json"), "w") as f:
+        json.dump(cards, f)
+    with open(os.path.join(directory, "preprocess_report.json"), "w") as f:
+        json.dump({"frequency_limit": frequency_limit, "input": {"kind": "kaggle"}, "rows_written": rows,
+                   "rows_malformed": {s: {} for s in rows}}, f)
+    return cards, written
+
+
+def test_prepare_dataset_reuses_finished_spark_output(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "train.txt").write_text("0\t1\n")
+    env = paths(tmp_path, tmp_path / "in")
+    cards, written = fake_spark_output(env["OUTPUT_PATH"], {"train": 300, "test": 50, "validation": 40})
+    result = run_script(["15"], env)
+    assert result.returncode == 0, result.stderr
+    assert "skipping the Spark job" in result.stdout
+    from recsys_common.feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(os.path.join(env["BINARY_PATH"], "feature_spec.yaml"))
+    assert [spec.cardinality(f"cat_{i}.bin") for i in range(26)] == cards
+    for split, table in written.items():
+        columns = read_columns(spec, split)
+        np.testing.assert_array_equal(columns["label"], table.column("label").to_numpy().astype(bool))
+        np.testing.assert_array_equal(columns["cat_25.bin"], table.column("cat_25").to_numpy())
+        np.testing.assert_allclose(columns["num_3"].astype(np.float32), table.column("num_3").to_numpy(), atol=1e-3)
+    # a finished run with another frequency limit is not silently reused
+    result = run_script(["3"], env)
+    assert result.returncode == 2 and "holds a run with frequency limit 15" in result.stderr
+
+
+@pytest.mark.slow
+def test_prepare_dataset_end_to_end_on_real_kaggle_rows(tmp_path):
+    """The whole script with a real Spark job: 1,999 real rows as Kaggle's train.txt, then the baseline on it."""
+    (tmp_path / "in").mkdir()
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), tmp_path / "in" / "train.txt")
+    env = paths(tmp_path, tmp_path / "in")
+    env["SPARK_PREPROCESS_ARGS"] = "--shuffle_partitions 2"
+    result = run_script(["3"], env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.load(open(os.path.join(env["OUTPUT_PATH"], "preprocess_report.json")))
+    assert report["rows_written"] == {"train": 1714, "test": 143, "validation": 142}
+    from recsys_common.feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(os.path.join(env["BINARY_PATH"], "feature_spec.yaml"))
+    assert open_reader(spec, "test", batch_size=64).num_samples == 143
+    auc = logistic_baseline.main(["--dataset", env["BINARY_PATH"]])
+    assert 0.6 < auc < 0.8          # measured 0.695 on these 143 test rows (frequency limit 3)
+
+
+# ------------------------------------------------------------------------------------------- README vs parsers
+def _readme_table(title):
+    text = open(os.path.join(PREPROC, "README.md"), encoding="utf-8").read()
+    start = text.index(title)
+    rows = {}
+    for line in text[start:].split("\n")[1:]:
+        if line.startswith("| `--"):
+            flag, default = re.match(r"\| `(--\w+)` \| ([^|]*) \|", line).groups()
+            rows[flag] = default.strip()
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def _parser_table(parser):
+    rows = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        default = action.default
+        if action.required:
+            default = "required"
+        elif isinstance(action, argparse._StoreTrueAction):
+            default = "off"
+        elif isinstance(default, list):
+            default = " ".join(default) if default else "none"
+        rows[action.option_strings[-1]] = "none" if default is None else str(default)
+    return rows
+
+
+@pytest.mark.parametrize("title, parser_factory", [
+    ("### `python -m recsys_common.criteo.spark_preprocess` flags", "spark_preprocess"),
+    ("### `python -m recsys_common.criteo.to_split_binary` flags", "to_split_binary"),
+    ("## MovieLens-1M as a CTR dataset", "movielens"),
+    ("## Logistic-regression baseline", "baseline"),
+])
+def test_readme_flag_tables_match_parsers(title, parser_factory, monkeypatch):
+    for name in ("INPUT_PATH", "OUTPUT_PATH", "FREQUENCY_LIMIT", "SPARK_MASTER", "TOTAL_CORES", "TOTAL_MEMORY",
+                 "SPARK_LOCAL_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    from recsys_common.criteo import spark_preprocess, to_split_binary
+    parser = {"spark_preprocess": spark_preprocess.build_parser, "to_split_binary": to_split_binary.build_parser,
+              "movielens": movielens_ctr.build_parser, "baseline": logistic_baseline.build_parser}[parser_factory]()
+    assert _readme_table(title) == _parser_table(parser)
