@@ -39,7 +39,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used with this configuration; the message names the file and shapes."""
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """ncf.py's command line: NVIDIA's flags and defaults, then this recipe's additions."""
     p = argparse.ArgumentParser(description="Train a Neural Collaborative Filtering model")
     p.add_argument("--data", type=str, required=True, help="Path to the directory with the feature spec and data files")
     p.add_argument("--feature_spec_file", type=str, default="feature_spec.yaml",
@@ -84,6 +85,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="Use apex.optimizers.FusedAdam (must be installed) instead of torch.optim.Adam(fused=True)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     checks = [(args.epochs >= 0, "--epochs must be >= 0"), (args.batch_size > 0, "--batch_size must be > 0"),
               (args.valid_batch_size > 0, "--valid_batch_size must be > 0"), (args.factors > 0, "--factors must be > 0"),

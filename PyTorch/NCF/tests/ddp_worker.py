@@ -1,0 +1,25 @@
+"""Run ncf.main in a torchrun / torch.distributed.launch process and save this rank's summary as JSON.
+
+    torchrun --nproc_per_node=2 tests/ddp_worker.py OUT_DIR <ncf.py arguments>
+"""
+import json
+import os
+import sys
+
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import torch.distributed as dist  # noqa: E402
+
+import ncf  # noqa: E402
+
+if __name__ == "__main__":
+    # torch.distributed.launch without --use_env puts --local-rank=N before our arguments: hand it to ncf.py
+    launcher_args = [a for a in sys.argv[1:] if a.startswith(("--local-rank", "--local_rank"))]
+    rest = [a for a in sys.argv[1:] if a not in launcher_args]
+    out_dir, argv = rest[0], rest[1:] + launcher_args
+    summary = ncf.main(argv)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"summary": summary, "world_size": dist.get_world_size() if dist.is_initialized() else 1}, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,70 @@
+"""Accuracy on real MovieLens data (../shared/data): the NCF paper's ML-1M split and ML-100K.
+
+The training runs are marked slow; CI runs them (RECSYS_REQUIRE_DATA=1 turns a missing dataset into a failure).
+Configurations and measured numbers are in the README ("Results measured here").
+"""
+import os
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import convert
+import ncf
+from dataloading import TestSet, load_dataset
+from neumf import Popularity
+from recsys_common.testing import shared_data_path
+
+# Tuned for 2 CPU cores: small embeddings, paper-style Adam, no dropout.
+ML1M_NEUMF = ["-b", "8192", "-l", "0.003", "-b1", "0.9", "-b2", "0.999", "--dropout", "0", "--seed", "1",
+              "-f", "32", "--layers", "64", "32", "16"]
+
+
+@pytest.fixture(scope="module")
+def paper_ml1m(tmp_path_factory):
+    """The NCF paper's ML-1M split for users 0..2997 (train rows rebuilt from the partial ratings.dat)."""
+    test_dir = shared_data_path("ncf-ml-1m")
+    ratings = os.path.join(shared_data_path("movielens", "ml-1m"), "ratings.users-1-2999.dat.gz")
+    split = convert.convert_paper_split(os.path.join(test_dir, "ml-1m"), ratings, max_user=2997)
+    out = str(tmp_path_factory.mktemp("paper") / "ml-1m-paper")
+    convert.write_split(split, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ml100k(tmp_path_factory):
+    raw = os.path.join(shared_data_path("movielens", "ml-100k"), "u.data")
+    out = str(tmp_path_factory.mktemp("ml100k") / "ml-100k")
+    convert.write_split(convert.convert_ratings(raw, valid_negative=100, seed=1), out)
+    return out
+
+
+def test_paper_split_rebuilt_exactly(paper_ml1m):
+    data = load_dataset(paper_ml1m)
+    assert (data.num_users, data.samples_per_series) == (2998, 100)
+    assert data.num_items == 3706            # all of ML-1M's rated movies appear in the test negatives
+    assert len(data.train_users) == 484_517  # every rating of users 1..2998 except their test rating
+
+
+def test_popularity_baseline_reproduces_the_published_figure(paper_ml1m):
+    data = load_dataset(paper_ml1m)
+    model = Popularity(torch.as_tensor(data.train_items), data.num_items)
+    metrics = ncf.evaluate(model, TestSet(data, 0, 1, torch.device("cpu")), 10, 2 ** 20, nullcontext)
+    assert metrics["hr"] == pytest.approx(0.469, abs=0.001)
+    assert metrics["ndcg"] == pytest.approx(0.266, abs=0.001)
+
+
+@pytest.mark.slow
+def test_neumf_reaches_hr_0_67_on_the_paper_split(paper_ml1m, tmp_path):
+    summary = ncf.main(["--data", paper_ml1m, "-e", "6", "-t", "0.67", *ML1M_NEUMF,
+                        "--log_path", str(tmp_path / "log.json")])
+    assert summary["best_hr@10"] >= 0.67, summary
+    assert summary["best_ndcg@10"] >= 0.39, summary
+    assert summary["time_to_target"] is not None and summary["time_to_target"] < 600
+
+
+@pytest.mark.slow
+def test_neumf_on_ml100k_with_the_recipe_protocol(ml100k, tmp_path):
+    summary = ncf.main(["--data", ml100k, "-e", "5", *ML1M_NEUMF, "--log_path", str(tmp_path / "l.json")])
+    assert summary["best_hr@10"] >= 0.58, summary  # measured 0.614 (epoch 4)
+    assert summary["best_ndcg@10"] >= 0.32, summary  # measured 0.343
