@@ -73,7 +73,10 @@ def test_pyspark_local_session_writes_parquet(tmp_path):
     spark = (SparkSession.builder.master("local[1]").appName("recsys-ci-smoke")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.local.dir", str(tmp_path / "spark-local")).getOrCreate())
+             .config("spark.local.dir", str(tmp_path / "spark-local"))
+             # a short-lived JVM: C1 JIT only and the serial GC start much faster on 2 cores
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+             .getOrCreate())
     try:
         df = spark.read.csv(str(tsv), sep="\t", schema="label INT, num INT, cat STRING")
         counts = df.groupBy("cat").agg(F.count("*").alias("n"), F.sum("label").alias("clicks"))
