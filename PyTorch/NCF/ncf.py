@@ -294,13 +294,23 @@ def run(args: argparse.Namespace) -> Dict:
             raise CheckpointError(f"{resume_path}: has no training state to resume from")
         if args.seed is None:
             args.seed = int(resume_state["seed"])
+        elif args.seed != int(resume_state["seed"]):
+            raise CheckpointError(f"{resume_path}: saved by a run with --seed {resume_state['seed']}, "
+                                  f"this run has --seed {args.seed}: an exact resume needs the same seed")
     seed = agree_on_seed(args.seed, device)
     torch.manual_seed(seed)
     config = model_config(args, data.num_users, data.num_items)
     model = build_model(args.model, data.num_users, data.num_items, args.factors, args.layers,
                         args.dropout).to(device)
-    if args.load_checkpoint_path:
-        load_model_weights(model, _read_checkpoint(args.load_checkpoint_path)["model"], args.load_checkpoint_path)
+    weights_path = args.load_checkpoint_path
+    if args.mode == "test" and not weights_path:
+        # NVIDIA's behaviour: test mode evaluates the best checkpoint of --checkpoint_dir
+        weights_path = os.path.join(args.checkpoint_dir, BEST_CHECKPOINT) if args.checkpoint_dir else None
+        if not weights_path or not os.path.isfile(weights_path):
+            raise CheckpointError("--mode test needs --load_checkpoint_path, or --checkpoint_dir holding "
+                                  f"{BEST_CHECKPOINT}")
+    if weights_path:
+        load_model_weights(model, _read_checkpoint(weights_path)["model"], weights_path)
     autocast, scaler = autocast_for(args, device)
     optimizer = make_optimizer(args, model)
     start_epoch, best = 0, {"hr": -1.0, "ndcg": 0.0, "epoch": -1}
@@ -335,7 +345,7 @@ def run(args: argparse.Namespace) -> Dict:
 
     if args.mode == "test":
         sync(); t0 = time.perf_counter()
-        metrics = evaluate(ddp_model, test, args.topk, args.valid_batch_size, autocast)
+        metrics = evaluate(model, test, args.topk, args.valid_batch_size, autocast)
         sync(); seconds = time.perf_counter() - t0
         summary = {f"hr@{args.topk}": metrics["hr"], f"ndcg@{args.topk}": metrics["ndcg"],
                    "val_loss": metrics["val_loss"], "eval_throughput": metrics["eval_rows"] / seconds}
@@ -352,7 +362,7 @@ def run(args: argparse.Namespace) -> Dict:
         loss = train_epoch(ddp_model, optimizer, scaler, autocast, train.epoch(seed, epoch), args.grads_accumulated,
                            world_size)
         sync(); train_time = time.perf_counter() - t0
-        metrics = evaluate(ddp_model, test, args.topk, args.valid_batch_size, autocast)
+        metrics = evaluate(model, test, args.topk, args.valid_batch_size, autocast)  # the module: no DDP hooks
         sync(); eval_time = time.perf_counter() - t0 - train_time
         loss = all_reduce_sum([loss], device)[0] / world_size
         elapsed += train_time + eval_time
