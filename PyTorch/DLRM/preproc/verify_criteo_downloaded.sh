@@ -36,7 +36,10 @@ count=0
 for (( day = 0; ; day++ )); do
     found=""
     for candidate in "$input/day_$day" "$input/day_$day.gz"; do
-        [[ -f "$candidate" ]] && found="$candidate"
+        if [[ -f "$candidate" ]]; then
+            [[ -z "$found" ]] || die "day $day is present twice ($found and $candidate); keep one of them"
+            found="$candidate"
+        fi
     done
     [[ -z "$found" ]] && break
     [[ -s "$found" ]] || die "$found is empty (interrupted download?)"

@@ -57,6 +57,10 @@ def test_prepare_dataset_verifies_input_first(tmp_path):
     (days / "day_2").write_text("")
     result = run_script([], paths(tmp_path, days))
     assert result.returncode == 2 and "day_2 is empty" in result.stderr
+    (days / "day_2").write_text("0\t1\n")
+    (days / "day_2.gz").write_text("")
+    result = run_script([], paths(tmp_path, days))
+    assert result.returncode == 2 and "day 2 is present twice" in result.stderr
     assert not (tmp_path / "spark").exists()
 
 
