@@ -108,7 +108,10 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
     cardinalities = read_cardinalities(args.input)
     files = {split: parquet_files(os.path.join(args.input, split)) for split in args.splits}
     report_path = os.path.join(args.input, "preprocess_report.json")
-    report = json.load(open(report_path, encoding="utf-8")) if os.path.isfile(report_path) else {}
+    report = {}
+    if os.path.isfile(report_path):
+        with open(report_path, encoding="utf-8") as f:
+            report = json.load(f)
     rows = {}
     with atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=args.splits,
