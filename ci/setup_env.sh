@@ -78,7 +78,12 @@ PY="$VENV/bin/python"
   || die "$VENV is not a Python 3.11 environment; remove it or set RECSYS_VENV"
 command -v java >/dev/null 2>&1 || echo "[setup] WARNING: no 'java' on PATH: pyspark (Criteria ETL) needs Java 17" >&2
 
-pip_install() { "$PY" -m pip install --progress-bar off -q -c "$CONSTRAINTS" "${EXTRA_PIP_ARGS[@]}" "$@"; }
+# This machine's pip config names local file indexes that lack most packages: drop pip's
+# "Location ... is ignored" noise (pip's own exit status still decides, through pipefail).
+pip_install() {
+  "$PY" -m pip install --progress-bar off -q -c "$CONSTRAINTS" "${EXTRA_PIP_ARGS[@]}" "$@" 2>&1 \
+    | { grep -v "^WARNING: Location 'file:" || true; }
+}
 
 # --- 2-5. packages ------------------------------------------------------------------------
 step "pip==26.2.1, setuptools, wheel"
