@@ -12,7 +12,7 @@ import pytest
 from recsys_common.datasets import open_reader, read_columns
 from recsys_common.testing import shared_data_path
 
-from preproc import logistic_baseline, movielens_ctr
+from preproc import benchmark_preprocess, logistic_baseline, movielens_ctr
 
 PREPROC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preproc")
 SCRIPT = os.path.join(PREPROC, "prepare_dataset.sh")
@@ -168,6 +168,7 @@ def _parser_table(parser):
     ("### `python -m recsys_common.criteo.to_split_binary` flags", "to_split_binary"),
     ("## MovieLens-1M as a CTR dataset", "movielens"),
     ("## Logistic-regression baseline", "baseline"),
+    ("### Benchmark", "benchmark"),
 ])
 def test_readme_flag_tables_match_parsers(title, parser_factory, monkeypatch):
     for name in ("INPUT_PATH", "OUTPUT_PATH", "FREQUENCY_LIMIT", "SPARK_MASTER", "TOTAL_CORES", "TOTAL_MEMORY",
@@ -175,5 +176,18 @@ def test_readme_flag_tables_match_parsers(title, parser_factory, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     from recsys_common.criteo import spark_preprocess, to_split_binary
     parser = {"spark_preprocess": spark_preprocess.build_parser, "to_split_binary": to_split_binary.build_parser,
-              "movielens": movielens_ctr.build_parser, "baseline": logistic_baseline.build_parser}[parser_factory]()
+              "movielens": movielens_ctr.build_parser, "baseline": logistic_baseline.build_parser,
+              "benchmark": benchmark_preprocess.build_parser}[parser_factory]()
     assert _readme_table(title) == _parser_table(parser)
+
+
+def test_benchmark_generates_criteo_shaped_rows(tmp_path):
+    path = str(tmp_path / "train.txt")
+    benchmark_preprocess.write_raw(path, 500, seed=1, block=128)
+    lines = open(path).read().split("\n")[:-1]
+    assert len(lines) == 500
+    fields = [line.split("\t") for line in lines]
+    assert all(len(f) <= 40 for f in fields) and sum(len(f) < 40 for f in fields) >= 1   # some stripped rows
+    assert {f[0] for f in fields} == {"0", "1"}
+    assert all(x == "" or int(x) >= 0 for f in fields for x in f[1:14])
+    assert all(x == "" or re.fullmatch(r"[0-9a-f]{8}", x) for f in fields for x in f[14:])
