@@ -19,6 +19,7 @@ def test_training_learns_the_synthetic_task(small_dataset, tmp_path, embedding_t
     assert len(result["evaluations"]) == 2  # --test_freq unset: once per epoch
     assert result["auc"] > 0.62, result["auc"]   # the generator's hidden model: chance is 0.5
     assert result["train_loss"] < 0.69
+    assert result["train_throughput"] > 0
     assert (tmp_path / "log.json").read_text().count("DLLL") > 2
 
 

@@ -262,6 +262,8 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     embeddings = trainable.core.embeddings
     fused = trainable.embedding_type == "torchrec_fused"
     graphs = _maybe_graph_mlps(args, ctx, trainable, amp, train_data)
+    if args.benchmark_warmup_steps == 0:
+        timed_start = time.perf_counter()
 
     def run_eval(tag_step: int, tag_epoch: int) -> bool:
         nonlocal last_eval_step
@@ -297,7 +299,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
                     optimizer.step()
             loss_accumulator += loss.detach()
             loss_count += 1
-            if global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
+            if args.benchmark_warmup_steps and global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
                 _sync(ctx.device)
                 timed_start, timed_steps = time.perf_counter(), 0
             elif timed_start is not None:
