@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ncf
-from dataloading import NCFData, TestSet, TrainEpochs, duplicate_mask, load_dataset
+from dataloading import NCFData, EvalSet, TrainEpochs, duplicate_mask, load_dataset
 from neumf import MODEL_NAMES, build_model
 
 SHAPES = {  # users, items, training positives (NVIDIA's ML-20m numbers; ML-1m / ML-100k leave-one-out)
@@ -73,7 +73,7 @@ def run_recipe(args, data: NCFData, device: torch.device) -> Dict:
     optimizer = ncf.make_optimizer(run_args, model)
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
                         args.batch_size, 0, 1, device)
-    test = TestSet(data, 0, 1, device)
+    test = EvalSet(data, 0, 1, device)
     return _loop(args, device, lambda epoch: ncf.train_epoch(model, optimizer, scaler, autocast,
                                                                train.epoch(args.seed, epoch), 1, 1),
                  lambda: ncf.evaluate(model, test, args.topk, args.valid_batch_size, autocast),

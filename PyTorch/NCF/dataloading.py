@@ -9,7 +9,7 @@ The whole dataset lives on the training device (GPU memory, or host memory on CP
   ``negative_samples`` random items per positive *on the device* (NVIDIA's "approximate train negative sampling":
   uniform over all items, so a negative may collide with a positive) and shuffles, seeded by
   ``(seed, epoch, rank)`` so that an interrupted run resumes bit-exactly.
-* :class:`TestSet` holds this rank's users' candidate lists ``[U, S]`` (positive in column 0) and the duplicate
+* :class:`EvalSet` holds this rank's users' candidate lists ``[U, S]`` (positive in column 0) and the duplicate
   mask: a candidate equal to an earlier candidate of the same list is ignored at ranking (NVIDIA's and MLPerf's
   rule; it also makes sampled negatives that equal the held-out item harmless).
 """
@@ -214,7 +214,7 @@ def duplicate_mask(candidates: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-class TestSet:
+class EvalSet:
     """This rank's evaluation users: ``users [U]``, ``candidates [U, S]`` (positive first) and their mask."""
 
     def __init__(self, data: NCFData, rank: int, world_size: int, device: torch.device):

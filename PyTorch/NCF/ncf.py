@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dataloading import DatasetError, TestSet, TrainEpochs, load_dataset
+from dataloading import DatasetError, EvalSet, TrainEpochs, load_dataset
 from neumf import MODEL_NAMES, build_model
 from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
@@ -215,7 +215,7 @@ def save_checkpoint(path: str, payload: Dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
-def evaluate(model: nn.Module, test: TestSet, topk: int, valid_batch_size: int, autocast) -> Dict[str, float]:
+def evaluate(model: nn.Module, test: EvalSet, topk: int, valid_batch_size: int, autocast) -> Dict[str, float]:
     """HR@K and NDCG@K over all ranks' users (all-reduced), and the validation BCE over all candidates.
 
     A user's positive ranks ``r`` = number of its (non-duplicate) negatives scoring at least as high (ties count
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> Dict:
         elapsed = float(resume_state["elapsed"])
         time_to_target = resume_state.get("time_to_target")
 
-    test = TestSet(data, rank, world_size, device)
+    test = EvalSet(data, rank, world_size, device)
     ddp_model = model
     if world_size > 1:
         ddp_model = nn.parallel.DistributedDataParallel(

@@ -11,7 +11,7 @@ import torch
 
 import convert
 import ncf
-from dataloading import TestSet, load_dataset
+from dataloading import EvalSet, load_dataset
 from neumf import Popularity
 from recsys_common.testing import shared_data_path
 
@@ -49,7 +49,7 @@ def test_paper_split_rebuilt_exactly(paper_ml1m):
 def test_popularity_baseline_reproduces_the_published_figure(paper_ml1m):
     data = load_dataset(paper_ml1m)
     model = Popularity(torch.as_tensor(data.train_items), data.num_items)
-    metrics = ncf.evaluate(model, TestSet(data, 0, 1, torch.device("cpu")), 10, 2 ** 20, nullcontext)
+    metrics = ncf.evaluate(model, EvalSet(data, 0, 1, torch.device("cpu")), 10, 2 ** 20, nullcontext)
     assert metrics["hr"] == pytest.approx(0.469, abs=0.001)
     assert metrics["ndcg"] == pytest.approx(0.266, abs=0.001)
 
