@@ -51,6 +51,11 @@ def test_best_checkpoint_and_test_mode(tiny_data, tmp_path):
     tested = run(tiny_data, tmp_path, "--mode", "test", "--load_checkpoint_path", str(ckpt / "model.pth"),
                  log="test.json")
     assert tested["hr@10"] == pytest.approx(summary["best_hr@10"], abs=1e-12)
+    # NVIDIA's behaviour: --mode test without a path evaluates --checkpoint_dir/model.pth
+    from_dir = run(tiny_data, tmp_path, "--mode", "test", "--checkpoint_dir", str(ckpt), log="dir.json")
+    assert from_dir["hr@10"] == tested["hr@10"]
+    with pytest.raises(SystemExit):
+        run(tiny_data, tmp_path, "--mode", "test", log="none.json")  # nothing to evaluate: an error, not a random model
     # NVIDIA's layout: a bare state_dict loads too
     torch.save(state["model"], tmp_path / "bare.pth")
     bare = run(tiny_data, tmp_path, "--mode", "test", "--load_checkpoint_path", str(tmp_path / "bare.pth"),
