@@ -46,9 +46,9 @@ def test_exact_resume_and_test_mode(small_dataset, tmp_path):
 
 
 def test_amp_bf16_and_auc_threshold_early_stop(small_dataset, tmp_path):
-    result = main(train_args(small_dataset, tmp_path / "log.json", "--embedding_type", "multi_table", "--fp16",
+    result = main(train_args(small_dataset, tmp_path / "log.json", "--embedding_type", "multi_table", "--amp",
                              "--test_freq", "4", "--auc_threshold", "0.55"))
-    assert result["amp"] == "bfloat16"  # --fp16 on a CPU means bfloat16 autocast
+    assert result["amp"] == "bfloat16"  # --amp on a CPU means bfloat16 autocast
     assert result["auc"] >= 0.55
     assert result["global_step"] < 8192 // 256  # stopped early
     assert result["global_step"] % 4 == 0
