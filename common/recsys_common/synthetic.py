@@ -72,7 +72,7 @@ class HiddenModel:
         z = np.full(n, self.bias)
         first_two = []
         for f in self.categorical:
-            ids = np.asarray(columns[f])
+            ids = np.asarray(columns[f]).astype(np.int64)  # int8 ids % 4096 overflows under NumPy 2
             if ids.ndim == 2:  # multi-hot: mean of the present ids' weights
                 present = ids != PAD
                 w = np.where(present, self.weights[f][np.where(present, ids, 0) % _WEIGHT_TABLE], 0.0)
