@@ -12,6 +12,7 @@ all-reduced over ranks) -> checkpoint when HR improves -> early stop at ``--thre
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import random
@@ -121,6 +122,18 @@ def init_distributed(args: argparse.Namespace):
             dist.init_process_group(backend="nccl" if use_cuda else "gloo")
         return dist.get_rank(), dist.get_world_size(), device
     return 0, 1, device
+
+
+def shutdown_distributed() -> None:
+    """Tear the process group down in step on every rank.
+
+    The DDP model's reducer must be gone before its process group: collecting it first and meeting at a barrier
+    avoids gloo aborting one rank at exit ("terminate called without an active exception").
+    """
+    if dist.is_initialized():
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def all_reduce_sum(values: List[float], device: torch.device) -> List[float]:
@@ -410,5 +423,4 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 if __name__ == "__main__":
     main()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown_distributed()

@@ -21,5 +21,4 @@ if __name__ == "__main__":
     rank = dist.get_rank() if dist.is_initialized() else 0
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"summary": summary, "world_size": dist.get_world_size() if dist.is_initialized() else 1}, f)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    ncf.shutdown_distributed()
