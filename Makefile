@@ -5,7 +5,8 @@
 #   make test         setup, then every component's tests, each in its own pytest process
 #   make test-<c>     one component: test-common test-ci test-ncf test-pytorch-dlrm
 #                     test-wide-and-deep test-dlrm-dcnv2
-#   make quickstart   setup, then $(QUICKSTART)
+#   make quickstart   setup, then $(QUICKSTART): DLRM and NCF on generated data
+#   make quickstart-dlrm / quickstart-ncf   one of them
 #
 # PYTEST_ARGS="-x -k name" passes extra arguments to pytest.
 
@@ -21,9 +22,10 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 help the big-buffer benchmarks on these VMs
 # (see the recipes' benchmark scripts); they are not set for tests.
 
-QUICKSTART ?= $(PYTHON) -m recsys_common.synthetic --help
+# The main job on built-in defaults (synthetic data, CPU): DLRM, then NCF, each about a minute on 2 idle cores.
+QUICKSTART ?= bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart && bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart
 
-.PHONY: setup test quickstart test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
+.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
         test-dlrm-dcnv2 help
 
 help:
@@ -37,6 +39,12 @@ test: setup
 
 quickstart: setup
 	$(QUICKSTART)
+
+quickstart-dlrm: setup
+	bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart
+
+quickstart-ncf: setup
+	bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart
 
 test-common: setup
 	bash ci/run_tests.sh common
