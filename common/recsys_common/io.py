@@ -20,15 +20,26 @@ import tempfile
 from typing import Iterator
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temporary_sibling(path: str, is_dir: bool = False) -> str:
     """A fresh name in the same directory as ``path`` (same filesystem, so ``os.replace`` is atomic)."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
     prefix = "." + os.path.basename(path) + ".tmp-"
+    # mkstemp/mkdtemp create 0600/0700 entries; give them the permissions a plain open()/mkdir() would, so a
+    # dataset written here is readable by other users and containers like any other file.
     if is_dir:
-        return tempfile.mkdtemp(prefix=prefix, dir=directory)
+        name = tempfile.mkdtemp(prefix=prefix, dir=directory)
+        os.chmod(name, 0o777 & ~_current_umask())
+        return name
     fd, name = tempfile.mkstemp(prefix=prefix, dir=directory)
     os.close(fd)
+    os.chmod(name, 0o666 & ~_current_umask())
     return name
 
 

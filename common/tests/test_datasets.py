@@ -184,3 +184,16 @@ def test_multi_file_csv_chunks_of_the_seed_example(tmp_path):
     np.testing.assert_array_equal(batch["categorical_user_inputs"], [[0, 10], [1, 2654], [2, 7]])
     np.testing.assert_array_equal(batch["numeric_inputs"], [[31], [45], [22]])
     np.testing.assert_array_equal(batch["label_ch"], [1.0, 0.0, 1.0])
+
+
+def test_atomic_outputs_get_ordinary_permissions(tmp_path):
+    from recsys_common.io import atomic_directory, atomic_write_text
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(str(tmp_path / "a.txt"), "x")
+        with atomic_directory(str(tmp_path / "d")) as d:
+            open(os.path.join(d, "f"), "w").close()
+    finally:
+        os.umask(old)
+    assert (os.stat(tmp_path / "a.txt").st_mode & 0o777) == 0o644
+    assert (os.stat(tmp_path / "d").st_mode & 0o777) == 0o755
