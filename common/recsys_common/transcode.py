@@ -154,9 +154,14 @@ def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
     return out
 
 
-if __name__ == "__main__":
+def run_cli(argv: Optional[Iterable[str]] = None) -> None:
+    """``main`` for a command line: bad input prints one clear line and exits 1 instead of a traceback."""
     try:
-        main()
+        main(argv)
     except (FeatureSpecError, DatasetError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_cli()

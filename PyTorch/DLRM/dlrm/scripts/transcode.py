@@ -11,19 +11,18 @@ import sys
 from typing import Optional, Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None):
-    from recsys_common import transcode
+def _with_format(argv: Optional[Sequence[str]]) -> list:
     args = list(argv) if argv is not None else sys.argv[1:]
     if "--format" not in args:
         args += ["--format", "split_binary"]  # DLRM reads split binary
-    return transcode.main(args)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    from recsys_common import transcode
+    return transcode.main(_with_format(argv))
 
 
 if __name__ == "__main__":
-    from recsys_common.datasets import DatasetError
-    from recsys_common.feature_spec import FeatureSpecError
-    try:
-        main()
-    except (FeatureSpecError, DatasetError, FileExistsError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from recsys_common import transcode
+    transcode.run_cli(_with_format(None))
