@@ -36,7 +36,7 @@ def test_nvtabular_cpu_workflow(tmp_path):
     nums = [1.0, np.nan, 3.0, 4.0, np.nan, 6.0, 7.0, 8.0]
     pq.write_table(pa.table({"cat": cats, "num": nums, "label": [0, 1, 0, 1, 1, 0, 1, 0]}), tmp_path / "in.parquet")
     dataset = nvt.Dataset(str(tmp_path / "in.parquet"), engine="parquet", cpu=True)
-    workflow = nvt.Workflow((["cat"] >> ops.Categorify())
+    workflow = nvt.Workflow((["cat"] >> ops.Categorify(out_path=str(tmp_path / "categories")))
                             + (["num"] >> ops.FillMissing(fill_val=0.0) >> ops.Normalize())
                             + ["label"])
     workflow.fit(dataset)
