@@ -20,17 +20,17 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, Tuple
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
+from recsys_common import datasets as common_datasets
 from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
 
 USER_CHANNEL, ITEM_CHANNEL, LABEL_CHANNEL = "user_ch", "item_ch", "label_ch"
 SAMPLES_PER_SERIES = "test_samples_per_series"
 
 
-class DatasetError(ValueError):
-    """A dataset on disk that does not match its FeatureSpec; the message names the file."""
+# One error type for bad datasets across the project: recsys_common's readers raise it too.
+DatasetError = common_datasets.DatasetError
 
 
 @dataclass
@@ -53,37 +53,48 @@ def _channel_feature(spec: FeatureSpec, channel: str) -> str:
     return names[0]
 
 
+def _read_torch_tensor_chunk(spec: FeatureSpec, mapping: str, chunk: dict, wanted: list) -> Dict[str, list]:
+    """NVIDIA's NCF ``torch_tensor`` chunks (one 2-D tensor per file); recsys_common reads every other type."""
+    parts: Dict[str, list] = {name: [] for name in wanted}
+    for rel in chunk["files"]:
+        path = spec.resolve_file(rel)
+        if not os.path.isfile(path):
+            raise DatasetError(f"{path}: file of source_spec.{mapping} not found")
+        tensor = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(tensor, torch.Tensor):
+            raise DatasetError(f"{path}: expected a tensor, got {type(tensor).__name__}")
+        tensor = tensor.reshape(tensor.shape[0], -1)
+        if tensor.shape[1] != len(chunk["features"]):
+            raise DatasetError(f"{path}: tensor has {tensor.shape[1]} columns, the chunk lists "
+                               f"{len(chunk['features'])} features {chunk['features']}")
+        for name in wanted:
+            parts[name].append(tensor[:, chunk["features"].index(name)].numpy())
+    return parts
+
+
 def _read_mapping(spec: FeatureSpec, mapping: str, features: Tuple[str, ...]) -> Dict[str, np.ndarray]:
-    """Columns ``features`` of ``mapping``, concatenated over the chunk's files in order."""
+    """Columns ``features`` of ``mapping``, concatenated over each chunk's files in order.
+
+    parquet / csv / split_binary chunks go through ``recsys_common.datasets.read_columns`` (cardinality checks
+    included); only NVIDIA's ``torch_tensor`` chunks are read here.
+    """
     columns: Dict[str, list] = {name: [] for name in features}
+    native = [c for c in spec.source_spec[mapping] if c["type"] != "torch_tensor"]
     for chunk in spec.source_spec[mapping]:
         wanted = [name for name in chunk["features"] if name in columns]
-        if not wanted:
-            continue
-        for rel in chunk["files"]:
-            path = spec.resolve_file(rel)
-            if not os.path.isfile(path):
-                raise DatasetError(f"{path}: file of source_spec.{mapping} not found")
-            if chunk["type"] == "parquet":
-                try:
-                    table = pq.read_table(path, columns=wanted)
-                except Exception as err:  # pyarrow raises several types for broken files
-                    raise DatasetError(f"{path}: cannot read parquet columns {wanted}: {err}") from err
-                for name in wanted:
-                    columns[name].append(table.column(name).to_numpy())
-            elif chunk["type"] == "torch_tensor":
-                tensor = torch.load(path, map_location="cpu", weights_only=True)
-                if not isinstance(tensor, torch.Tensor):
-                    raise DatasetError(f"{path}: expected a tensor, got {type(tensor).__name__}")
-                tensor = tensor.reshape(tensor.shape[0], -1)
-                if tensor.shape[1] != len(chunk["features"]):
-                    raise DatasetError(f"{path}: tensor has {tensor.shape[1]} columns, the chunk lists "
-                                       f"{len(chunk['features'])} features {chunk['features']}")
-                for name in wanted:
-                    columns[name].append(tensor[:, chunk["features"].index(name)].numpy())
-            else:
-                raise DatasetError(f"{spec.origin}: source_spec.{mapping}: chunk type {chunk['type']!r} is not "
-                                   f"supported by NCF (use parquet or torch_tensor)")
+        if wanted and chunk["type"] == "torch_tensor":
+            for name, parts in _read_torch_tensor_chunk(spec, mapping, chunk, wanted).items():
+                columns[name].extend(parts)
+    if native:
+        view = spec.copy()
+        view.source_spec = {mapping: native}
+        try:
+            for name, values in common_datasets.read_columns(view, mapping, features=features).items():
+                columns[name].append(values)
+        except Exception as err:  # pyarrow raises several types for broken files
+            if isinstance(err, (DatasetError, FeatureSpecError)):
+                raise
+            raise DatasetError(f"{spec.origin}: cannot read source_spec.{mapping}: {err}") from err
     out = {}
     for name, parts in columns.items():
         if not parts:
