@@ -16,7 +16,8 @@ Embedding types (``--embedding_type``):
 Training equals plain SGD on the global batch whatever the number of processes (a test checks it): DDP averages the
 MLP gradients over the processes, and TorchRec divides the embedding gradients by the world size in the backward of its
 all-to-all (``torchrec.distributed.comm_ops.GRADIENT_DIVISION``, on by default). With an fp16 loss scale, the fused
-optimizer would see scaled gradients, so ``TorchRecEmbeddings.grad_multiplier`` divides them by the scale first.
+optimizer would see scaled gradients, so ``TorchRecEmbeddings.grad_multiplier`` divides them by the scale first, and
+the loss scaler steps only the optimizers whose parameters have ``.grad`` (:meth:`TrainableModel.step`).
 """
 from __future__ import annotations
 
@@ -104,11 +105,42 @@ class TrainableModel:
     def optimizers(self) -> list:
         return [o for o in (self.dense_optimizer, self.embedding_optimizer) if o is not None]
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, scaler=None) -> None:
+        """Clear the gradients before a step's forward pass; ``scaler``: the float16 loss scaler, if any.
+
+        The fused TorchRec tables are updated by FBGEMM inside the backward pass, before any ``scaler.step`` could
+        unscale their gradient, so with a scaler their incoming gradient is multiplied by ``1 / scale`` in the
+        backward instead (``TorchRecEmbeddings.grad_multiplier``, read when the forward pass runs): the tables then
+        take the same update as without loss scaling.
+        """
         self.dense_optimizer.zero_grad(set_to_none=True)
         if self.embedding_optimizer is not None:
             # For the fused optimizer this also pushes the current learning rate into the FBGEMM kernel.
             self.embedding_optimizer.zero_grad()
+        if self.embedding_type == "torchrec_fused":
+            self.core.embeddings.grad_multiplier = 1.0 / loss_scale(scaler) if scaler is not None else 1.0
+
+    def step(self, scaler=None) -> None:
+        """Apply the optimizers after the backward pass of ``scaler.scale(loss)`` (or of ``loss`` without scaler).
+
+        ``GradScaler.step`` unscales the ``.grad`` of an optimizer's parameters and skips the step when one is inf or
+        NaN. The fused TorchRec optimizer has no ``.grad`` to unscale (its update already happened in the backward
+        pass, see :meth:`zero_grad`), and ``GradScaler.step`` on it fails with "No inf checks were recorded for this
+        optimizer". So the scaler steps the MLP optimizer and the plain embedding optimizer; the fused optimizer's
+        own ``step`` only pushes the learning rate into the kernel. On an fp16 overflow the MLP step is skipped and
+        the scale halved, while the fused tables take the step with the non-finite gradient entries zeroed.
+        """
+        if scaler is None:
+            for optimizer in self.optimizers:
+                optimizer.step()
+            return
+        scaler.step(self.dense_optimizer)
+        if self.embedding_optimizer is not None:
+            if self.embedding_type == "torchrec_fused":
+                self.embedding_optimizer.step()
+            else:
+                scaler.step(self.embedding_optimizer)
+        scaler.update()
 
     def state_dict(self) -> Dict[str, object]:
         """State with the wrapper prefixes removed (``module.``, ``_dmp_wrapped_module.``)."""
@@ -116,6 +148,12 @@ class TrainableModel:
 
     def dense_named_parameters(self):
         return [(n, p) for n, p in self.core.named_parameters() if not n.startswith("embeddings.")]
+
+
+def loss_scale(scaler):
+    """The scaler's current scale: a device tensor once it has scaled a loss (no host sync), else a float."""
+    scale = getattr(scaler, "_scale", None)
+    return scale if scale is not None else scaler.get_scale()
 
 
 def _canonical(key: str) -> str:

@@ -102,8 +102,9 @@ def _define_flags(f: flags.FlagValues) -> None:
                      flag_values=f)
     d.DEFINE_boolean("amp", False, "Use Automatic Mixed Precision on any device (bfloat16 autocast on a CPU)",
                      flag_values=f)
-    d.DEFINE_enum("amp_dtype", "float16", ["float16", "bfloat16"], "Half type of AMP on CUDA (the CPU always uses "
-                  "bfloat16); embeddings stay float32", flag_values=f)
+    d.DEFINE_enum("amp_dtype", None, ["float16", "bfloat16"], "Half type of AMP (default: float16 with the loss "
+                  "scaler on CUDA, bfloat16 on a CPU; float16 on a CPU runs the loss-scaled CUDA code path, slowly); "
+                  "embeddings stay float32", flag_values=f)
     d.DEFINE_float("loss_scale", 8192.0, "Static loss scale for Mixed Precision Training (float16 only)",
                    flag_values=f)
     d.DEFINE_boolean("cuda_graphs", False, "Capture the MLPs of the training and inference steps in CUDA graphs "
@@ -185,22 +186,24 @@ def _table_sizes(info, args) -> List[int]:
 class _Amp:
     """Autocast and (float16 only) a static loss scaler, as NVIDIA's recipe: scale 8192, never grown."""
 
-    def __init__(self, enabled: bool, device, amp_dtype: str, loss_scale: float):
+    def __init__(self, enabled: bool, device, amp_dtype: Optional[str], loss_scale: float):
         import torch
         self.enabled = enabled
         self.device_type = device.type
-        if device.type == "cpu":
-            self.dtype = torch.bfloat16
-        else:
-            self.dtype = torch.float16 if amp_dtype == "float16" else torch.bfloat16
+        if amp_dtype is None:  # NVIDIA's float16 on CUDA; a CPU runs bfloat16 natively (AVX512-BF16, AMX), not float16
+            amp_dtype = "float16" if device.type == "cuda" else "bfloat16"
+        self.dtype = torch.float16 if amp_dtype == "float16" else torch.bfloat16
         self.scaler = None
         if enabled and self.dtype == torch.float16:
-            # torch.amp.GradScaler(device) is torch >= 2.3; older 2.x releases have torch.cuda.amp.GradScaler.
+            # torch.amp.GradScaler(device) is torch >= 2.3 (a CPU scaler too); older 2.x have torch.cuda.amp's only.
             scaler_class = getattr(torch.amp, "GradScaler", None)
             if scaler_class is not None:
                 self.scaler = scaler_class(device.type, init_scale=loss_scale, growth_interval=1_000_000_000)
-            else:
+            elif device.type == "cuda":
                 self.scaler = torch.cuda.amp.GradScaler(init_scale=loss_scale, growth_interval=1_000_000_000)
+            else:
+                raise ValueError(f"--amp_dtype float16 on a CPU needs torch >= 2.3 (a CPU loss scaler); this is "
+                                 f"torch {torch.__version__}: use --amp_dtype bfloat16")
 
     def autocast(self):
         import torch
@@ -260,8 +263,6 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     loss_accumulator = torch.zeros((), device=ctx.device)
     loss_count = 0
     last_print = time.perf_counter()
-    embeddings = trainable.core.embeddings
-    fused = trainable.embedding_type == "torchrec_fused"
     graphs = _maybe_graph_mlps(args, ctx, trainable, amp, train_data)
     if args.benchmark_warmup_steps == 0:
         timed_start = time.perf_counter()
@@ -283,21 +284,12 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
             global_step += 1
             step_in_epoch += 1
             lr = schedule.apply(trainable.optimizers, global_step)
-            trainable.zero_grad()
-            if fused and amp.scaler is not None:  # the fused optimizer never sees the loss scaler's unscaling
-                embeddings.grad_multiplier = 1.0 / _loss_scale(amp)
+            trainable.zero_grad(amp.scaler)  # with a scaler, also unscales the fused tables' gradient in backward
             with amp.autocast():
                 logits = graphs.forward(numerical, categorical) if graphs else trainable.module(numerical, categorical)
             loss = loss_fn(logits.float(), label)
-            if amp.scaler is not None:
-                amp.scaler.scale(loss).backward()
-                for optimizer in trainable.optimizers:
-                    amp.scaler.step(optimizer)
-                amp.scaler.update()
-            else:
-                loss.backward()
-                for optimizer in trainable.optimizers:
-                    optimizer.step()
+            (amp.scaler.scale(loss) if amp.scaler is not None else loss).backward()
+            trainable.step(amp.scaler)  # the scaler steps only optimizers with .grad (not TorchRec's fused one)
             loss_accumulator += loss.detach()
             loss_count += 1
             if args.benchmark_warmup_steps and global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
@@ -354,14 +346,6 @@ def _mean_over_ranks(total: float, count: int, device) -> float:
     from dlrm.utils.distributed import all_reduce_sum
     total, count = all_reduce_sum([total, float(count)], device)
     return total / count
-
-
-def _loss_scale(amp):
-    """The scaler's current scale, as a device tensor when it has one (no host sync), else a float."""
-    if amp.scaler is None:
-        return 1.0
-    scale = getattr(amp.scaler, "_scale", None)  # a tensor once the scaler has scaled a loss
-    return scale if scale is not None else amp.scaler.get_scale()
 
 
 def _hms(seconds: float) -> str:
