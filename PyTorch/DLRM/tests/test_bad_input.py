@@ -33,13 +33,45 @@ def test_truncated_binary_file(dataset_copy, tmp_path):
         run(dataset_copy, tmp_path)
 
 
-def test_categorical_id_above_cardinality_without_hash_indices(dataset_copy, tmp_path):
-    spec_path = dataset_copy / "feature_spec.yaml"
+def _set_cardinality(dataset, feature, cardinality):
+    spec_path = dataset / "feature_spec.yaml"
     spec = yaml.safe_load(spec_path.read_text())
-    spec["feature_spec"]["cat_0.bin"]["cardinality"] = 10  # the files hold ids up to ~1000
+    spec["feature_spec"][feature]["cardinality"] = cardinality
     spec_path.write_text(yaml.safe_dump(spec))
-    with pytest.raises(ValueError, match=r"cat_0\.bin.*cat_0\.bin.*outside \[0, cardinality=10\)"):
+    return spec["feature_spec"][feature]["dtype"]
+
+
+def test_categorical_id_above_cardinality_without_hash_indices(dataset_copy, tmp_path):
+    _set_cardinality(dataset_copy, "cat_0.bin", 10)  # the files hold ids up to ~1000
+    with pytest.raises(ValueError, match=r"train/cat_0\.bin: feature 'cat_0\.bin' row \d+ has id \d+, outside "
+                                         r"\[0, cardinality=10\).*pass --hash_indices"):
         run(dataset_copy, tmp_path)
+
+
+def test_hash_indices_maps_ids_above_cardinality_modulo_the_table(dataset_copy, tmp_path):
+    """--hash_indices (the README's advice for out-of-range ids) trains as if the files held id % rows."""
+    dtype = _set_cardinality(dataset_copy, "cat_0.bin", 10)
+    hashed = run(dataset_copy, tmp_path, "--hash_indices", "--max_steps", "12")
+    reduced = tmp_path / "reduced"
+    shutil.copytree(dataset_copy, reduced)
+    for split in ("train", "test"):
+        path = reduced / split / "cat_0.bin"
+        ids = np.fromfile(path, dtype=dtype)
+        assert ids.max() >= 10  # the case under test: ids the table cannot hold
+        (ids % 10).astype(dtype).tofile(path)
+    expected = run(reduced, tmp_path, "--max_steps", "12")
+    assert hashed["global_step"] == expected["global_step"] == 12
+    assert hashed["auc"] == expected["auc"] and hashed["test_loss"] == expected["test_loss"]
+
+
+def test_negative_categorical_id_is_refused_even_with_hash_indices(dataset_copy, tmp_path):
+    dtype = _set_cardinality(dataset_copy, "cat_2.bin", 200)
+    path = dataset_copy / "train" / "cat_2.bin"
+    ids = np.fromfile(path, dtype=dtype)
+    ids[7] = -3
+    ids.tofile(path)
+    with pytest.raises(ValueError, match=r"train/cat_2\.bin: feature 'cat_2\.bin' row 7 has id -3; ids must be >= 0"):
+        run(dataset_copy, tmp_path, "--hash_indices")
 
 
 def test_max_table_size_needs_hash_indices(dataset_copy, tmp_path):

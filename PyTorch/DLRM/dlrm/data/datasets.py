@@ -11,8 +11,10 @@
 Each batch is ``(numerical float32 [B, n_num], categorical int64 [B, n_cat], label float32 [B], valid int64)``,
 where ``valid`` counts the real rows (the rest are padding).
 
-Errors (:class:`DataError`) name the file and feature: NaN or infinite numericals, an empty mapping, a categorical id
-outside ``[0, cardinality)`` (checked by the reader), truncated files or a FeatureSpec that does not match the files.
+Errors (:class:`DataError`) name the file and feature: NaN or infinite numericals, an empty mapping, a negative
+categorical id, an id at or above its cardinality (unless ``hash_indices``: then the model maps it to
+``id % table size``, as NVIDIA's ``--hash_indices`` does), truncated files or a FeatureSpec that does not match the
+files.
 """
 from __future__ import annotations
 
@@ -99,16 +101,19 @@ class SplitBinaryBatches:
             every row, padding the last batches (``valid`` says how many rows are real).
         shuffle: shuffle the batch order with ``seed + epoch`` (``--shuffle_batch_order``).
         subset: use only the first ``subset`` fraction of the rows (``--dataset_subset``).
+        hash_indices: let categorical ids at or above their cardinality through (the model takes them modulo the
+            table size, ``--hash_indices``); without it such an id is an error that names the file, feature and row.
     """
 
     def __init__(self, info: DatasetInfo, mapping: str, batch_size: int, device: torch.device, rank: int = 0,
                  world_size: int = 1, training: bool = True, shuffle: bool = False, seed: int = 0,
-                 subset: Optional[float] = None):
+                 subset: Optional[float] = None, hash_indices: bool = False):
         if batch_size % world_size:
             raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
         self.info, self.mapping, self.device = info, mapping, device
         self.rank, self.world_size, self.training = rank, world_size, training
         self.local_batch_size = batch_size // world_size
+        self.hash_indices = hash_indices
         spec = info.spec
         if mapping not in spec.source_spec:
             raise DataError(f"{spec.origin}: source_spec has no {mapping!r} mapping (has {sorted(spec.source_spec)})")
@@ -116,7 +121,7 @@ class SplitBinaryBatches:
             self.reader = open_reader(spec, mapping, self.local_batch_size, channels=["numerical", "categorical",
                                                                                        "label"],
                                       rank=rank, world_size=world_size, shuffle=shuffle, seed=seed,
-                                      drop_last=training)
+                                      drop_last=training, check_values=False)  # _check_categorical below
         except (DatasetError, FeatureSpecError) as e:
             raise DataError(str(e)) from None
         self.num_samples = self.reader.num_samples
@@ -137,6 +142,7 @@ class SplitBinaryBatches:
         else:
             self.steps = math.ceil(self.total_local_batches / world_size)
         self._numerical_file = self._file_of(info.numerical_features[0]) if info.numerical_features else None
+        self._cardinalities = np.asarray(info.cardinalities, dtype=np.int64)
 
     def _file_of(self, feature: str) -> str:
         spec = self.info.spec
@@ -174,6 +180,7 @@ class SplitBinaryBatches:
             stop = min(start + self.local_batch_size, self.num_samples)
             raw = {k: v[: stop - start] for k, v in raw.items()}
             self._check_numerical(raw["numerical"], start)
+            self._check_categorical(raw["categorical"], start)
             numerical, categorical, label = _to_tensors(raw, self.device)
             valid = stop - start
             if not self.training and self.world_size > 1 and valid < self.local_batch_size:
@@ -188,6 +195,25 @@ class SplitBinaryBatches:
         return (torch.zeros(n, len(self.info.numerical_features), device=self.device),
                 torch.zeros(n, len(self.info.categorical_features), dtype=torch.int64, device=self.device),
                 torch.zeros(n, device=self.device), 0)
+
+    def _check_categorical(self, values: np.ndarray, first_row: int) -> None:
+        """Ids must be >= 0, and < cardinality unless ``hash_indices`` (then the model takes ``id % rows``)."""
+        values = np.asarray(values).reshape(len(values), -1)
+        if values.size == 0:
+            return
+        bad = values < 0
+        if not self.hash_indices:
+            bad |= values >= self._cardinalities[None, :]
+        if not bad.any():
+            return
+        row, column = np.argwhere(bad)[0]
+        name, value = self.info.categorical_features[column], int(values[row, column])
+        card = int(self._cardinalities[column])
+        where = f"{self._file_of(name)}: feature {name!r} row {first_row + int(row)} has id {value}"
+        if value < 0:
+            raise DataError(f"{where}; ids must be >= 0")
+        raise DataError(f"{where}, outside [0, cardinality={card}); fix the FeatureSpec's cardinality, or pass "
+                        f"--hash_indices to map ids with id % table size")
 
     def _check_numerical(self, values: np.ndarray, first_row: int) -> None:
         if values.size and not np.isfinite(values).all():

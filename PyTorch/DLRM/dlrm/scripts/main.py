@@ -152,7 +152,7 @@ def _build_data(args, ctx, info_only: bool = False):
                                     ctx.world_size, seed=args.seed)
         return SplitBinaryBatches(info, "train", args.batch_size, ctx.device, ctx.rank, ctx.world_size,
                                   training=True, shuffle=args.shuffle_batch_order, seed=args.seed,
-                                  subset=args.dataset_subset)
+                                  subset=args.dataset_subset, hash_indices=args.hash_indices)
 
     cache = {}
 
@@ -167,7 +167,7 @@ def _build_data(args, ctx, info_only: bool = False):
                                     args.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=args.seed + 1,
                                     training=False)
         return SplitBinaryBatches(info, "test", args.test_batch_size, ctx.device, ctx.rank, ctx.world_size,
-                                  training=False)
+                                  training=False, hash_indices=args.hash_indices)
     return info, train_data, test_data
 
 
@@ -387,7 +387,7 @@ def inference_benchmark(args, ctx, trainable, amp: _Amp, info) -> Dict[str, Any]
                                     seed=args.seed, pool_size=4)
         else:
             data = SplitBinaryBatches(info, "test", global_batch, ctx.device, ctx.rank, ctx.world_size,
-                                      training=True)
+                                      training=True, hash_indices=args.hash_indices)
         batches = [b for _, b in zip(range(4), data)]
         latencies = []
         with torch.no_grad():
