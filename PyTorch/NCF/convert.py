@@ -31,6 +31,16 @@ Output (all of it appears at once, or not at all):
     OUTPUT/test.parquet        per user ``test_samples_per_series`` consecutive rows: the positive (label 1) first,
                                then its negatives (label 0)
 
+``--min_interactions N`` (default 0: no filter, NVIDIA's current converter) first drops the users with fewer than
+N distinct (user, item) interactions and reports how many users and raw rows it dropped; ``2`` is the least that
+lets every remaining user have a training row and a test row (a random sample of MovieLens has users with one
+rating), ``20`` is what MovieLens guarantees and NVIDIA's first converter applied. Dropping users never changes the
+other users' counts, so one pass is enough.
+
+``OUTPUT`` may already hold other files (NVIDIA documents ``--output /data``, next to the raw data): a non-empty
+OUTPUT is refused unless ``--overwrite`` is given, and even then only this tool's own previous outputs are replaced
+(``recsys_common.io.atomic_directory``); the input file and any other file are never touched.
+
 Bad input (wrong column count, non-numeric ids, an empty file, a user with a single interaction) raises
 :class:`ConversionError` naming the file and line; nothing is written.
 """
@@ -50,10 +60,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys_common.feature_spec import FeatureSpec
-from recsys_common.io import atomic_directory
+from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
 
 USER, ITEM, LABEL = "user", "item", "label"
 TRAIN_FILE, TEST_FILE = "train.parquet", "test.parquet"
+TOOL = "PyTorch/NCF/convert.py"  # its name in the output directory's record of who wrote what
 
 
 class ConversionError(ValueError):
@@ -184,10 +195,36 @@ class Split:
     test_candidates: np.ndarray    # int64 [U, 1 + negatives]; column 0 is the held-out positive
     num_users: int
     num_items: int
+    dropped: Optional["FilterReport"] = None  # users/rows removed by --min_interactions, if it was given
+
+
+@dataclass(frozen=True)
+class FilterReport:
+    """What :func:`drop_sparse_users` removed."""
+    users: int
+    rows: int
+    min_interactions: int
+
+
+def drop_sparse_users(ratings: pd.DataFrame, min_interactions: int) -> tuple:
+    """Drop the users with fewer than ``min_interactions`` distinct items; returns (kept ratings, FilterReport).
+
+    Counts distinct (user, item) pairs, as leave-one-out sees them after dropping repeats. Only users are removed,
+    so no other user's count changes and one pass leaves every kept user with at least ``min_interactions``.
+    """
+    if min_interactions <= 1:
+        return ratings, FilterReport(0, 0, min_interactions)
+    distinct = ratings[["user", "item"]].drop_duplicates()
+    per_user = distinct["user"].value_counts()
+    sparse = per_user.index[per_user.to_numpy() < min_interactions]
+    drop = np.isin(ratings["user"].to_numpy(), sparse.to_numpy())
+    return ratings[~drop].reset_index(drop=True), FilterReport(int(len(sparse)), int(drop.sum()), min_interactions)
 
 
 def leave_one_out(ratings: pd.DataFrame, path: str = "<ratings>") -> tuple:
     """Factorise ids, sort by time, drop repeated pairs; return (train, test, num_users, num_items, raw user ids)."""
+    if ratings.empty:
+        raise ConversionError(f"{path}: no interactions left to convert (--min_interactions dropped every user?)")
     users, raw_users = pd.factorize(ratings["user"])
     items, _ = pd.factorize(ratings["item"])
     frame = pd.DataFrame({"user": users.astype(np.int64), "item": items.astype(np.int64),
@@ -200,7 +237,8 @@ def leave_one_out(ratings: pd.DataFrame, path: str = "<ratings>") -> tuple:
         examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
         raise ConversionError(f"{path}: {lonely.size} user(s) have a single distinct interaction (user id(s) "
                               f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
-                              f"per user (one for training, one for the test). Remove them or add interactions.")
+                              f"per user (one for training, one for the test). Drop them with --min_interactions 2 "
+                              f"(or more), or add interactions.")
     is_test = ~frame.duplicated(subset=["user"], keep="last")  # each user's latest row
     test = frame[is_test.to_numpy()].sort_values("user", kind="mergesort")
     train = frame[~is_test.to_numpy()]
@@ -236,16 +274,20 @@ def sample_test_negatives(train_users: np.ndarray, train_items: np.ndarray, test
         out[todo] = rng.integers(0, num_items, size=n, dtype=np.int64)
 
 
-def convert_ratings(path: str, valid_negative: int = 100, seed: int = 1, fmt: Optional[str] = None) -> Split:
-    """NVIDIA's protocol on one raw ratings file (see the module docstring)."""
-    ratings = read_ratings(path, fmt)
+def convert_ratings(path: str, valid_negative: int = 100, seed: int = 1, fmt: Optional[str] = None,
+                    min_interactions: int = 0) -> Split:
+    """NVIDIA's protocol on one raw ratings file (see the module docstring).
+
+    ``min_interactions``: drop users with fewer distinct items first (0: keep all); ``Split.dropped`` says what went.
+    """
+    ratings, dropped = drop_sparse_users(read_ratings(path, fmt), min_interactions)
     train, test, num_users, num_items = leave_one_out(ratings, path)
     train_users = train["user"].to_numpy()
     train_items = train["item"].to_numpy()
     test_users = test["user"].to_numpy()
     negatives = sample_test_negatives(train_users, train_items, test_users, num_items, valid_negative, seed)
     candidates = np.concatenate([test["item"].to_numpy()[:, None], negatives], axis=1)
-    return Split(train_users, train_items, test_users, candidates, num_users, num_items)
+    return Split(train_users, train_items, test_users, candidates, num_users, num_items, dropped)
 
 
 def read_paper_negatives(path: str) -> tuple:
@@ -332,8 +374,28 @@ def feature_spec_for(split: Split) -> FeatureSpec:
     )
 
 
-def write_split(split: Split, output: str, overwrite: bool = True) -> str:
-    """Write parquet files and ``feature_spec.yaml`` into ``output`` atomically. Returns the spec's path."""
+OUTPUT_FILES = ("feature_spec.yaml", TRAIN_FILE, TEST_FILE)
+
+
+def check_output(output: str, inputs: Sequence[str], overwrite: bool) -> None:
+    """Refuse, before any work, an output that would replace an input or a non-empty directory without overwrite."""
+    out = os.path.abspath(output)
+    for path in inputs:
+        if path and os.path.dirname(os.path.abspath(path)) == out and os.path.basename(path) in OUTPUT_FILES:
+            raise ConversionError(f"--output {output}: would replace the input {path} (this tool writes "
+                                  f"{', '.join(OUTPUT_FILES)}): choose another output directory")
+    try:
+        check_output_directory(out, overwrite)
+    except OutputDirectoryError as err:
+        raise ConversionError(f"--output: {err}") from err
+
+
+def write_split(split: Split, output: str, overwrite: bool = False) -> str:
+    """Write parquet files and ``feature_spec.yaml`` into ``output`` atomically. Returns the spec's path.
+
+    ``overwrite=False`` refuses a non-empty ``output``; ``overwrite=True`` replaces this tool's own files there and
+    keeps every other file (``recsys_common.io.atomic_directory``).
+    """
     samples = split.test_candidates.shape[1]
     test_labels = np.zeros(split.test_candidates.shape, dtype=np.float32)
     test_labels[:, 0] = 1.0
@@ -344,7 +406,7 @@ def write_split(split: Split, output: str, overwrite: bool = True) -> str:
                              ITEM: split.test_candidates.reshape(-1).astype(np.int32),
                              LABEL: test_labels.reshape(-1)}),
     }
-    with atomic_directory(output, overwrite=overwrite) as tmp:
+    with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         for name, table in tables.items():
             pq.write_table(table, os.path.join(tmp, name))
         spec = feature_spec_for(split)
@@ -368,23 +430,41 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="convert the NCF paper's PREFIX.{train.rating,test.rating,test.negative}")
     parser.add_argument("--max_user", type=int, default=None,
                         help="with --paper_split: keep users 0..MAX_USER only")
+    parser.add_argument("--min_interactions", type=int, default=0, metavar="N",
+                        help="drop users with fewer than N distinct items first and report them (0: no filter, "
+                             "NVIDIA's behaviour; 2 makes every user convertible; MovieLens guarantees 20)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output, replacing only this tool's previous outputs there")
     args = parser.parse_args(argv)
     if not args.paper_split and not args.path:
         parser.error("one of --path or --paper_split is required")
     if args.valid_negative < 0:
         parser.error("--valid_negative must be >= 0")
+    if args.min_interactions < 0:
+        parser.error("--min_interactions must be >= 0")
+    if args.min_interactions and args.paper_split:
+        parser.error("--min_interactions applies to --path (leave-one-out) only; the paper's split is fixed")
     return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
+        inputs = [args.path] + ([args.paper_split + ext for ext in (".train.rating", ".test.rating",
+                                                                      ".test.negative")] if args.paper_split else [])
+        check_output(args.output, inputs, args.overwrite)  # before the conversion: fail in seconds, not minutes
         if args.paper_split:
             split = convert_paper_split(args.paper_split, args.path, args.max_user)
         else:
-            split = convert_ratings(args.path, args.valid_negative, args.seed, args.format)
-        spec_path = write_split(split, args.output)
+            split = convert_ratings(args.path, args.valid_negative, args.seed, args.format, args.min_interactions)
+        if split.dropped is not None and split.dropped.min_interactions > 1:
+            print(f"convert.py: --min_interactions {split.dropped.min_interactions}: dropped {split.dropped.users} "
+                  f"user(s) and {split.dropped.rows} row(s)")
+        spec_path = write_split(split, args.output, overwrite=args.overwrite)
     except ConversionError as err:
+        print(f"convert.py: error: {err}", file=sys.stderr)
+        return 2
+    except OutputDirectoryError as err:  # a name we write is taken by a file this tool did not write
         print(f"convert.py: error: {err}", file=sys.stderr)
         return 2
     print(f"convert.py: {len(split.train_users)} training positives, {split.num_users} users, "

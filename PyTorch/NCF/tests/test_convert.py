@@ -54,7 +54,8 @@ def test_written_dataset_round_trips_through_the_feature_spec(udata, tmp_path):
     assert data.samples_per_series == 5 and data.num_items == 5
     np.testing.assert_array_equal(data.test_items.reshape(-1, 5), split.test_candidates)
     assert data.test_labels.reshape(-1, 5)[:, 0].tolist() == [1, 1, 1]
-    assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test.parquet", "train.parquet"]
+    visible = sorted(f for f in os.listdir(out) if not f.startswith("."))  # .recsys_outputs.json: who wrote what
+    assert visible == ["feature_spec.yaml", "test.parquet", "train.parquet"]
 
 
 def test_byo_csv_and_ml20m_layouts(tmp_path):
@@ -112,3 +113,97 @@ def test_paper_split_files(tmp_path):
     write(prefix + ".test.negative", "(0,3)\t0\t4\n(1,2)\t1\n")
     with pytest.raises(ConversionError, match=r"toy.test.negative: line 2: expected 2 negatives"):
         convert.convert_paper_split(prefix)
+
+
+# ------------------------------------------------------------------ the output directory holds the user's files
+def _user_dir(tmp_path):
+    """NVIDIA's documented layout: the raw ratings and the converted dataset in one directory (`--output /data`)."""
+    d = tmp_path / "ml-20m"
+    d.mkdir()
+    lines = "".join(f"{u},{i},4.0,{u * 100 + i}\n" for u in range(1, 6) for i in range(1, 5))
+    write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + lines)
+    write(d / "notes.txt", "my notes\n")
+    return d
+
+
+def test_a_non_empty_output_directory_is_refused_without_overwrite(tmp_path, capsys):
+    d = _user_dir(tmp_path)
+    argv = ["--path", str(d / "ratings.csv"), "--format", "ml-20m", "--output", str(d), "--valid_negative", "2"]
+    assert convert.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "output directory is not empty" in err and "--overwrite" in err
+    assert sorted(os.listdir(d)) == ["notes.txt", "ratings.csv"]
+    assert (d / "notes.txt").read_text() == "my notes\n"
+
+
+def test_overwrite_replaces_only_the_tools_own_outputs(tmp_path, capsys):
+    d = _user_dir(tmp_path)
+    ratings_before = (d / "ratings.csv").read_bytes()
+    argv = ["--path", str(d / "ratings.csv"), "--format", "ml-20m", "--output", str(d), "--valid_negative", "2",
+            "--overwrite"]
+    assert convert.main(argv) == 0, capsys.readouterr().err
+    assert (d / "ratings.csv").read_bytes() == ratings_before and (d / "notes.txt").read_text() == "my notes\n"
+    first = load_dataset(str(d))
+    assert (first.num_users, first.samples_per_series) == (5, 3)
+    # again, with another seed: the dataset is replaced, the user's files still stay
+    assert convert.main(argv + ["--seed", "7"]) == 0
+    visible = sorted(f for f in os.listdir(d) if not f.startswith("."))
+    assert visible == ["feature_spec.yaml", "notes.txt", "ratings.csv", "test.parquet", "train.parquet"]
+    assert (d / "ratings.csv").read_bytes() == ratings_before and (d / "notes.txt").read_text() == "my notes\n"
+    assert load_dataset(str(d)).num_users == 5
+
+
+def test_an_output_file_named_like_the_input_is_refused(tmp_path, capsys):
+    d = tmp_path / "data"
+    d.mkdir()
+    write(d / "test.parquet", "a user's file with one of our output names")
+    with pytest.raises(ConversionError, match=r"would replace the input .*test.parquet"):
+        convert.check_output(str(d), [str(d / "test.parquet")], overwrite=True)
+    # not an input, but not ours either: --overwrite still refuses to replace it, and nothing is written
+    raw = write(tmp_path / "mine.csv", "user_id,item_id,timestamp\n1,2,3\n1,3,4\n2,2,1\n2,4,2\n")
+    assert convert.main(["--path", raw, "--output", str(d), "--valid_negative", "1", "--overwrite"]) == 2
+    assert "test.parquet: exists and was not written by this tool" in capsys.readouterr().err
+    assert sorted(os.listdir(d)) == ["test.parquet"]
+
+
+# ------------------------------------------------------------------ --min_interactions
+def test_min_interactions_drops_sparse_users_and_reports_them(tmp_path, capsys):
+    d = tmp_path / "ml-100k"
+    d.mkdir()
+    # user 4 has one rating, user 5 two ratings of the same item (one distinct interaction): both are dropped;
+    # item 9 is rated only by user 4, so it disappears from the item ids too
+    rows = [(1, 1, 5, 1), (1, 2, 5, 2), (1, 3, 5, 3), (2, 1, 5, 4), (2, 3, 5, 5), (3, 2, 5, 6), (3, 3, 5, 7),
+            (4, 9, 5, 8), (5, 1, 5, 9), (5, 1, 4, 10)]
+    path = write(d / "u.data", "".join("\t".join(map(str, r)) + "\n" for r in rows))
+    with pytest.raises(ConversionError, match=r"2 user\(s\) have a single distinct interaction .*--min_interactions"):
+        convert.convert_ratings(path, valid_negative=1)  # the default keeps NVIDIA's behaviour: no filter
+    out = tmp_path / "out"
+    assert convert.main(["--path", path, "--output", str(out), "--valid_negative", "1", "--min_interactions", "2"]) == 0
+    assert "--min_interactions 2: dropped 2 user(s) and 3 row(s)" in capsys.readouterr().out
+    data = load_dataset(str(out))
+    assert (data.num_users, data.num_items, len(data.train_users)) == (3, 3, 4)
+    # every kept user has a training row and a test row
+    assert sorted(set(data.train_users.tolist())) == [0, 1, 2]
+    split = convert.convert_ratings(path, valid_negative=1, min_interactions=3)
+    assert (split.num_users, split.dropped.users, split.dropped.rows) == (1, 4, 7)
+
+
+def test_min_interactions_makes_a_random_movielens_sample_convertible(tmp_path, capsys):
+    from recsys_common.testing import shared_data_path
+    u_data = os.path.join(shared_data_path("movielens", "ml-100k"), "u.data")
+    rng = np.random.default_rng(0)
+    lines = open(u_data).read().splitlines()
+    sample = [lines[i] for i in np.sort(rng.choice(len(lines), size=3000, replace=False))]
+    d = tmp_path / "ml-100k"
+    d.mkdir()
+    path = write(d / "u.data", "\n".join(sample) + "\n")
+    users = pd.Series([int(line.split("\t")[0]) for line in sample]).value_counts()
+    lonely = int((users < 2).sum())
+    assert lonely > 10  # the sample really has single-interaction users (else this test proves nothing)
+    with pytest.raises(ConversionError, match="single distinct interaction"):
+        convert.convert_ratings(path, valid_negative=100)
+    out = tmp_path / "out"
+    assert convert.main(["--path", path, "--output", str(out), "--min_interactions", "2"]) == 0
+    assert f"dropped {lonely} user(s) and {lonely} row(s)" in capsys.readouterr().out
+    data = load_dataset(str(out))
+    assert data.num_users == len(users) - lonely and data.samples_per_series == 101
