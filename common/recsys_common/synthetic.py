@@ -30,6 +30,7 @@ import numpy as np
 
 from .datasets import PAD, DatasetWriter
 from .feature_spec import FeatureSpec, FeatureSpecError
+from .io import atomic_directory
 
 _WEIGHT_TABLE = 4096  # hidden per-id weights are looked up modulo this, so huge tables cost nothing
 
@@ -134,23 +135,30 @@ def generate_columns(spec: FeatureSpec, num_rows: int, seed: int = 12345, mappin
 
 
 def generate_dataset(spec: FeatureSpec, output_dir: str, num_rows: Dict[str, int], seed: int = 12345,
-                     block_rows: int = 1 << 20, spec_filename: str = "feature_spec.yaml") -> FeatureSpec:
+                     block_rows: int = 1 << 20, spec_filename: str = "feature_spec.yaml", overwrite: bool = False,
+                     saved_spec: Optional[FeatureSpec] = None,
+                     tool: str = "recsys_common.synthetic") -> FeatureSpec:
     """Write every mapping in ``num_rows`` under ``output_dir`` in the spec's own chunk types; returns the new spec.
 
-    The spec file is written last, so a directory with a ``feature_spec.yaml`` is always complete.
+    Written through ``recsys_common.io.atomic_directory``: a non-empty ``output_dir`` is refused unless ``overwrite``,
+    which replaces only this tool's earlier outputs there (other files are kept); the spec file is the marker, moved
+    in last, so a directory with a ``feature_spec.yaml`` is always complete, also after a crash part-way through an
+    overwrite. ``saved_spec``: the spec to save instead of ``spec`` (e.g. one keeping ``cardinality: auto``).
     """
+    for mapping in num_rows:
+        if mapping not in spec.source_spec:
+            raise FeatureSpecError(f"{spec.origin}: source_spec has no mapping {mapping!r}")
     out = spec.copy()
+    with atomic_directory(output_dir, overwrite=overwrite, tool=tool, marker=os.path.normpath(spec_filename)) as tmp:
+        out.base_directory = tmp
+        for m_index, (mapping, rows) in enumerate(num_rows.items()):
+            with DatasetWriter(out, mapping) as writer:
+                for b_index, start in enumerate(range(0, rows, block_rows)):
+                    n = min(block_rows, rows - start)
+                    writer.write(generate_columns(out, n, seed, mapping, stream=1000 * (m_index + 1) + b_index))
+        (saved_spec or out).to_yaml(os.path.join(tmp, spec_filename))
     out.base_directory = os.path.abspath(output_dir)
     out.origin = os.path.join(out.base_directory, spec_filename)
-    os.makedirs(out.base_directory, exist_ok=True)
-    for m_index, (mapping, rows) in enumerate(num_rows.items()):
-        if mapping not in out.source_spec:
-            raise FeatureSpecError(f"{spec.origin}: source_spec has no mapping {mapping!r}")
-        with DatasetWriter(out, mapping) as writer:
-            for b_index, start in enumerate(range(0, rows, block_rows)):
-                n = min(block_rows, rows - start)
-                writer.write(generate_columns(out, n, seed, mapping, stream=1000 * (m_index + 1) + b_index))
-    out.to_yaml(out.origin)
     return out
 
 
@@ -176,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated cardinalities of the default spec's categoricals (default 26 x 100000)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the hidden model and of the rows (default 12345)")
     p.add_argument("--block_rows", type=int, default=1 << 20, help="rows generated and written per block")
-    p.add_argument("--overwrite", action="store_true", help="allow writing into an existing non-empty directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --output, replacing this tool's own earlier outputs there (other "
+                        "files are kept; a name taken by another file is refused)")
     return p
 
 
@@ -203,15 +213,13 @@ def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
         spec = FeatureSpec.from_yaml(args.feature_spec)
     else:
         spec = FeatureSpec.get_default_feature_spec(args.num_numerical_features, args.table_sizes)
-    if os.path.isdir(args.output) and os.listdir(args.output) and not args.overwrite:
-        print(f"error: {args.output} exists and is not empty (use --overwrite)", file=sys.stderr)
-        raise SystemExit(2)
     other = args.test_size if args.test_size is not None else max(1, args.size // 10)
     sizes = {m: (args.size if i == 0 or m == "train" else other) for i, m in enumerate(spec.source_spec)}
     if "train" in sizes:
         sizes = {m: (args.size if m == "train" else other) for m in spec.source_spec}
     start = time.perf_counter()
-    out = generate_dataset(spec, args.output, sizes, seed=args.seed, block_rows=args.block_rows)
+    out = generate_dataset(spec, args.output, sizes, seed=args.seed, block_rows=args.block_rows,
+                           overwrite=args.overwrite)
     elapsed = time.perf_counter() - start
     total = sum(sizes.values())
     print(summarize(out))

@@ -26,7 +26,7 @@ import numpy as np
 
 from .datasets import DatasetError, DatasetWriter, read_columns
 from .feature_spec import AUTO, FeatureSpec, FeatureSpecError, is_categorical_channel, smallest_int_dtype
-from .io import atomic_directory
+from .io import atomic_directory, check_output_directory
 
 FORMATS = ("split_binary", "parquet")
 
@@ -95,7 +95,11 @@ def completed_spec(spec_in: FeatureSpec, columns: Dict[str, Dict[str, np.ndarray
 def transcode(input_dir: str, spec_in_path: str, output_dir: str, fmt: str = "split_binary",
               spec_out_name: str = "feature_spec.yaml", chunk_size: int = 65536,
               overwrite: bool = False) -> FeatureSpec:
-    """Convert every mapping; the output directory appears complete or not at all."""
+    """Convert every mapping; the completed spec appears last, over a complete set of files.
+
+    ``output_dir`` may hold other files (even the input): a non-empty one is refused unless ``overwrite``, which
+    replaces only this tool's earlier outputs there (``recsys_common.io.atomic_directory``).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
     spec_in = FeatureSpec.from_yaml(spec_in_path, allow_auto=True)
@@ -111,8 +115,10 @@ def transcode(input_dir: str, spec_in_path: str, output_dir: str, fmt: str = "sp
     for meta in reading.feature_spec.values():
         if meta.get("cardinality") == AUTO:
             meta["cardinality"] = np.iinfo(np.int64).max
+    check_output_directory(output_dir, overwrite)   # before reading the input, which may be long
     columns = {m: read_columns(reading, m, check_values=False) for m in spec_in.source_spec}
-    with atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
+    with atomic_directory(output_dir, overwrite=overwrite, tool="recsys_common.transcode",
+                          marker=os.path.normpath(spec_out_name)) as tmp_dir:
         out = completed_spec(spec_in, columns, fmt, tmp_dir)
         for mapping, cols in columns.items():
             n = len(next(iter(cols.values()))) if cols else 0
@@ -133,12 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="directory the input spec's CSV file paths are relative to")
     p.add_argument("--feature_spec_in", default="feature_spec.yaml",
                    help="input FeatureSpec YAML; a relative name is looked up in --input (default feature_spec.yaml)")
-    p.add_argument("--output", required=True, help="output dataset directory (must not exist or be empty)")
+    p.add_argument("--output", required=True,
+                   help="output dataset directory: new or empty unless --overwrite (other files there are kept)")
     p.add_argument("--feature_spec_out", default="feature_spec.yaml",
                    help="name of the completed spec written in --output (default feature_spec.yaml)")
     p.add_argument("--format", choices=FORMATS, default="split_binary", help="output format (default split_binary)")
     p.add_argument("--chunk_size", type=int, default=65536, help="rows written per block (default 65536)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --output, replacing this tool's own earlier outputs there (other "
+                        "files, such as the input, are kept; a name taken by another file is refused)")
     return p
 
 

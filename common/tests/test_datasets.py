@@ -79,6 +79,26 @@ def test_transcode_output_is_all_or_nothing(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".bin")], "temporary output left behind"
 
 
+def test_transcode_into_its_input_directory_keeps_the_input_and_the_users_notes(tmp_path):
+    """The issue's scenario: --output is the directory holding the input CSVs, their spec and notes.txt."""
+    from recsys_common import transcode as transcode_module
+    from recsys_common.io import OutputDirectoryError
+    raw, columns = _csv_dataset(tmp_path)
+    (raw / "notes.txt").write_text("my notes")
+    inputs = {name: (raw / name).read_bytes() for name in ("train.csv", "test.csv", "spec.yaml", "notes.txt")}
+    args = ["--input", str(raw), "--feature_spec_in", "spec.yaml", "--output", str(raw)]
+    with pytest.raises(OutputDirectoryError, match="not empty"):
+        transcode_module.main(args)
+    with pytest.raises(OutputDirectoryError, match="spec.yaml: exists and was not written by this tool"):
+        transcode_module.main(args + ["--overwrite", "--feature_spec_out", "spec.yaml"])   # would clobber the input
+    for _ in range(2):   # the second --overwrite replaces the first run's outputs
+        out = transcode_module.main(args + ["--overwrite"])
+    assert {name: (raw / name).read_bytes() for name in inputs} == inputs
+    spec = FeatureSpec.from_yaml(str(raw / "feature_spec.yaml"), check_files=True)
+    np.testing.assert_array_equal(read_columns(spec, "train")["cat_1"], columns["train"]["cat_1"])
+    assert out.origin == str(raw / "feature_spec.yaml")
+
+
 def test_csv_with_wrong_column_count_names_the_file(tmp_path):
     raw, _ = _csv_dataset(tmp_path)
     with open(raw / "train.csv", "a") as f:

@@ -7,6 +7,7 @@ import pytest
 from recsys_common import synthetic
 from recsys_common.datasets import open_reader, read_columns
 from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+from recsys_common.io import OutputDirectoryError
 
 
 def _spec():
@@ -100,9 +101,65 @@ def test_cli_default_criteo_spec(tmp_path, capsys):
 
 def test_cli_refuses_non_empty_output(tmp_path):
     (tmp_path / "x").write_text("keep me")
-    with pytest.raises(SystemExit):
+    with pytest.raises(OutputDirectoryError, match="not empty"):
         synthetic.main(["--output", str(tmp_path), "--size", "10"])
     assert (tmp_path / "x").read_text() == "keep me"
+
+
+def _files(directory):
+    return {os.path.relpath(os.path.join(r, n), directory): open(os.path.join(r, n), "rb").read()
+            for r, _, names in os.walk(directory) for n in names}
+
+
+def test_cli_overwrite_keeps_the_input_spec_and_the_users_notes(tmp_path):
+    """The issue's scenario: the output directory holds the input (here the spec) and notes.txt."""
+    _spec().to_yaml(str(tmp_path / "my_spec.yaml"))
+    (tmp_path / "notes.txt").write_text("my notes")
+    args = ["--feature_spec", str(tmp_path / "my_spec.yaml"), "--output", str(tmp_path), "--size", "100"]
+    with pytest.raises(OutputDirectoryError, match="not empty.*--overwrite"):
+        synthetic.main(args)
+    synthetic.main(args + ["--overwrite"])
+    out = synthetic.main(args + ["--overwrite", "--size", "50"])          # a re-run replaces its own outputs
+    assert (tmp_path / "notes.txt").read_text() == "my notes"
+    assert FeatureSpec.from_yaml(str(tmp_path / "my_spec.yaml")).to_dict() == _spec().to_dict()
+    assert len(read_columns(out, "train")["click"]) == 50
+
+
+def test_a_failure_part_way_through_an_overwrite_never_mixes_old_and_new_files(tmp_path, monkeypatch):
+    out_dir = tmp_path / "ds"
+    synthetic.generate_dataset(_spec(), str(out_dir), {"train": 300, "test": 50}, seed=2)
+    before = _files(out_dir)
+    real_write = synthetic.DatasetWriter.write
+
+    def fail_on_test(self, columns):   # the train mapping is written, then the generator dies
+        if self.mapping == "test":
+            raise OSError("disk full")
+        real_write(self, columns)
+
+    monkeypatch.setattr(synthetic.DatasetWriter, "write", fail_on_test)
+    with pytest.raises(OSError, match="disk full"):
+        synthetic.generate_dataset(_spec(), str(out_dir), {"train": 200, "test": 20}, seed=3, overwrite=True)
+    assert _files(out_dir) == before                 # the old dataset, whole and untouched
+    monkeypatch.setattr(synthetic.DatasetWriter, "write", real_write)
+
+    real_replace, moved = os.replace, []
+
+    def crash_after_first_move(src, dst):           # the process dies while moving the new files in
+        if ".recsys_tmp-" in str(src) and ".recsys_tmp-" not in str(dst):
+            moved.append(dst)
+            if len(moved) == 2:
+                raise OSError("killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_after_first_move)
+    with pytest.raises(OSError, match="killed"):
+        synthetic.generate_dataset(_spec(), str(out_dir), {"train": 200, "test": 20}, seed=3, overwrite=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    after = _files(out_dir)
+    assert "feature_spec.yaml" not in after          # not a dataset any more: no old spec over new files
+    assert not any(after.get(name) == data for name, data in before.items() if name != ".recsys_outputs.json")
+    out = synthetic.generate_dataset(_spec(), str(out_dir), {"train": 200, "test": 20}, seed=3, overwrite=True)
+    assert len(read_columns(out, "train")["click"]) == 200 and len(read_columns(out, "test")["click"]) == 20
 
 
 def test_auto_cardinality_is_refused():
