@@ -62,4 +62,4 @@ def test_two_processes_match_one_and_checkpoints_move(small_dataset, tmp_path):
     single = main(base("single.json", "--mode", "test", "--embedding_type", "torchrec_fused",
                        "--load_checkpoint_path", str(tmp_path / "tw")))
     assert single["auc"] == pytest.approx(tw["auc"], abs=1e-6)
-    assert os.path.isfile(tmp_path / "tw" / "meta.json")
+    assert os.path.isfile(tmp_path / "tw" / "step_000000020" / "meta.json")  # the final checkpoint, at step 20

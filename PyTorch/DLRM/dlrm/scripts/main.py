@@ -81,8 +81,17 @@ def _define_flags(f: flags.FlagValues) -> None:
     d.DEFINE_integer("num_numerical_features", 13, "Number of numerical features in the dataset. Defaults to 13 "
                      "for the Criteo Terabyte Dataset (the FeatureSpec's numerical channel is checked against it)",
                      flag_values=f)
-    d.DEFINE_string("load_checkpoint_path", None, "Path from which to load a checkpoint", flag_values=f)
-    d.DEFINE_string("save_checkpoint_path", None, "Path to which to save the training checkpoints", flag_values=f)
+    d.DEFINE_string("load_checkpoint_path", None, "Path from which to load a checkpoint: one checkpoint, or a "
+                    "--save_checkpoint_path directory (its newest complete checkpoint); --mode train resumes from it",
+                    flag_values=f)
+    d.DEFINE_string("save_checkpoint_path", None, "Directory to which to save the training checkpoints "
+                    "(step_<N>/ per checkpoint; the final one when training ends)", flag_values=f)
+    d.DEFINE_integer("checkpoint_every_steps", None, "Also save a checkpoint every this many optimization steps "
+                     "(needs --save_checkpoint_path)", flag_values=f)
+    d.DEFINE_float("checkpoint_every_minutes", None, "Also save a checkpoint when this many minutes have passed "
+                   "since the last one (needs --save_checkpoint_path)", flag_values=f)
+    d.DEFINE_integer("keep_checkpoints", 2, "Keep only the newest this many checkpoints in --save_checkpoint_path "
+                     "(0 keeps all)", flag_values=f)
     d.DEFINE_string("log_path", "./log.json", "Destination for the log file with various results and statistics",
                     flag_values=f)
     d.DEFINE_integer("test_freq", None,
@@ -242,7 +251,9 @@ def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------------------- training
-def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start: Dict[str, int]) -> Dict[str, Any]:
+def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start: Dict[str, Any],
+          checkpoints=None) -> Dict[str, Any]:
+    """Train from position ``start`` (empty, or a checkpoint's); ``checkpoints``: a ``CheckpointSaver`` or None."""
     import torch
     from dlrm.utils.distributed import barrier
     from dlrm.utils.lr_schedule import LearningRateSchedule
@@ -253,8 +264,8 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     global_step = start.get("global_step", 0)
     epoch = start.get("epoch", 0)
     step_in_epoch = start.get("step_in_epoch", 0)
-    if step_in_epoch >= steps_per_epoch:
-        epoch, step_in_epoch = epoch + 1, 0
+    # A checkpoint taken at an epoch's last step (step_in_epoch == steps_per_epoch) resumes into that epoch's end:
+    # the loop below then reads no batch and runs the end-of-epoch evaluation the killed run may not have reached.
     max_steps = args.max_steps
     results: Dict[str, Any] = {"evaluations": []}
     timed_steps, timed_start = 0, None
@@ -262,13 +273,29 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     last_eval_step = -1
     loss_accumulator = torch.zeros((), device=ctx.device)
     loss_count = 0
+    window = start.get("loss_window")
+    if window:  # the unprinted losses of the killed run, so the next printed mean is the uninterrupted run's
+        sums = window["sums"]
+        own = sums[ctx.rank] if len(sums) == ctx.world_size else sum(sums) / len(sums)
+        loss_accumulator.fill_(own)
+        loss_count = int(window["count"])
+    nonfinite = _NonFiniteLoss(ctx.device, checkpoints)
     last_print = time.perf_counter()
     graphs = _maybe_graph_mlps(args, ctx, trainable, amp, train_data)
     if args.benchmark_warmup_steps == 0:
         timed_start = time.perf_counter()
 
+    def position() -> Dict[str, Any]:
+        """Where training stands, to resume from: data position (the LR schedule follows global_step) and the
+        losses accumulated since the last print, per process (collective)."""
+        from dlrm.utils.distributed import all_gather_1d
+        sums = all_gather_1d(loss_accumulator.reshape(1).double()).tolist()
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
+                "loss_window": {"sums": sums, "count": loss_count}}
+
     def run_eval(tag_step: int, tag_epoch: int) -> bool:
         nonlocal last_eval_step
+        nonfinite.check()
         last_eval_step = tag_step
         metrics = evaluate(trainable, test_data(), amp)
         results["evaluations"].append({"step": tag_step, **metrics})
@@ -291,6 +318,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
             (amp.scaler.scale(loss) if amp.scaler is not None else loss).backward()
             trainable.step(amp.scaler)  # the scaler steps only optimizers with .grad (not TorchRec's fused one)
             loss_accumulator += loss.detach()
+            nonfinite.record(loss, global_step)
             loss_count += 1
             if args.benchmark_warmup_steps and global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
                 _sync(ctx.device)
@@ -298,6 +326,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
             elif timed_start is not None:
                 timed_steps += 1
             if args.print_freq and global_step % args.print_freq == 0:
+                nonfinite.check()
                 now = time.perf_counter()
                 mean_loss = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
                 step_time = (now - last_print) / loss_count
@@ -319,6 +348,9 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
                     logger.log(step=(epoch, global_step), data={"early_stop": f"AUC >= {args.auc_threshold}"})
                     stop = True
                     break
+            if checkpoints is not None and checkpoints.due(global_step):
+                nonfinite.check()  # never save weights a non-finite loss has touched
+                checkpoints.save(position())
         else:  # epoch finished
             epoch += 1
             step_in_epoch = 0
@@ -328,6 +360,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
             continue
         break
     _sync(ctx.device)
+    nonfinite.check()
     if loss_count:
         results["train_loss"] = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
     if timed_start is not None and timed_steps > 0:
@@ -337,9 +370,50 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     if last_eval_step != global_step and (args.max_steps is None or global_step > 0 or args.mode == "train"):
         run_eval(global_step, epoch)
     results["global_step"] = global_step
-    results["position"] = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step}
+    results["position"] = position()
     barrier()
     return results
+
+
+class _NonFiniteLoss:
+    """Stops training at a NaN or infinite loss, naming the step, before any later evaluation or checkpoint.
+
+    On the CPU every step's loss is checked at once (reading it costs nothing there). On CUDA a per-step check would
+    stall the GPU on a host sync each step, so the first bad step is recorded on the device and checked at the points
+    that sync anyway: every --print_freq, before each evaluation and checkpoint, and at the end. Training may then go
+    on a few steps past the NaN, but nothing is saved from them: the newest checkpoint predates the bad step.
+    """
+
+    def __init__(self, device, checkpoints=None):
+        import torch
+        self.per_step = device.type != "cuda"
+        self.checkpoints = checkpoints
+        self._step = torch.zeros((), dtype=torch.int64, device=device)
+        self._first_bad = torch.zeros((), dtype=torch.int64, device=device)  # 0: none (steps count from 1)
+
+    def record(self, loss, global_step: int) -> None:
+        import torch
+        if self.per_step:
+            if not bool(torch.isfinite(loss).item()):
+                self._fail(global_step, float(loss.item()))
+            return
+        self._step.fill_(global_step)  # a kernel argument: no host-to-device copy, no sync
+        bad = (self._first_bad == 0) & ~torch.isfinite(loss.detach())
+        self._first_bad = torch.where(bad, self._step, self._first_bad)
+
+    def check(self) -> None:
+        if not self.per_step:
+            step = int(self._first_bad.item())
+            if step:
+                self._fail(step, None)
+
+    def _fail(self, step: int, value) -> None:
+        what = f"became {value}" if value is not None else "became NaN or infinite"
+        kept = ""
+        if self.checkpoints is not None and self.checkpoints.last_path:
+            kept = f"; the last good checkpoint, from step {self.checkpoints.last_step}, is {self.checkpoints.last_path}"
+        raise FloatingPointError(f"training loss {what} at step {step}: the model diverged (lower --lr or lengthen "
+                                 f"--warmup_steps); nothing was saved after it{kept}")
 
 
 def _mean_over_ranks(total: float, count: int, device) -> float:
@@ -446,27 +520,36 @@ def run(args) -> Dict[str, Any]:
                        "world_size": ctx.world_size, "amp_dtype_used": amp.dtype_name,
                        "table_sizes": table_sizes})
         logger.log_parameters(params)
-        start: Dict[str, int] = {}
+        start: Dict[str, Any] = {}
+        training = {"batch_size": args.batch_size, "lr": args.lr}
+        resumed_from = None
         if args.load_checkpoint_path:
+            # A different model configuration is refused (naming the field); a changed batch size, learning rate or
+            # world size only warns. Resuming also restores optimizers, loss scaler and every process's RNG state.
             meta = checkpointing.load_checkpoint(args.load_checkpoint_path, trainable, amp.scaler,
-                                                 load_optimizer=args.mode == "train")
+                                                 load_optimizer=args.mode == "train", config=config.to_dict(),
+                                                 training=training if args.mode == "train" else None,
+                                                 rank=ctx.rank, world_size=ctx.world_size)
             if args.mode == "train":
                 start = dict(meta["position"])
+                resumed_from = meta["path"]
+                logger.log(step=(start.get("epoch", 0), start.get("global_step", 0)),
+                           data={"resumed_from": resumed_from})
+        saver = _checkpoint_saver(args, ctx, trainable, amp, config.to_dict(), training, resumed_from)
         results: Dict[str, Any] = {"mode": args.mode, "embedding_type": embedding_type,
                                    "world_size": ctx.world_size, "device": str(ctx.device),
                                    "amp": amp.dtype_name}
         if args.mode in ("train", "test"):
             test_data()  # open (and so check) the test mapping before spending time on training
         if args.mode == "train":
-            results.update(train(args, ctx, trainable, amp, train_data(), test_data, logger, start))
+            results.update(train(args, ctx, trainable, amp, train_data(), test_data, logger, start, saver))
             if results["evaluations"]:
                 last = results["evaluations"][-1]
                 results["auc"], results["test_loss"] = last["auc"], last["loss"]
                 results["test_samples"] = last["samples"]
                 results["best_auc"] = max(e["auc"] for e in results["evaluations"])
-            if args.save_checkpoint_path:
-                checkpointing.save_checkpoint(args.save_checkpoint_path, trainable, config.to_dict(),
-                                              results["position"], ctx.rank, ctx.world_size, amp.scaler)
+            if saver is not None:  # the final checkpoint (no second copy when the last step was just saved)
+                results["checkpoint"] = saver.save(results["position"])
         elif args.mode == "test":
             metrics = evaluate(trainable, test_data(), amp)
             results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"]})
@@ -478,6 +561,28 @@ def run(args) -> Dict[str, Any]:
     finally:
         logger.close()
         teardown(ctx)
+
+
+def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], training: Dict[str, Any],
+                      resumed_from: Optional[str]):
+    """The ``CheckpointSaver`` of a training run with --save_checkpoint_path, else None (checking the flags)."""
+    from dlrm.utils import checkpointing
+    periodic = args.checkpoint_every_steps is not None or args.checkpoint_every_minutes is not None
+    if args.mode != "train" or not args.save_checkpoint_path:
+        if periodic and args.mode == "train":
+            raise ValueError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
+        return None
+    root = args.save_checkpoint_path
+    existing = checkpointing.list_checkpoints(root)
+    # Checkpoints of another run in the same directory would interleave with ours, and resuming from the directory
+    # would pick whichever has the highest step: only the run resumed from the newest of them may add to it.
+    if existing and (resumed_from is None or os.path.realpath(resumed_from) != os.path.realpath(existing[-1][1])):
+        raise checkpointing.CheckpointError(
+            f"{root}: already holds checkpoints of another run (newest: {existing[-1][1]}); pass "
+            f"--load_checkpoint_path {root} to resume that run, or choose a new --save_checkpoint_path")
+    return checkpointing.CheckpointSaver(root, trainable, config, training, ctx.rank, ctx.world_size, ctx.device,
+                                         amp.scaler, args.checkpoint_every_steps, args.checkpoint_every_minutes,
+                                         args.keep_checkpoints)
 
 
 def parse(argv: Optional[Sequence[str]]) -> SimpleNamespace:

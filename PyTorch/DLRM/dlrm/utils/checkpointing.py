@@ -1,23 +1,40 @@
-"""Checkpoints that do not depend on the number of processes or the embedding implementation.
+"""Checkpoints that survive a crash and do not depend on the number of processes or the embedding implementation.
 
-A checkpoint is a directory, written under a temporary name and renamed into place only when complete
-(``recsys_common.io.atomic_directory``), so a crash never leaves a half-written checkpoint:
+``--save_checkpoint_path ROOT`` is a directory of checkpoints, one per saved training step, each complete or absent:
 
-    meta.json                 format version, model config, training position (epoch, step), world size at save
-    dense.pt                  MLP weights, dense-optimizer state, loss-scaler state, RNG states (torch.save;
-                              loaded with weights_only=True)
-    embeddings/<i>.npy        table i, whole, float32 [rows, dim] (np.save; loaded memory-mapped)
-    embedding_optimizer.pt    per-table optimizer state when there is any (Adam moments), whole tables
+    ROOT/step_000000040/
+        meta.json              written last: format version, model config, training position and flags, world size
+        dense.pt               dense-optimizer and loss-scaler state, scalar optimizer state (torch.save; loaded with
+                               weights_only=True)
+        rng.pt                 every process's RNG states (torch, CUDA, numpy, random), in rank order
+        model/                 torch.distributed.checkpoint (DCP): MLP weights, embedding tables and their optimizer
+                               state, each process writing only its own shards (.metadata + __<rank>_0.distcp)
+    ROOT/step_000000080/       ...the newest --keep_checkpoints are kept; the last one is the final checkpoint
 
-Sharded tables (TorchRec ``ShardedTensor``) are assembled from their shards by a sum-reduce to rank 0 (shards are
-disjoint, the rest is zeros), and on load every process copies just the rows and columns of its own shards out of
-the memory-mapped file. So a checkpoint saved by N processes loads on M, table-wise or row-wise, TorchRec or plain.
+A checkpoint is written into a temporary sibling directory (``recsys_common.io.atomic_directory``), every file
+fsync'd, and renamed into place only when complete; meta.json is written last. A crash (SIGKILL, preemption) mid-write
+leaves only a ``.step_*.tmp-*`` directory, which is ignored and removed by the next save.
+
+Tables are saved shard by shard: a TorchRec ``ShardedTensor`` writes just the rows and columns of this process's
+shards (no process ever holds a whole table it does not own), plain tables are written once (DCP deduplicates
+replicated tensors). Loading reshards: each process reads just the parts of the files that overlap its own shards,
+so a checkpoint saved by N processes loads on M, table-wise or row-wise, TorchRec or plain ``EmbeddingBag`` tables.
+
+DCP stores its index (``.metadata``) as a pickle; it is read here with an unpickler that accepts only DCP's own
+metadata classes, so a checkpoint from elsewhere cannot run code (as ``torch.load(weights_only=True)`` for the rest).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-from typing import Any, Dict, Optional
+import pickle
+import random
+import re
+import shutil
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,117 +42,56 @@ import torch.distributed as dist
 
 from recsys_common.io import atomic_directory
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
+# Model configuration fields that must match to load a checkpoint (a mismatch is refused, naming the field).
+CONFIG_FIELDS = ("num_numerical_features", "table_sizes", "embedding_dim", "bottom_mlp_sizes", "top_mlp_sizes",
+                 "interaction_op", "self_interaction", "hash_indices")
+# Training settings that may change on resume, with a warning (the run then no longer equals an uninterrupted one).
+TRAINING_FIELDS = ("batch_size", "lr", "world_size")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete, or does not match the model; names the file."""
 
 
+def checkpoint_name(global_step: int) -> str:
+    return f"step_{global_step:09d}"
+
+
 def _is_sharded(value: Any) -> bool:
     return hasattr(value, "local_shards") and hasattr(value, "metadata")
 
 
-def _shard_slices(shard) -> tuple:
-    return tuple(slice(o, o + s) for o, s in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes))
+def _local_tensors(value: Any) -> List[torch.Tensor]:
+    return [shard.tensor for shard in value.local_shards()] if _is_sharded(value) else [value]
 
 
-def gather_full(value: Any, rank: int) -> Optional[torch.Tensor]:
-    """The whole tensor on rank 0 (``None`` elsewhere); a collective for sharded tensors."""
-    if not _is_sharded(value):
-        return value.detach().to("cpu", torch.float32 if value.is_floating_point() else value.dtype)
-    shards = value.local_shards()
-    device = shards[0].tensor.device if shards else torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    full = torch.zeros(tuple(value.size()), dtype=torch.float32, device=device)
-    for shard in shards:
-        full[_shard_slices(shard)] = shard.tensor.to(device, torch.float32)
-    dist.reduce(full, dst=0, op=dist.ReduceOp.SUM)
-    return full.cpu() if rank == 0 else None
+# ------------------------------------------------------------------------------------------------ finding checkpoints
+def list_checkpoints(root: str) -> List[Tuple[int, str]]:
+    """Complete checkpoints (with meta.json) directly under ``root``, as ``(step, path)``, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = CHECKPOINT_PATTERN.match(name)
+        path = os.path.join(root, name)
+        if match and os.path.isfile(os.path.join(path, "meta.json")):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
 
 
-def load_into(target: Any, source: np.ndarray, where: str) -> None:
-    """Copy ``source`` (whole tensor, maybe memory-mapped) into ``target`` (plain tensor or this rank's shards)."""
-    shape = tuple(target.size()) if _is_sharded(target) else tuple(target.shape)
-    if tuple(source.shape) != shape:
-        raise CheckpointError(f"{where}: shape {tuple(source.shape)} in the checkpoint, but the model has {shape} "
-                              f"(a different --embedding_dim, table size or MLP size?)")
-    with torch.no_grad():
-        if _is_sharded(target):
-            for shard in target.local_shards():
-                block = np.array(source[_shard_slices(shard)], dtype=np.float32)
-                shard.tensor.copy_(torch.from_numpy(block).to(shard.tensor.dtype))
-        else:
-            target.copy_(torch.from_numpy(np.array(source)).to(target.dtype))
-
-
-def save_checkpoint(path: str, trainable, config: Dict[str, Any], position: Dict[str, Any], rank: int,
-                    world_size: int, scaler=None) -> None:
-    """Collective: every rank calls it; rank 0 writes ``path`` atomically."""
-    state = trainable.state_dict()
-    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
-    tables: Dict[int, torch.Tensor] = {}
-    dense: Dict[str, torch.Tensor] = {}
-    for key in sorted(state):  # same order on every rank: the gathers are collectives
-        value = state[key]
-        if key in table_index:
-            full = gather_full(value, rank)
-            if rank == 0:
-                tables[table_index[key]] = full
-        elif rank == 0:
-            dense[key] = value.detach().cpu()
-    missing = sorted(set(trainable.table_state_keys) - set(state))
-    if missing:
-        raise CheckpointError(f"model state has no embedding table(s) {missing}")
-    embedding_optimizer_state = _embedding_optimizer_state(trainable, rank)
-    if rank != 0:
-        _barrier()
-        return
-    payload = {
-        "model": dense,
-        "dense_optimizer": trainable.dense_optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": {"torch": torch.get_rng_state()},
-    }
-    meta = {"format_version": FORMAT_VERSION, "config": config, "position": position, "world_size": world_size,
-            "embedding_type": trainable.embedding_type, "num_tables": len(trainable.table_state_keys)}
-    with atomic_directory(path, overwrite=True) as tmp:
-        os.makedirs(os.path.join(tmp, "embeddings"))
-        for i, table in tables.items():
-            np.save(os.path.join(tmp, "embeddings", f"{i}.npy"), table.numpy(), allow_pickle=False)
-        torch.save(payload, os.path.join(tmp, "dense.pt"))
-        if embedding_optimizer_state:
-            torch.save(embedding_optimizer_state, os.path.join(tmp, "embedding_optimizer.pt"))
-        with open(os.path.join(tmp, "meta.json"), "w") as f:  # last: its presence marks a complete checkpoint
-            json.dump(meta, f, indent=2, sort_keys=True)
-    _barrier()
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _embedding_optimizer_state(trainable, rank: int) -> Dict[str, Any]:
-    """Whole-table optimizer state: plain optimizers' state_dict, or the fused optimizer's sharded states gathered."""
-    optimizer = trainable.embedding_optimizer
-    if optimizer is None:
-        return {}
-    if trainable.embedding_type == "multi_table":
-        state = optimizer.state_dict()
-        return {"kind": "torch", "state": state} if state.get("state") else {}
-    fused_state = optimizer.state_dict().get("state", {})
-    out: Dict[str, Any] = {}
-    for param_key in sorted(fused_state):
-        for name in sorted(fused_state[param_key]):
-            value = fused_state[param_key][name]
-            if not torch.is_tensor(value) and not _is_sharded(value):
-                continue
-            full = gather_full(value, rank)
-            if rank == 0:
-                out[f"{param_key}/{name}"] = full
-    return {"kind": "fused", "state": out} if out else {}
+def resolve_checkpoint(path: str) -> str:
+    """``path`` itself when it is one checkpoint, else the newest complete checkpoint under it."""
+    newest = list_checkpoints(path)
+    if newest:
+        return newest[-1][1]
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return path
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: checkpoint not found")
+    raise CheckpointError(f"{path}: no complete checkpoint in it (neither meta.json nor step_<N>/meta.json; a "
+                          f"checkpoint interrupted while being written is ignored)")
 
 
 def read_meta(path: str) -> Dict[str, Any]:
@@ -144,55 +100,434 @@ def read_meta(path: str) -> Dict[str, Any]:
         raise CheckpointError(f"{path}: not a complete checkpoint ({meta_path} is missing)")
     with open(meta_path) as f:
         meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{meta_path}: checkpoint format {meta.get('format_version')}, this code reads "
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        hint = (" (whole tables as embeddings/<i>.npy, written before periodic and sharded checkpoints; load it with "
+                "that older release and train one step to re-save it)" if version == 1 else "")
+        raise CheckpointError(f"{meta_path}: checkpoint format {version}{hint}; this code reads format "
                               f"{FORMAT_VERSION}")
     return meta
 
 
-def load_checkpoint(path: str, trainable, scaler=None,
-                    load_optimizer: bool = True) -> Dict[str, Any]:
-    """Load ``path`` into ``trainable`` (any process count, any embedding type); returns ``meta.json``."""
+def check_config(meta: Dict[str, Any], config: Dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint of a differently shaped or configured model, naming the first differing field."""
+    saved = meta.get("config", {})
+    for field in CONFIG_FIELDS:
+        if field in saved and field in config and saved[field] != config[field]:
+            flag = {"table_sizes": "table sizes (dataset cardinalities or --max_table_size)",
+                    "num_numerical_features": "number of numerical features"}.get(field, f"--{field}")
+            raise CheckpointError(f"{where}/meta.json: the checkpoint's model has {field} = {saved[field]!r} but "
+                                  f"the flags give {config[field]!r}; a checkpoint loads only into the same model "
+                                  f"(differing: {flag})")
+
+
+def warn_training_changes(meta: Dict[str, Any], training: Dict[str, Any], where: str) -> None:
+    saved = meta.get("training", {})
+    changed = [f"{k} {saved[k]} -> {training[k]}" for k in TRAINING_FIELDS
+               if k in saved and k in training and saved[k] != training[k]]
+    if changed:
+        warnings.warn(f"{where}: resuming with {', '.join(changed)}; training goes on, but it no longer equals an "
+                      f"uninterrupted run (batch order and learning rate schedule follow the new values)",
+                      stacklevel=2)
+
+
+# ------------------------------------------------------------------------------------------- state <-> DCP state dict
+def _tensor_state(trainable) -> Dict[str, Any]:
+    """Tensors to save/load through DCP, under names independent of the embedding type and wrappers."""
+    state = trainable.state_dict()
+    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
+    missing = sorted(set(table_index) - set(state))
+    if missing:
+        raise CheckpointError(f"model state has no embedding table(s) {missing}")
+    out: Dict[str, Any] = {}
+    for key, value in state.items():
+        out[f"tables/{table_index[key]}" if key in table_index else f"dense/{key}"] = value
+    return out
+
+
+def _fused_optimizer_state(trainable) -> Dict[str, Any]:
+    """The fused (TorchRec) optimizer's per-table state tensors, sharded like the tables, keyed by table index."""
+    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
+    fused_state = trainable.embedding_optimizer.state_dict().get("state", {})
+    out = {}
+    for param_key, entries in fused_state.items():
+        canonical = _canonical_key(param_key)
+        if canonical not in table_index:
+            continue
+        for name, value in entries.items():
+            if torch.is_tensor(value) or _is_sharded(value):
+                out[f"embedding_optimizer/{table_index[canonical]}/{name}"] = value
+    return out
+
+
+def _canonical_key(key: str) -> str:
+    for prefix in ("_dmp_wrapped_module.", "module."):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def _split_torch_optimizer(optimizer) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """A torch optimizer's state as (large per-table tensors for DCP, the rest for dense.pt)."""
+    state = optimizer.state_dict()
+    tensors, small = {}, {"param_groups": state["param_groups"], "state": {}}
+    for index, entries in state["state"].items():
+        small["state"][index] = {}
+        for name, value in entries.items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                tensors[f"embedding_optimizer/{index}/{name}"] = value
+                small["state"][index][name] = None  # placeholder: the tensor is in model/
+            else:
+                small["state"][index][name] = value
+    return tensors, small
+
+
+# ----------------------------------------------------------------------------------------------------------- saving
+def all_finite(trainable) -> bool:
+    """Whether every weight this process holds (its shards) is finite; agreed over processes."""
+    flags = [torch.isfinite(t).all() for value in trainable.state_dict().values() for t in _local_tensors(value)
+             if torch.is_tensor(t) and t.is_floating_point()]
+    ok = torch.stack(flags).all() if flags else torch.tensor(True)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        ok = ok.to(torch.int32)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict[str, Any], rank: int,
+                    world_size: int, scaler=None, training: Optional[Dict[str, Any]] = None,
+                    keep: Optional[int] = None) -> str:
+    """Collective: every process calls it. Writes ``root/step_<global_step>`` atomically; returns its path.
+
+    ``keep``: afterwards remove all but the newest ``keep`` checkpoints under ``root`` (only ``step_<N>``
+    directories, never other files). Raises ``FloatingPointError`` instead of saving non-finite weights.
+    """
+    import torch.distributed.checkpoint as dcp
+    if not all_finite(trainable):
+        raise FloatingPointError(f"the weights at step {position.get('global_step')} are NaN or infinite; not "
+                                 f"saving them over the last good checkpoint in {root}")
+    path = os.path.join(root, checkpoint_name(int(position["global_step"])))
+    tensors = _tensor_state(trainable)
+    small_embedding_optimizer = None
+    optimizer = trainable.embedding_optimizer
+    optimizer_kind = None
+    if optimizer is not None:
+        if trainable.embedding_type == "torchrec_fused":
+            optimizer_kind = "fused"
+            tensors.update(_fused_optimizer_state(trainable))
+        else:
+            optimizer_kind = "torch"
+            big, small_embedding_optimizer = _split_torch_optimizer(optimizer)
+            tensors.update(big)
+    rng_states = _gather(_rng_state(), world_size)
+    group = dist.is_available() and dist.is_initialized()
+    if rank == 0:
+        os.makedirs(root, exist_ok=True)
+        _remove_stale_temporaries(root)
+        context = atomic_directory(path, overwrite=True)
+        tmp = context.__enter__()
+    else:
+        context, tmp = None, None
+    try:
+        if group and world_size > 1:
+            holder = [tmp]
+            dist.broadcast_object_list(holder, src=0)  # every process writes its shards into rank 0's temp dir
+            tmp = holder[0]
+        # DCP: each process writes its own shards (fsync'd: sync_files), rank 0 the index, after all wrote
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "model"), sync_files=True))
+        if rank == 0:
+            _save_torch(os.path.join(tmp, "dense.pt"), {
+                "dense_optimizer": trainable.dense_optimizer.state_dict(),
+                "embedding_optimizer": small_embedding_optimizer,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+            })
+            _save_torch(os.path.join(tmp, "rng.pt"), {"per_rank": rng_states})
+            meta = {"format_version": FORMAT_VERSION, "config": config, "position": position,
+                    "world_size": world_size, "training": dict(training or {}, world_size=world_size),
+                    "embedding_type": trainable.embedding_type, "num_tables": len(trainable.table_state_keys),
+                    "embedding_optimizer": optimizer_kind, "saved_at": time.time()}
+            _write_json_synced(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks a complete one
+            _fsync_tree(tmp)
+    except BaseException as e:
+        if context is not None:
+            context.__exit__(type(e), e, e.__traceback__)
+        raise
+    if context is not None:
+        context.__exit__(None, None, None)  # rename into place
+        _fsync_dir(root)
+        if keep:
+            prune_checkpoints(root, keep)
+    _barrier()
+    return path
+
+
+def prune_checkpoints(root: str, keep: int) -> List[str]:
+    """Remove all but the newest ``keep`` complete checkpoints under ``root``; returns the removed paths."""
+    removed = [path for _, path in list_checkpoints(root)[:-keep]] if keep > 0 else []
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _remove_stale_temporaries(root: str) -> None:
+    """Remove ``.step_<N>.tmp-*`` directories: checkpoints a killed run did not finish writing (ours only)."""
+    for name in os.listdir(root):
+        if re.match(r"^\.step_\d+(\.old)?\.tmp-", name):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _save_torch(path: str, payload: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json_synced(path: str, data: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync the directories (the files were fsync'd when written), so the renamed checkpoint is on disk whole."""
+    for directory, _, _ in os.walk(path):
+        _fsync_dir(directory)
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _gather(obj: Any, world_size: int) -> List[Any]:
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        out: List[Any] = [None] * world_size
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+# ----------------------------------------------------------------------------------------------------------- RNG
+def _rng_state() -> Dict[str, Any]:
+    """This process's random states as tensors and numbers (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                       "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+             "python": {"version": int(py_state[0]), "state": torch.tensor(py_state[1], dtype=torch.int64),
+                        "gauss_next": py_state[2]}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    numpy = state["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(int(v) for v in python["state"].tolist()), python["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ----------------------------------------------------------------------------------------------------------- loading
+_DCP_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata", "ChunkStorageMetadata",
+        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+     ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` index only: DCP's dataclasses, torch dtypes and sizes, nothing callable."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _DCP_METADATA_CLASSES or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                          torch.dtype)):
+            return super().find_class(module, name)
+        raise CheckpointError(f"checkpoint index refers to {module}.{name}, which a checkpoint index never holds; "
+                              f"refusing to load it (a tampered or foreign file?)")
+
+
+def _safe_reader(path: str):
+    from torch.distributed.checkpoint import FileSystemReader
+    metadata_file = os.path.join(path, ".metadata")
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            if not os.path.isfile(metadata_file):
+                raise CheckpointError(f"{metadata_file}: missing (an incomplete checkpoint?)")
+            with open(metadata_file, "rb") as f:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            for info in (metadata.storage_data or {}).values():
+                relative = str(info.relative_path)
+                if os.path.basename(relative) != relative or relative in ("", ".", ".."):
+                    raise CheckpointError(f"{metadata_file}: data file {relative!r} is outside the checkpoint")
+            from torch.distributed.checkpoint.metadata import StorageMeta
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def _saved_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
+    """Name -> shape of every tensor in a checkpoint's DCP index."""
+    metadata = _safe_reader(os.path.join(path, "model")).read_metadata()
+    return {key: tuple(md.size) for key, md in metadata.state_dict_metadata.items() if hasattr(md, "size")}
+
+
+def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = True,
+                    config: Optional[Dict[str, Any]] = None, training: Optional[Dict[str, Any]] = None,
+                    rank: int = 0, world_size: int = 1) -> Dict[str, Any]:
+    """Load checkpoint ``path`` (one checkpoint, or a directory of them: the newest) into ``trainable``.
+
+    Any process count, any embedding type. ``config``: refuse a different model configuration (names the field);
+    ``training``: warn about a changed batch size, learning rate or world size. With ``load_optimizer`` (resuming
+    training) also the optimizers, the loss scaler and every process's RNG state. Returns ``meta.json``, with
+    ``meta["path"]`` the checkpoint loaded.
+    """
+    import torch.distributed.checkpoint as dcp
+    path = resolve_checkpoint(path)
     meta = read_meta(path)
+    if config is not None:
+        check_config(meta, config, path)
+    if training is not None:
+        warn_training_changes(meta, dict(training, world_size=world_size), path)
     if meta["num_tables"] != len(trainable.table_state_keys):
         raise CheckpointError(f"{path}/meta.json: {meta['num_tables']} embedding tables in the checkpoint, the model "
                               f"has {len(trainable.table_state_keys)}")
+    saved = _saved_shapes(path)
+    targets = _tensor_state(trainable)
+    for key, value in targets.items():
+        shape = tuple(value.size()) if _is_sharded(value) else tuple(value.shape)
+        if key not in saved:
+            raise CheckpointError(f"{path}/model: no tensor {key!r} (checkpoint of a different model?)")
+        if saved[key] != shape:
+            raise CheckpointError(f"{path}/model: {key} has shape {saved[key]} in the checkpoint, but the model has "
+                                  f"{shape} (a different --embedding_dim, table size or MLP size?)")
     dense_path = os.path.join(path, "dense.pt")
-    payload = torch.load(dense_path, map_location="cpu", weights_only=True)
-    state = trainable.state_dict()
-    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
-    for key, target in state.items():
-        if key in table_index:
-            file = os.path.join(path, "embeddings", f"{table_index[key]}.npy")
-            if not os.path.isfile(file):
-                raise CheckpointError(f"{file}: missing embedding table {table_index[key]}")
-            load_into(target, np.load(file, mmap_mode="r", allow_pickle=False), file)
-        else:
-            if key not in payload["model"]:
-                raise CheckpointError(f"{dense_path}: no tensor {key!r} (checkpoint of a different model?)")
-            load_into(target, payload["model"][key].numpy(), f"{dense_path}:{key}")
+    payload = torch.load(dense_path, map_location="cpu", weights_only=True) if load_optimizer else None
+    small_optimizer = None
+    if load_optimizer and trainable.embedding_optimizer is not None:
+        kind = "fused" if trainable.embedding_type == "torchrec_fused" else "torch"
+        if meta.get("embedding_optimizer") == kind:
+            if kind == "fused":
+                optimizer_targets = _fused_optimizer_state(trainable)
+            else:
+                small_optimizer = payload.get("embedding_optimizer")
+                optimizer_targets = {key: torch.zeros(shape, dtype=torch.float32) for key, shape in saved.items()
+                                     if key.startswith("embedding_optimizer/")}
+            for key, value in optimizer_targets.items():
+                if key in saved:
+                    targets[key] = value
+        elif meta.get("embedding_optimizer"):
+            warnings.warn(f"{path}: embedding optimizer state of a {meta.get('embedding_optimizer')} optimizer cannot "
+                          f"be loaded into --embedding_type {trainable.embedding_type}; starting its state afresh",
+                          stacklevel=2)
+    with torch.no_grad():  # collective when a process group exists; each process reads what overlaps its shards
+        dcp.load(targets, storage_reader=_safe_reader(os.path.join(path, "model")))
     if load_optimizer:
         trainable.dense_optimizer.load_state_dict(payload["dense_optimizer"])
         if scaler is not None and payload.get("scaler"):
             scaler.load_state_dict(payload["scaler"])
-        _load_embedding_optimizer(path, trainable)
+        if small_optimizer is not None:
+            for index, entries in small_optimizer["state"].items():
+                for name in entries:
+                    if entries[name] is None:
+                        entries[name] = targets[f"embedding_optimizer/{index}/{name}"]
+            trainable.embedding_optimizer.load_state_dict(small_optimizer)
+        _restore_rng(path, rank, world_size)
+    meta["path"] = path
     return meta
 
 
-def _load_embedding_optimizer(path: str, trainable) -> None:
-    file = os.path.join(path, "embedding_optimizer.pt")
-    if not os.path.isfile(file) or trainable.embedding_optimizer is None:
-        return
-    saved = torch.load(file, map_location="cpu", weights_only=True)
-    if saved["kind"] == "torch" and trainable.embedding_type == "multi_table":
-        trainable.embedding_optimizer.load_state_dict(saved["state"])
-    elif saved["kind"] == "fused" and trainable.embedding_type == "torchrec_fused":
-        current = trainable.embedding_optimizer.state_dict().get("state", {})
-        for key, value in saved["state"].items():
-            param_key, name = key.split("/", 1)
-            if param_key in current and name in current[param_key]:
-                load_into(current[param_key][name], value.numpy(), f"{file}:{key}")
-    else:
-        import warnings
-        warnings.warn(f"{file}: embedding optimizer state of a {saved['kind']} optimizer cannot be loaded into "
-                      f"--embedding_type {trainable.embedding_type}; starting its state afresh", stacklevel=2)
+def _restore_rng(path: str, rank: int, world_size: int) -> None:
+    rng_path = os.path.join(path, "rng.pt")
+    if not os.path.isfile(rng_path):
+        raise CheckpointError(f"{rng_path}: missing (an incomplete checkpoint?)")
+    per_rank = torch.load(rng_path, map_location="cpu", weights_only=True)["per_rank"]
+    if len(per_rank) != world_size:
+        warnings.warn(f"{rng_path}: saved by {len(per_rank)} processes, restored on {world_size}: process r takes "
+                      f"the RNG state of saved process r % {len(per_rank)}", stacklevel=3)
+    _set_rng_state(per_rank[rank % len(per_rank)])
+
+
+# ------------------------------------------------------------------------------------------------ periodic saving
+class CheckpointSaver:
+    """Saves checkpoints under ``root`` during training: every ``every_steps`` steps and/or ``every_minutes``.
+
+    All processes must agree on when to save (a save is collective). The step rule is the same everywhere; the clock
+    differs per process, so with several processes the minutes rule is decided every ``TIME_CHECK_EVERY`` steps by an
+    all-reduce of one number (no host sync per step), and checked every step in a single process.
+    """
+    TIME_CHECK_EVERY = 16
+
+    def __init__(self, root: str, trainable, config: Dict[str, Any], training: Dict[str, Any], rank: int,
+                 world_size: int, device: torch.device, scaler=None, every_steps: Optional[int] = None,
+                 every_minutes: Optional[float] = None, keep: int = 2):
+        if every_steps is not None and every_steps < 1:
+            raise ValueError(f"--checkpoint_every_steps must be at least 1, got {every_steps}")
+        if every_minutes is not None and not every_minutes > 0:
+            raise ValueError(f"--checkpoint_every_minutes must be positive, got {every_minutes}")
+        if keep < 0:
+            raise ValueError(f"--keep_checkpoints must be 0 (keep all) or more, got {keep}")
+        self.root, self.trainable, self.config, self.training = root, trainable, config, training
+        self.rank, self.world_size, self.device, self.scaler = rank, world_size, device, scaler
+        self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
+        self.last_step: Optional[int] = None
+        self.last_path: Optional[str] = None
+        self._last_time = time.monotonic()
+
+    def due(self, global_step: int) -> bool:
+        if self.every_steps and global_step % self.every_steps == 0:
+            return True
+        if not self.every_minutes:
+            return False
+        late = time.monotonic() - self._last_time >= self.every_minutes * 60.0
+        if self.world_size == 1:
+            return late
+        if global_step % self.TIME_CHECK_EVERY:
+            return False
+        from dlrm.utils.distributed import all_reduce_sum
+        return all_reduce_sum([1.0 if late else 0.0], self.device)[0] > 0
+
+    def save(self, position: Dict[str, Any]) -> str:
+        """Collective. Saves ``position`` (skipped when this step is already saved); returns the checkpoint path."""
+        if position["global_step"] == self.last_step:
+            return self.last_path
+        self.last_path = save_checkpoint(self.root, self.trainable, self.config, position, self.rank,
+                                         self.world_size, self.scaler, self.training, self.keep)
+        self.last_step = position["global_step"]
+        self._last_time = time.monotonic()
+        return self.last_path
+
+
+def read_tensors(path: str) -> Dict[str, torch.Tensor]:
+    """Every tensor of checkpoint ``path`` (or the newest under it), whole, in this process (for tools and tests:
+    it allocates whole tables). Names: ``dense/<module key>``, ``tables/<i>``, ``embedding_optimizer/<i>/<name>``."""
+    import torch.distributed.checkpoint as dcp
+    path = resolve_checkpoint(path)
+    read_meta(path)
+    reader = _safe_reader(os.path.join(path, "model"))
+    metadata = reader.read_metadata()
+    out = {key: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+           for key, md in metadata.state_dict_metadata.items() if hasattr(md, "size")}
+    dcp.load(out, storage_reader=_safe_reader(os.path.join(path, "model")), no_dist=True)
+    return out
