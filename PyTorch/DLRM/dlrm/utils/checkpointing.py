@@ -102,8 +102,8 @@ def read_meta(path: str) -> Dict[str, Any]:
         meta = json.load(f)
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
-        hint = (" (whole tables as embeddings/<i>.npy, written before periodic and sharded checkpoints; load it with "
-                "that older release and train one step to re-save it)" if version == 1 else "")
+        hint = (" (whole tables as embeddings/<i>.npy, written by a release before sharded and periodic "
+                "checkpoints; use that release to evaluate it, or train anew)" if version == 1 else "")
         raise CheckpointError(f"{meta_path}: checkpoint format {version}{hint}; this code reads format "
                               f"{FORMAT_VERSION}")
     return meta
