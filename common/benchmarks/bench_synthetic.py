@@ -35,9 +35,9 @@ def main(argv=None):
             read.append(time.perf_counter() - t0)
             assert n == args.rows
     result = {"rows": args.rows, "numerical": 13, "categorical": 26, "table_size": args.table_size,
-              "generate_s_median": round(statistics.median(gen), 3), "generate_s_all": [round(x, 3) for x in gen],
+              "generate_s_median": round(statistics.median(gen), 6), "generate_s_all": [round(x, 6) for x in gen],
               "generate_rows_per_s": round(args.rows / statistics.median(gen)),
-              "read_s_median": round(statistics.median(read), 3),
+              "read_s_median": round(statistics.median(read), 6),
               "read_rows_per_s": round(args.rows / statistics.median(read))}
     print(json.dumps(result))
     return result

@@ -42,6 +42,25 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def keep_previous_log(path: str) -> Optional[str]:
+    """Rename an existing non-empty log to the next free ``path.N``; returns the backup's name (None: nothing kept).
+
+    Numbered backups (rather than one ``.bak``) so that two reruns never lose the first run's log either.
+    """
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isfile(path):
+        raise FileExistsError(f"{path}: --log_path exists and is not a regular file")
+    if os.path.getsize(path) == 0:
+        return None   # an empty log holds nothing to keep; the new run writes over it
+    n = 1
+    while os.path.lexists(f"{path}.{n}"):
+        n += 1
+    backup = f"{path}.{n}"
+    os.rename(path, backup)
+    return backup
+
+
 class Logger:
     """DLLogger-compatible logger.
 
@@ -50,6 +69,10 @@ class Logger:
         rank: process rank; only rank 0 writes.
         stdout: also print readable lines.
         append: append to an existing log (resumed runs) instead of starting a new one.
+
+    A new run (``append=False``) never destroys an earlier log: an existing non-empty file at ``path`` is first renamed
+    to the next free numbered backup (``log.json.1``, ``log.json.2``, ...; the highest number is the most recent), with
+    a note on stderr. A resumed run (``append=True``) continues the same file.
     """
 
     def __init__(self, path: Optional[str] = "log.json", rank: int = 0, stdout: bool = True, append: bool = False):
@@ -60,6 +83,10 @@ class Logger:
         if self.enabled and path:
             directory = os.path.dirname(os.path.abspath(path))
             os.makedirs(directory, exist_ok=True)
+            if not append:
+                backup = keep_previous_log(path)
+                if backup:
+                    print(f"note: {path} exists; the earlier log was kept as {backup}", file=sys.stderr, flush=True)
             self._file = open(path, "a" if append else "w", encoding="utf-8")
 
     def _emit(self, record: Dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,6 +38,32 @@ def test_only_rank_zero_writes(tmp_path, capsys):
     log.close()
     assert not (tmp_path / "log.json").exists()
     assert capsys.readouterr().out == ""
+
+
+def test_a_new_run_keeps_the_previous_log_as_a_numbered_backup(tmp_path, capsys):
+    path = str(tmp_path / "log.json")
+    for run in range(3):
+        with Logger(path, stdout=False) as log:
+            log.log(step=1, data={"run": run})
+    assert [r["data"]["run"] for r in read_log(path)] == [2]
+    assert [r["data"]["run"] for r in read_log(path + ".1")] == [0]
+    assert [r["data"]["run"] for r in read_log(path + ".2")] == [1]
+    assert f"the earlier log was kept as {path}.2" in capsys.readouterr().err
+
+
+def test_a_resumed_run_appends_to_its_log(tmp_path):
+    path = str(tmp_path / "log.json")
+    with Logger(path, stdout=False) as log:
+        log.log(step=1, data={"loss": 1.0})
+    with Logger(path, stdout=False, append=True) as log:
+        log.log(step=2, data={"loss": 0.5})
+    assert [r["step"] for r in read_log(path)] == [[1], [2]]
+    assert not os.path.exists(path + ".1")
+
+
+def test_a_log_path_that_is_a_directory_is_refused(tmp_path):
+    with pytest.raises(FileExistsError, match="is not a regular file"):
+        Logger(str(tmp_path), stdout=False)
 
 
 def test_stdout_lines_are_readable(tmp_path, capsys):
@@ -100,9 +127,19 @@ def test_cli_errors_exit_nonzero_with_message(tmp_path):
     assert r.returncode == 1 and "nope.yaml: feature spec file not found" in r.stderr
 
 
-def test_synthetic_benchmark_prints_json():
+def test_synthetic_benchmark_reports_rates_the_wall_clock_agrees_with():
+    """The reported seconds are real seconds of this run: both phases fit in the process's wall time, and each rate
+    is the rows over its median time (a rate over the wrong row count, or in ms, fails)."""
     bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_synthetic.py")
-    out = subprocess.run([sys.executable, bench, "--rows", "5000", "--repeats", "1", "--table_size", "1000"],
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, bench, "--rows", "5000", "--repeats", "3", "--table_size", "1000"],
                          capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - started
     result = json.loads(out)
-    assert result["rows"] == 5000 and result["generate_rows_per_s"] > 0 and result["read_rows_per_s"] > 0
+    assert result["rows"] == 5000 and len(result["generate_s_all"]) == 3
+    assert result["generate_s_median"] == sorted(result["generate_s_all"])[1]
+    assert sum(result["generate_s_all"]) + result["read_s_median"] < wall    # all timed work happened in this run
+    for phase in ("generate", "read"):
+        seconds = result[f"{phase}_s_median"]
+        assert result[f"{phase}_rows_per_s"] == pytest.approx(5000 / seconds, rel=1e-3), phase
+        assert result[f"{phase}_rows_per_s"] > 5000 / wall, phase

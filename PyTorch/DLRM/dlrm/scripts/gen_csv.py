@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="/data", help="output directory (the spec is copied there)")
     p.add_argument("--size", type=int, default=1000, help="rows of the train mapping")
     p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --output, replacing this script's own earlier CSVs there (other files "
+                        "are kept; a name taken by another file is refused)")
     return p
 
 
@@ -38,9 +41,9 @@ def main(argv: Optional[Sequence[str]] = None):
         if meta.get("cardinality") == "auto":
             meta["cardinality"] = 1000
     rows = {m: (args.size if m == "train" else max(1, args.size // 10)) for m in spec.source_spec}
-    out = generate_dataset(generating, args.output, rows, seed=args.seed)
-    spec.base_directory = out.base_directory
-    spec.to_yaml(out.origin)  # keep the input spec (with its 'auto' cardinalities) next to the CSVs
+    # Saved next to the CSVs: the input spec with its 'auto' cardinalities (transcode computes them).
+    out = generate_dataset(generating, args.output, rows, seed=args.seed, overwrite=args.overwrite, saved_spec=spec,
+                           tool="dlrm.scripts.gen_csv")
     print(f"wrote {sum(rows.values())} rows of CSV under {args.output}")
     return out
 
@@ -48,6 +51,6 @@ def main(argv: Optional[Sequence[str]] = None):
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:
+    except (ValueError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

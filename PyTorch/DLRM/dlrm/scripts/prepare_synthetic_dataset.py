@@ -27,12 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FeatureSpec YAML to generate instead of the Criteo-shaped default (its formats are kept)")
     p.add_argument("--synthetic_dataset_dir", default="/tmp/dlrm_synthetic_data")
     p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --synthetic_dataset_dir, replacing this script's own earlier dataset "
+                        "there (other files are kept; a name taken by another file is refused)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    import os
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.synthetic import generate_dataset, summarize
     args = build_parser().parse_args(argv)
@@ -42,11 +43,11 @@ def main(argv: Optional[Sequence[str]] = None):
         sizes = [int(s) for s in args.synthetic_dataset_table_sizes.split(",") if s.strip()]
         spec = FeatureSpec.get_default_feature_spec(args.num_numerical_features, sizes)
     out_dir = args.synthetic_dataset_dir
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not args.overwrite:
-        raise FileExistsError(f"{out_dir} exists and is not empty (pass --overwrite to replace it)")
     test_rows = args.synthetic_dataset_test_entries or max(1, args.synthetic_dataset_num_entries // 8)
     rows = {m: (args.synthetic_dataset_num_entries if m == "train" else test_rows) for m in spec.source_spec}
-    out = generate_dataset(spec, out_dir, rows, seed=args.seed)
+    # A non-empty directory is refused before generating; feature_spec.yaml is moved in last (crash-safe overwrite).
+    out = generate_dataset(spec, out_dir, rows, seed=args.seed, overwrite=args.overwrite,
+                           tool="dlrm.scripts.prepare_synthetic_dataset")
     print(summarize(out))
     return out
 
