@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000, help="generated raw rows")
-    parser.add_argument("--work_dir", default=None, help="scratch directory (default: a temporary one, removed)")
+    parser.add_argument("--work_dir", default=None,
+                        help="scratch directory (default: a temporary one, removed); when reused, only the "
+                             "benchmark's own earlier outputs in in/, spark/ and binary/ are replaced")
     parser.add_argument("--frequency_limit", type=int, default=3, help="as spark_preprocess")
     parser.add_argument("--master", default="local[*]", help="Spark master")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated rows")
@@ -60,11 +62,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     from recsys_common.criteo import spark_preprocess, to_split_binary
 
     args = build_parser().parse_args(argv)
+    from recsys_common.io import atomic_directory
     work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
-    os.makedirs(os.path.join(work, "in"), exist_ok=True)
     raw = os.path.join(work, "in", "train.txt")
     started = time.perf_counter()
-    write_raw(raw, args.rows, args.seed)
+    # A --work_dir may be reused: the benchmark replaces its own generated input, never a train.txt it did not write.
+    with atomic_directory(os.path.join(work, "in"), overwrite=True, tool="dlrm.preproc.benchmark_preprocess") as tmp:
+        write_raw(os.path.join(tmp, "train.txt"), args.rows, args.seed)
     generate_s = time.perf_counter() - started
     result = {"rows": args.rows, "raw_bytes": os.path.getsize(raw), "generate_s": round(generate_s, 1)}
     try:

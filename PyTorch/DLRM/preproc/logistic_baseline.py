@@ -24,6 +24,7 @@ import numpy as np
 
 from recsys_common.datasets import read_columns
 from recsys_common.feature_spec import FeatureSpec
+from recsys_common.io import check_json_output, write_json_output
 
 
 def load_mapping(spec: FeatureSpec, mapping: str, max_rows: Optional[int]) -> Dict[str, np.ndarray]:
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_iter", type=int, default=1000, help="solver iterations")
     parser.add_argument("--max_train_rows", type=int, default=None, help="use only the first N training rows")
     parser.add_argument("--max_test_rows", type=int, default=None, help="use only the first N test rows")
-    parser.add_argument("--output_json", default=None, help="also write the result here")
+    parser.add_argument("--output_json", default=None,
+                        help="also write the result here (atomically; an existing JSON result is replaced, any other "
+                             "file is refused)")
     return parser
 
 
@@ -72,6 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> float:
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
     args = parse_args(argv)
+    check_json_output(args.output_json)   # refuse a path that is not a JSON result before the work, not after
     spec = FeatureSpec.from_yaml(os.path.join(args.dataset, args.feature_spec))
     train = load_mapping(spec, args.train_mapping, args.max_train_rows)
     test = load_mapping(spec, args.test_mapping, args.max_test_rows)
@@ -106,8 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> float:
     }
     print(json.dumps(result))
     if args.output_json:
-        from recsys_common.io import atomic_write_text
-        atomic_write_text(args.output_json, json.dumps(result, indent=2) + "\n")
+        write_json_output(args.output_json, result)
     return auc
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from recsys_common.datasets import DatasetWriter
 from recsys_common.feature_spec import FeatureSpec, smallest_int_dtype
-from recsys_common.io import atomic_directory
+from recsys_common.io import atomic_directory, check_output_directory
 
 GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
@@ -298,6 +298,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
     """Convert; returns the written FeatureSpec (base_directory = --output)."""
     args = parse_args(argv)
+    check_output_directory(args.output)   # a non-empty --output is refused before the work, not after
     built = build_columns(args.input_dir, args.ratings_file, args.positive_threshold, args.genre_slots)
     columns, timestamp = built["columns"], built["timestamp"]
     num_rows = len(timestamp)
@@ -320,7 +321,8 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
         "positive_rate": {split: round(float(labels[rows].mean()), 6) for split, rows in split_rows.items()},
     }
     spec_dict = make_feature_spec(built["cardinalities"], categorical, metadata)
-    with atomic_directory(args.output) as tmp_dir:
+    # A non-empty --output is refused (other files are never touched); feature_spec.yaml is moved in last.
+    with atomic_directory(args.output, tool="dlrm.preproc.movielens_ctr", marker="feature_spec.yaml") as tmp_dir:
         spec = FeatureSpec.from_dict(spec_dict, base_directory=tmp_dir)
         for split, rows in split_rows.items():
             with DatasetWriter(spec, split) as writer:

@@ -68,7 +68,8 @@ echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_M
 overwrite_flag=()
 [[ "$OVERWRITE" == "1" ]] && overwrite_flag=(--overwrite)
 report="$OUTPUT_PATH/preprocess_report.json"
-if [[ -f "$report" && "$OVERWRITE" != "1" ]]; then
+# cardinalities.json is the job's completion marker (moved in last): without it the output is partial.
+if [[ -f "$OUTPUT_PATH/cardinalities.json" && -f "$report" && "$OVERWRITE" != "1" ]]; then
     done_limit=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["frequency_limit"])' "$report")
     [[ "$done_limit" == "$FREQUENCY_LIMIT" ]] || die "$OUTPUT_PATH holds a run with frequency limit $done_limit; set OVERWRITE=1 to redo it with $FREQUENCY_LIMIT"
     echo "[prepare_dataset] $report exists: skipping the Spark job (OVERWRITE=1 redoes it)"

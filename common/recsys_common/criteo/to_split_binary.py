@@ -10,8 +10,9 @@ Reads ``INPUT/{train,test,validation}/part-*.parquet`` (in file-name order, whic
     OUTPUT/<split>/numerical.bin                 float16, 13 per row, row-major
     OUTPUT/<split>/cat_<i>.bin                   int8/int16/int32, the smallest that holds cardinality i
 
-through ``recsys_common.datasets.DatasetWriter`` (files renamed into place only when complete; the whole output
-directory is also written under a temporary name). Only ``--block_rows`` rows are in memory at a time. The spec has
+through ``recsys_common.datasets.DatasetWriter`` (files renamed into place only when complete) and
+``recsys_common.io.atomic_directory`` (a non-empty ``--output`` is refused unless ``--overwrite``, which replaces only
+this tool's earlier outputs; ``feature_spec.yaml`` is moved in last). Only ``--block_rows`` rows are in memory at a time. The spec has
 the mappings ``train``, ``test`` and ``validation``; DLRM trains on ``train`` and evaluates on ``test``.
 """
 from __future__ import annotations
@@ -94,10 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Spark parquet output -> split-binary dataset with feature_spec.yaml",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--input", required=True, help="output directory of spark_preprocess")
-    parser.add_argument("--output", required=True, help="split-binary dataset directory to create")
+    parser.add_argument("--output", required=True,
+                        help="split-binary dataset directory: new or empty unless --overwrite (other files are kept)")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to convert")
     parser.add_argument("--block_rows", type=int, default=1 << 20, help="rows converted at a time")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output, replacing this tool's own earlier outputs there (other "
+                             "files, such as the Spark output, are kept; a name taken by another file is refused)")
     return parser
 
 
@@ -113,7 +117,9 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
         with open(report_path, encoding="utf-8") as f:
             report = json.load(f)
     rows = {}
-    with atomic_directory(args.output, overwrite=args.overwrite) as tmp:
+    # feature_spec.yaml is the marker: removed first and written last, so a dataset directory that has one is whole.
+    with atomic_directory(args.output, overwrite=args.overwrite, tool="recsys_common.criteo.to_split_binary",
+                          marker="feature_spec.yaml") as tmp:
         spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=args.splits,
                                                     base_directory=tmp)
         for split in args.splits:
@@ -140,6 +146,6 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except ConversionError as error:
+    except (ConversionError, FileExistsError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

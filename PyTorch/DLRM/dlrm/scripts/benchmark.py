@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="AMP (bfloat16 on CPU, float16 on CUDA)")
     p.add_argument("--cuda_graphs", action="store_true")
     p.add_argument("--skip_inference", action="store_true")
-    p.add_argument("--output_json", default=None, help="also write the JSON here")
+    p.add_argument("--output_json", default=None,
+                   help="also write the JSON here (atomically; an existing JSON result is replaced, any other file is "
+                        "refused before the runs start)")
     return p
 
 
@@ -80,7 +82,9 @@ def _run_main(args, embedding_type: str, mode: str) -> Dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
+    from recsys_common.io import check_json_output, write_json_output
     args = build_parser().parse_args(argv)
+    check_json_output(args.output_json)   # before minutes of runs, not after
     types = [t for t in args.embedding_types.split(",") if t]
     runs: List[Dict] = []
     for repeat in range(args.repeats):
@@ -110,8 +114,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     text = json.dumps(result, indent=2)
     print(text)
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            f.write(text + "\n")
+        write_json_output(args.output_json, result)
     return result
 
 
