@@ -5,14 +5,15 @@
     python -m torch.distributed.launch --nproc_per_node=8 --use_env ncf.py --data /data/cache/ml-20m
 
 Data flow (top to bottom of :func:`run`): dataset -> device memory (:mod:`dataloading`) -> per epoch: negatives
-drawn on the device, shuffled, ``-b`` rows per optimizer step split over ranks and ``--grads_accumulated``
-micro-batches -> BCE-with-logits loss -> fused Adam -> evaluation (HR@K, NDCG@K over each user's candidates,
-all-reduced over ranks) -> checkpoint when HR improves -> early stop at ``--threshold``.
+drawn on the device, shuffled, batches of ``-b`` rows split over ranks, ``--grads_accumulated`` batches per
+optimizer step -> BCE-with-logits loss (checked for NaN/inf every step) -> fused Adam -> evaluation (HR@K, NDCG@K
+over each user's candidates, all-reduced over ranks) -> checkpoint when HR improves -> early stop at ``--threshold``.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
 import os
 import random
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dataloading import DatasetError, EvalSet, TrainEpochs, load_dataset
-from neumf import MODEL_NAMES, build_model
+from neumf import MODEL_NAMES, build_model, from_nvidia_state_dict, is_nvidia_state_dict, strip_ddp_prefix
 from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
 from recsys_common.logger import Logger
@@ -38,6 +39,14 @@ RESUME_CHECKPOINT = "last.pth"    # the state after the latest finished epoch, f
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used with this configuration; the message names the file and shapes."""
+
+
+class ConfigurationError(ValueError):
+    """Flags that cannot give a meaningful result with this dataset (e.g. ``-k`` >= candidates per user)."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the epoch and step."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("train", "test"), default="train",
                    help='Passing "test" will only run a single evaluation; otherwise full training will be performed')
     p.add_argument("--grads_accumulated", type=int, default=1,
-                   help="Number of gradients to accumulate before performing an optimization step")
+                   help="Number of gradients to accumulate before performing an optimization step "
+                        "(each of -b rows: N times the batch per step, as NVIDIA's)")
     p.add_argument("--amp", action="store_true",
                    help="Enable mixed precision (bf16 autocast on CPU; fp16 + GradScaler on CUDA unless --amp_dtype bf16)")
     p.add_argument("--log_path", type=str, default="log.json", help="Path for the JSON training log")
@@ -202,9 +212,18 @@ def _read_checkpoint(path: str) -> Dict:
 
 
 def load_model_weights(model: nn.Module, state: Dict[str, torch.Tensor], path: str) -> None:
-    """Copy ``state`` into ``model`` after checking every name and shape; the error lists the mismatches."""
+    """Copy ``state`` into ``model`` after checking every name and shape; the error lists the mismatches.
+
+    ``state`` may be ours, saved from DDP (``module.`` prefixes), or NVIDIA's NeuMF naming (a bare ``model.pth`` of
+    NVIDIA's recipe: ``mf_user_embed``, ``mlp.N``, ``final``; mapped by :func:`neumf.from_nvidia_state_dict`).
+    """
     expected = model.state_dict()
-    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    state = strip_ddp_prefix(state)
+    if is_nvidia_state_dict(state):
+        try:
+            state = from_nvidia_state_dict(state, model)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from err
     problems = []
     for name in sorted(set(expected) | set(state)):
         if name not in state:
@@ -220,6 +239,40 @@ def load_model_weights(model: nn.Module, state: Dict[str, torch.Tensor], path: s
     model.load_state_dict(state)
 
 
+def _written_by_ncf(path: str) -> bool:
+    """Whether ``path`` is a checkpoint this recipe wrote (an ``ncf-checkpoint-v1`` dict), read without pickle."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        try:  # mmap needs the zipfile format; any older file still loads the plain way
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            return False
+    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
+
+
+def check_checkpoint_dir(checkpoint_dir: str, rank: int, device: torch.device) -> None:
+    """Refuse, before training, a --checkpoint_dir whose model.pth / last.pth this recipe did not write.
+
+    A user's own file there (NVIDIA's bare ``model.pth``, another tool's output) would otherwise be replaced by the
+    first improved epoch. Checkpoints of an earlier ncf.py run are ours and are replaced as the new run improves
+    (NVIDIA's behaviour; ``--resume`` continues that run instead). Rank 0 decides; every rank raises together.
+    """
+    if not checkpoint_dir:
+        return
+    foreign = []
+    if rank == 0:
+        for name in (BEST_CHECKPOINT, RESUME_CHECKPOINT):
+            path = os.path.join(checkpoint_dir, name)
+            if os.path.lexists(path) and not (os.path.isfile(path) and _written_by_ncf(path)):
+                foreign.append(path)
+    if all_reduce_sum([float(len(foreign))], device)[0] > 0:
+        where = ", ".join(foreign) if foreign else f"{checkpoint_dir} (checked on rank 0)"
+        raise CheckpointError(f"{where}: exists and was not written by ncf.py (not an {CHECKPOINT_FORMAT} "
+                              f"checkpoint); refusing to overwrite it: move it away or choose another "
+                              f"--checkpoint_dir (to start from its weights, pass it as --load_checkpoint_path)")
+
+
 def save_checkpoint(path: str, payload: Dict) -> None:
     """torch.save under a temporary name, then rename: a crash never leaves a half-written checkpoint."""
     with atomic_path(path) as tmp:
@@ -233,10 +286,15 @@ def evaluate(model: nn.Module, test: EvalSet, topk: int, valid_batch_size: int, 
 
     A user's positive ranks ``r`` = number of its (non-duplicate) negatives scoring at least as high (ties count
     against the positive, as the NCF paper's evaluation does); hit if ``r < K``, NDCG = ``1 / log2(r + 2)``.
+
+    A NaN score compares false with everything, so a NaN positive would rank first (a hit with NDCG 1) and a NaN
+    negative would never beat the positive: a user with a NaN score among its ranked candidates (the positive or any
+    non-duplicate negative) is counted as a miss, so a diverged model scores HR 0, not 1. ``nan_users`` counts them.
     """
     model.eval()
     users, candidates = test.users, test.candidates
     n_users, samples = candidates.shape
+    check_topk(topk, samples)
     flat_users = users.repeat_interleave(samples)
     flat_items = candidates.reshape(-1)
     scores = torch.empty(flat_items.shape[0], dtype=torch.float32, device=flat_items.device)
@@ -250,37 +308,75 @@ def evaluate(model: nn.Module, test: EvalSet, topk: int, valid_batch_size: int, 
     bce = nn.functional.binary_cross_entropy_with_logits(scores, labels, reduction="sum") if n_users else \
         torch.zeros((), device=scores.device)
     ranked = scores.masked_fill(test.mask, float("-inf"))
+    unrankable = torch.isnan(ranked).any(dim=1)
     rank = (ranked[:, 1:] >= ranked[:, :1]).sum(dim=1)
-    hits = rank < topk
+    hits = (rank < topk) & ~unrankable
     ndcg = torch.where(hits, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros((), dtype=torch.float64,
                                                                                   device=rank.device))
-    total_hits, total_ndcg, total_bce, total_users = all_reduce_sum(
-        [float(hits.sum()), float(ndcg.sum()), float(bce), float(n_users)], scores.device)
+    total_hits, total_ndcg, total_bce, total_users, nan_users = all_reduce_sum(
+        [float(hits.sum()), float(ndcg.sum()), float(bce), float(n_users), float(unrankable.sum())], scores.device)
     return {"hr": total_hits / total_users, "ndcg": total_ndcg / total_users,
-            "val_loss": total_bce / (total_users * samples), "eval_rows": total_users * samples}
+            "val_loss": total_bce / (total_users * samples), "eval_rows": total_users * samples,
+            "nan_users": int(nan_users)}
+
+
+def check_topk(topk: int, samples_per_series: int, origin: str = "the test set") -> None:
+    """``-k`` must be below the candidates per user: with K >= S every positive ranks below K, so HR@K = 1."""
+    if topk >= samples_per_series:
+        raise ConfigurationError(
+            f"-k/--topk {topk} must be below the number of candidates per user in {origin} "
+            f"({samples_per_series} = 1 positive + {samples_per_series - 1} negatives, "
+            f"metadata.test_samples_per_series): with K >= {samples_per_series} every user counts as a hit")
 
 
 # ------------------------------------------------------------------------------------------------ training
+def check_finite_loss(step_loss: torch.Tensor, epoch: int, step: int, steps: int, world_size: int) -> None:
+    """Raise :class:`TrainingDivergedError` if this step's loss is NaN or infinite on any rank.
+
+    The losses are summed over ranks first, so that every rank sees the same verdict and stops at the same step
+    (one rank leaving alone would leave the others waiting in the next collective). Costs one host sync per step.
+    """
+    total = step_loss.detach().clone()
+    if world_size > 1 and dist.is_initialized():
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    value = float(total)
+    if not math.isfinite(value):
+        raise TrainingDivergedError(f"epoch {epoch}, step {step} (of {steps}): the training loss is {value}"
+                                    f"{' on at least one rank' if world_size > 1 else ''}")
+
+
 def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_accumulated: int,
-                world_size: int) -> float:
-    """One pass; returns the mean training loss of this rank."""
+                world_size: int, epoch: int = 0, steps: Optional[int] = None) -> float:
+    """One pass; returns the mean training loss of this rank.
+
+    Each optimizer step accumulates the gradients of ``grads_accumulated`` consecutive batches (NVIDIA's semantics:
+    N batches of ``-b`` rows per step); its gradient is the mean over all their rows, so N batches of ``b`` rows give
+    the step of one batch of ``N * b`` rows. A last group of fewer batches is still applied (no data is dropped).
+    Every step's loss is checked before the optimizer applies it (:func:`check_finite_loss`).
+    """
     model.train()
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
-    loss_sum, rows = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device), 0
-    for users, items, labels in batches:
-        batch_rows = users.shape[0]
-        micro = list(zip(users.chunk(grads_accumulated), items.chunk(grads_accumulated),
-                         labels.chunk(grads_accumulated)))
-        for j, (u, i, y) in enumerate(micro):
-            # Intermediate micro-batches skip DDP's all-reduce; the last one syncs the accumulated gradient.
-            sync = j == len(micro) - 1 or not hasattr(model, "no_sync")
+    device = next(model.parameters()).device
+    loss_sum, rows = torch.zeros((), dtype=torch.float64, device=device), 0
+    batches = iter(batches)
+    for step in itertools.count():
+        group = list(itertools.islice(batches, grads_accumulated))
+        if not group:
+            break
+        group_rows = sum(users.shape[0] for users, _, _ in group)
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        for j, (u, i, y) in enumerate(group):
+            # Intermediate batches skip DDP's all-reduce; the last one syncs the accumulated gradient.
+            sync = j == len(group) - 1 or not hasattr(model, "no_sync")
             with (nullcontext() if sync else model.no_sync()):
                 with autocast():
                     logits = model(u, i)
-                loss = loss_fn(logits.float(), y) / batch_rows  # mean over the whole (local) batch
+                loss = loss_fn(logits.float(), y) / group_rows  # mean over all rows of this step (local)
                 (scaler.scale(loss) if scaler else loss).backward()
-            loss_sum += loss.detach().double() * batch_rows
-        rows += batch_rows
+            step_loss += loss.detach().double()
+        check_finite_loss(step_loss, epoch, step, steps, world_size)
+        loss_sum += step_loss * group_rows
+        rows += group_rows
         if scaler:
             scaler.step(optimizer)
             scaler.update()
@@ -290,15 +386,25 @@ def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_ac
     return float(loss_sum) / max(rows, 1)
 
 
+def _kept_checkpoints(checkpoint_dir: str, best: Dict, epoch: int) -> str:
+    """What a diverged run leaves behind, for its error message."""
+    if not checkpoint_dir:
+        return "Nothing was saved (no --checkpoint_dir)."
+    if epoch == 0 or best["epoch"] < 0:
+        return f"No checkpoint of this run was written to {checkpoint_dir}."
+    return (f"The last good checkpoints are kept: {os.path.join(checkpoint_dir, RESUME_CHECKPOINT)} (after epoch "
+            f"{epoch - 1}) and {os.path.join(checkpoint_dir, BEST_CHECKPOINT)} (best, epoch {best['epoch']}, "
+            f"HR {best['hr']:.5f}).")
+
+
 def run(args: argparse.Namespace) -> Dict:
     """Everything :func:`main` does; returns the summary (also logged). Raises on bad input."""
     rank, world_size, device = init_distributed(args)
-    logger = Logger(args.log_path, rank=rank)
-    for metric, unit in (("train_throughput", "samples/s"), ("eval_throughput", "samples/s"),
-                         ("time_to_target", "s"), ("epoch_time", "s")):
-        logger.metadata(metric, {"unit": unit})
-
+    # Every refusal comes before the log is opened, so that a refused run leaves no trace (and no clobbered log).
     data = load_dataset(args.data, args.feature_spec_file)
+    check_topk(args.topk, data.samples_per_series, os.path.join(args.data, args.feature_spec_file))
+    if args.mode == "train":
+        check_checkpoint_dir(args.checkpoint_dir, rank, device)
     resume_state = None
     if args.resume:
         resume_path = os.path.join(args.checkpoint_dir, RESUME_CHECKPOINT)
@@ -341,6 +447,12 @@ def run(args: argparse.Namespace) -> Dict:
                 "epoch": int(resume_state["best_epoch"])}
         elapsed = float(resume_state["elapsed"])
         time_to_target = resume_state.get("time_to_target")
+    # A resumed run continues the earlier run's log (as DLRM's does) instead of replacing it.
+    logger = Logger(args.log_path, rank=rank, append=resume_state is not None)
+    for metric, unit in (("train_throughput", "samples/s"), ("eval_throughput", "samples/s"),
+                         ("time_to_target", "s"), ("epoch_time", "s"), ("train_epoch_time", "s"),
+                         ("validation_epoch_time", "s")):
+        logger.metadata(metric, {"unit": unit})
 
     test = EvalSet(data, rank, world_size, device)
     ddp_model = model
@@ -369,11 +481,19 @@ def run(args: argparse.Namespace) -> Dict:
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
                         args.batch_size, rank, world_size, device)
     best_train_tp, best_eval_tp, last = 0.0, 0.0, {}
+    steps_per_epoch = -(-train.steps_per_epoch // args.grads_accumulated)  # optimizer steps
     for epoch in range(start_epoch, args.epochs):
         torch.manual_seed(seed * 7919 + epoch * 104729 + rank)  # dropout stream of this epoch: resume is exact
         sync(); t0 = time.perf_counter()
-        loss = train_epoch(ddp_model, optimizer, scaler, autocast, train.epoch(seed, epoch), args.grads_accumulated,
-                           world_size)
+        try:
+            loss = train_epoch(ddp_model, optimizer, scaler, autocast, train.epoch(seed, epoch),
+                               args.grads_accumulated, world_size, epoch=epoch, steps=steps_per_epoch)
+        except TrainingDivergedError as err:
+            message = f"{err}; stopped before applying it. {_kept_checkpoints(args.checkpoint_dir, best, epoch)} " \
+                      f"Lower the learning rate (-l), or check the data and --amp settings."
+            logger.log(step=(epoch,), data={"error": message})
+            logger.close()
+            raise TrainingDivergedError(message) from None
         sync(); train_time = time.perf_counter() - t0
         metrics = evaluate(model, test, args.topk, args.valid_batch_size, autocast)  # the module: no DDP hooks
         sync(); eval_time = time.perf_counter() - t0 - train_time
@@ -383,7 +503,10 @@ def run(args: argparse.Namespace) -> Dict:
         best_train_tp, best_eval_tp = max(best_train_tp, train_tp), max(best_eval_tp, eval_tp)
         last = {"epoch": epoch, f"hr@{args.topk}": metrics["hr"], f"ndcg@{args.topk}": metrics["ndcg"],
                 "loss": loss, "val_loss": metrics["val_loss"], "train_throughput": train_tp,
-                "eval_throughput": eval_tp, "epoch_time": train_time + eval_time}
+                "eval_throughput": eval_tp, "epoch_time": train_time + eval_time,
+                "train_epoch_time": train_time, "validation_epoch_time": eval_time}
+        if metrics["nan_users"]:  # counted as misses; said out loud, since a finite loss rarely gives NaN scores
+            last["eval_nan_users"] = metrics["nan_users"]
         logger.log(step=(epoch,), data=last)
         improved = metrics["hr"] > best["hr"]
         if improved:
@@ -416,7 +539,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     args = parse_args(argv)
     try:
         return run(args)
-    except (DatasetError, FeatureSpecError, CheckpointError) as err:
+    except (DatasetError, FeatureSpecError, CheckpointError, ConfigurationError, TrainingDivergedError) as err:
         print(f"ncf.py: error: {err}", file=sys.stderr)
         raise SystemExit(2)
 

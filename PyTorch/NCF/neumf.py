@@ -180,3 +180,73 @@ class Popularity(nn.Module):
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         return self.counts[items]
+
+
+# ------------------------------------------------------------------------------------------ NVIDIA's checkpoints
+# NVIDIA's NeuMF (DeepLearningExamples PyTorch/Recommendation/NCF/neumf.py) names the same parameters differently:
+# four embeddings ``mf_user_embed``, ``mf_item_embed``, ``mlp_user_embed``, ``mlp_item_embed``; an ``nn.ModuleList``
+# ``mlp`` holding only the Linear layers (``mlp.0``, ``mlp.1``, ...; ReLU and dropout are functional); the output
+# layer ``final``. Shapes, the [GMF ; MLP] concatenation order and the maths are the same as ours, so the weights
+# map one to one. Our ``mlp.mlp`` Sequential also holds ReLU and Dropout modules, so NVIDIA's ``mlp.k`` is our k-th
+# Linear, at index 2k (no dropout) or 3k (with dropout).
+NVIDIA_MARKER = "mf_user_embed.weight"
+_NVIDIA_TO_OURS = {"mf_user_embed.": "gmf.user_embedding.", "mf_item_embed.": "gmf.item_embedding.",
+                   "mlp_user_embed.": "mlp.user_embedding.", "mlp_item_embed.": "mlp.item_embedding.",
+                   "final.": "predictor.linear."}
+
+
+def strip_ddp_prefix(state: dict) -> dict:
+    """A state dict saved from a DistributedDataParallel wrapper has every key prefixed ``module.``."""
+    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+
+
+def is_nvidia_state_dict(state: dict) -> bool:
+    return NVIDIA_MARKER in strip_ddp_prefix(state)
+
+
+def from_nvidia_state_dict(state: dict, model: nn.Module) -> dict:
+    """NVIDIA's NeuMF parameter names -> ours for ``model`` (a :class:`NeuMF`). Unknown keys are passed through
+    unchanged, so that the shape/name check of the caller reports them.
+
+    >>> m = NeuMF(3, 4, factors=2, layers=[4, 2], dropout=0.5)
+    >>> nvidia = to_nvidia_state_dict(m.state_dict())
+    >>> sorted(from_nvidia_state_dict(nvidia, m)) == sorted(m.state_dict())
+    True
+    """
+    if not isinstance(model, NeuMF):
+        raise ValueError("NVIDIA's checkpoints hold a NeuMF model (NVIDIA trains no GMF or MLP): use --model neumf")
+    linear_positions = [i for i, layer in enumerate(model.mlp.mlp) if isinstance(layer, nn.Linear)]
+    out = {}
+    for key, value in strip_ddp_prefix(state).items():
+        parts = key.split(".")
+        if parts[0] == "mlp" and len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < len(linear_positions):
+            out[f"mlp.mlp.{linear_positions[int(parts[1])]}.{parts[2]}"] = value
+            continue
+        for theirs, ours in _NVIDIA_TO_OURS.items():
+            if key.startswith(theirs):
+                key = ours + key[len(theirs):]
+                break
+        out[key] = value
+    return out
+
+
+def to_nvidia_state_dict(state: dict) -> dict:
+    """Our NeuMF state dict -> NVIDIA's parameter names (what NVIDIA's ``ncf.py --load_checkpoint_path`` loads)."""
+    state = strip_ddp_prefix(state)
+    if "gmf.user_embedding.weight" not in state or "mlp.user_embedding.weight" not in state:
+        raise ValueError("only a NeuMF state dict maps to NVIDIA's layout (NVIDIA has no GMF or MLP model)")
+    linear_positions = sorted({int(k.split(".")[2]) for k in state if k.startswith("mlp.mlp.")})
+    ours_to_nvidia = {ours: theirs for theirs, ours in _NVIDIA_TO_OURS.items()}
+    out = {}
+    for key, value in state.items():
+        if key.startswith("mlp.mlp."):
+            _, _, position, name = key.split(".")
+            out[f"mlp.{linear_positions.index(int(position))}.{name}"] = value
+            continue
+        for ours, theirs in ours_to_nvidia.items():
+            if key.startswith(ours):
+                out[theirs + key[len(ours):]] = value
+                break
+        else:
+            raise ValueError(f"{key}: not a NeuMF parameter")
+    return out

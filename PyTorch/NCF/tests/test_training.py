@@ -1,4 +1,5 @@
 """ncf.main end to end on tiny generated data: learning, checkpoints, exact resume, AMP, bad checkpoints."""
+import math
 import os
 import re
 
@@ -7,6 +8,7 @@ import torch
 
 import ncf
 from conftest import NCF_DIR
+from dataloading import load_dataset
 from recsys_common.logger import read_log
 
 SMALL = ["-b", "512", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers", "16", "8",
@@ -80,15 +82,32 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     assert [r["step"] for r in read_log(str(tmp_path / "b2.json"))][1] == [2]  # only epoch 2 was run
 
 
-def test_gradient_accumulation_matches_one_big_batch(tiny_data, tmp_path):
+def _adam_steps(path):
+    state = torch.load(path, weights_only=True)["optimizer"]["state"]
+    return {int(v["step"]) for v in state.values()}
+
+
+def test_gradient_accumulation_steps_once_per_n_batches_as_nvidia(tiny_data, tmp_path):
+    """NVIDIA's --grads_accumulated N: one optimizer step per N batches of -b rows (N x the batch per step).
+
+    The epoch is one permutation sliced into batches, so 4 batches of 512 rows are exactly the rows of one batch of
+    2048, and the step's gradient is the mean over all of them: the two runs train the same model.
+    """
     one = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--checkpoint_dir", str(tmp_path / "one"))
-    acc = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--grads_accumulated", "4",
+    acc = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "512", "--grads_accumulated", "4",
               "--checkpoint_dir", str(tmp_path / "acc"), log="acc.json")
+    rows = len(load_dataset(tiny_data).train_users) * 5  # positives + 4 negatives each
+    assert _adam_steps(tmp_path / "one" / "last.pth") == _adam_steps(tmp_path / "acc" / "last.pth") == \
+        {math.ceil(rows / 2048)}
     a = torch.load(tmp_path / "one" / "last.pth", weights_only=True)["model"]
     b = torch.load(tmp_path / "acc" / "last.pth", weights_only=True)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
     assert one["best_hr@10"] == pytest.approx(acc["best_hr@10"], abs=0.01)
+    # the same -b with N = 4 takes 4 times fewer steps (the old micro-batch split kept the step count)
+    run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--grads_accumulated", "4",
+        "--checkpoint_dir", str(tmp_path / "big"), log="big.json")
+    assert _adam_steps(tmp_path / "big" / "last.pth") == {math.ceil(math.ceil(rows / 2048) / 4)}
 
 
 def test_bf16_autocast_on_cpu(tiny_data, tmp_path):
