@@ -329,3 +329,53 @@ def test_entry_points_help_and_light_imports():
                              "--input_path", "/nonexistent/criteo", "--output_path", "/tmp/never"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "/nonexistent/criteo: input path does not exist" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------- outputs keep user files
+def _tree_bytes(directory):
+    return {os.path.relpath(os.path.join(r, n), directory): open(os.path.join(r, n), "rb").read()
+            for r, _, names in os.walk(directory) for n in names if not n.startswith(".recsys_outputs")}
+
+
+def test_spark_output_into_the_input_directory_keeps_the_input_and_the_users_notes(spark, tmp_path):
+    """The issue's scenario: --output_path is the directory holding the raw days and notes.txt; the split-binary
+    conversion then writes into the same directory."""
+    for name, lines in TINY_DAYS.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "notes.txt").write_text("my notes")
+    inputs = _tree_bytes(tmp_path)
+    job = ["--input_path", str(tmp_path), "--output_path", str(tmp_path), "--frequency_limit", "2",
+           "--max_malformed_fraction", "0.5"]
+    with pytest.raises(FileExistsError, match="not empty"):
+        spark_preprocess.main(job, spark=spark)
+    spark_preprocess.main(job + ["--overwrite"], spark=spark)
+    assert {k: v for k, v in _tree_bytes(tmp_path).items() if k in inputs} == inputs
+    first = _tree_bytes(tmp_path)
+    # A re-run that fails part-way (too many malformed rows) leaves the finished output as it was.
+    with pytest.raises(spark_preprocess.CriteoPreprocessError):
+        spark_preprocess.main(job[:-1] + ["0.1", "--overwrite"], spark=spark)
+    assert _tree_bytes(tmp_path) == first
+    convert = ["--input", str(tmp_path), "--output", str(tmp_path)]
+    with pytest.raises(FileExistsError, match="not empty"):
+        to_split_binary.main(convert)
+    spec = to_split_binary.main(convert + ["--overwrite"])
+    assert len(read_columns(spec, "train")["label"]) == 5 and len(read_columns(spec, "test")["label"]) == 2
+    after = _tree_bytes(tmp_path)
+    assert {k: v for k, v in after.items() if k in first} == first    # the Spark output (its input) is untouched
+    # Re-running the job replaces only its own files: the conversion's files, the input and the notes stay.
+    spark_preprocess.main(job + ["--overwrite"], spark=spark)
+    again = _tree_bytes(tmp_path)
+    assert {k: again[k] for k in inputs} == inputs and (tmp_path / "train" / "label.bin").exists()
+    assert sorted(k for k in again if k.endswith(".parquet")) and "cardinalities.json" in again
+
+
+def test_split_binary_conversion_refuses_to_replace_a_file_it_did_not_write(tmp_path):
+    spark_out = tmp_path / "spark"
+    (spark_out / "train").mkdir(parents=True)
+    (spark_out / "cardinalities.json").write_text(json.dumps([3] * N_CAT))
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "feature_spec.yaml").write_text("the user's own spec\n")
+    with pytest.raises(FileExistsError, match="feature_spec.yaml: exists and was not written by this tool"):
+        to_split_binary.main(["--input", str(spark_out), "--output", str(binary), "--splits", "train", "--overwrite"])
+    assert _tree_bytes(binary) == {"feature_spec.yaml": b"the user's own spec\n"}

@@ -18,8 +18,10 @@ file system every executor and this driver see). The steps, each one pass over t
 
 Outputs also ``OUTPUT/model_size.json`` (NVIDIA's: largest id per categorical column ``_c14 .. _c39``, so cardinality
 = value + 1), ``OUTPUT/cardinalities.json`` and ``OUTPUT/preprocess_report.json`` (row counts per split, malformed
-rows per reason with examples, padded rows, parameters). The output directory is written under a temporary name and
-renamed when complete. Then ``python -m recsys_common.criteo.to_split_binary`` converts the parquet files.
+rows per reason with examples, padded rows, parameters). The outputs are written under a temporary name and moved in
+when complete (``recsys_common.io.atomic_directory``: a non-empty output directory is refused unless ``--overwrite``,
+which replaces only this job's earlier outputs; ``cardinalities.json`` comes last). Then
+``python -m recsys_common.criteo.to_split_binary`` converts the parquet files.
 
 Rows with fewer than 40 fields are padded with missing fields (``padded`` in the report). Rows that cannot be parsed
 (label not 0/1, an integer field that is not an integer, more than 40 fields, an empty line) are counted, reported and
@@ -39,7 +41,7 @@ from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, 
                NUM_CATEGORICAL, NUM_FIELDS, NUM_NUMERICAL, NUMERICAL_COLUMNS, RARE_ID, REASON_BAD_LABEL,
                REASON_BAD_NUMERICAL, REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, SPLITS)
 from .layout import CriteoInputError, InputLayout, discover_input, split_boundaries
-from ..io import atomic_directory, atomic_write_text
+from ..io import atomic_directory, atomic_write_text, check_output_directory
 
 _ROW_BITS = 33                      # monotonically_increasing_id(): partition index << 33 | row within partition
 _ROW_MASK = (1 << _ROW_BITS) - 1
@@ -78,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_malformed_fraction", type=float, default=0.01,
                         help="fail when more than this fraction of the rows is malformed")
     parser.add_argument("--max_examples", type=int, default=20, help="malformed rows quoted in the report")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output_path, replacing this job's own earlier outputs there "
+                             "(other files are kept; a name taken by another file is refused)")
     spark = parser.add_argument_group("Spark")
     spark.add_argument("--master", default=env("SPARK_MASTER", "local[*]"),
                        help="Spark master: local[*], local[N], spark://host:7077, yarn, k8s://... [env SPARK_MASTER]")
@@ -347,7 +351,9 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
           f"{os.path.basename(layout.split_file)}", flush=True)
 
-    with atomic_directory(args.output_path, overwrite=args.overwrite) as out:
+    # cardinalities.json (which to_split_binary needs first) is the marker: removed first, written last.
+    with atomic_directory(args.output_path, overwrite=args.overwrite, tool="recsys_common.criteo.spark_preprocess",
+                          marker="cardinalities.json") as out:
         work = os.path.join(out, "_work")
         # Pass 1: number the lines of the split file.
         offsets = block_line_offsets(spark, layout.split_file)
@@ -450,6 +456,7 @@ def main(argv: Optional[Sequence[str]] = None, spark=None) -> Dict[str, Any]:
     """Entry point; ``spark``: an existing session to use (tests share one), else one is created and stopped."""
     args = parse_args(argv)
     discover_input(args.input_path, args.layout)   # fail on a wrong path before starting Spark
+    check_output_directory(args.output_path, args.overwrite)   # and on a non-empty output directory
     own_session = spark is None
     if own_session:
         spark = create_session(args)
