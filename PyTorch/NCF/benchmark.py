@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import ncf
 from dataloading import NCFData, EvalSet, TrainEpochs, duplicate_mask, load_dataset
 from neumf import MODEL_NAMES, build_model
+from recsys_common.io import check_json_output, write_json_output
 
 SHAPES = {  # users, items, training positives (NVIDIA's ML-20m numbers; ML-1m / ML-100k leave-one-out)
     "ml-20m": (138_493, 26_744, 19_861_770),
@@ -125,6 +126,7 @@ def run_naive(args, data: NCFData, device: torch.device) -> Dict:
 
 def _loop(args, device, train_one, evaluate, rows_per_epoch) -> Dict:
     train_tp, eval_tp, hrs, elapsed, ttt = [], [], [], 0.0, None
+    train_s, eval_s, eval_rows = [], [], 0
     for epoch in range(args.epochs):
         _sync(device); t0 = time.perf_counter()
         train_one(epoch)
@@ -132,6 +134,9 @@ def _loop(args, device, train_one, evaluate, rows_per_epoch) -> Dict:
         metrics = evaluate()
         _sync(device); t2 = time.perf_counter()
         elapsed += t2 - t0
+        train_s.append(t1 - t0)
+        eval_s.append(t2 - t1)
+        eval_rows = metrics["eval_rows"]
         train_tp.append(rows_per_epoch / (t1 - t0))
         eval_tp.append(metrics["eval_rows"] / (t2 - t1))
         hrs.append(round(metrics["hr"], 5))
@@ -139,7 +144,9 @@ def _loop(args, device, train_one, evaluate, rows_per_epoch) -> Dict:
             ttt = elapsed
     return {"train_samples_per_s": statistics.median(train_tp), "eval_samples_per_s": statistics.median(eval_tp),
             "train_samples_per_s_per_epoch": [round(x, 1) for x in train_tp],
-            f"hr@{args.topk}_per_epoch": hrs, "time_to_target_s": ttt, "total_time_s": elapsed}
+            f"hr@{args.topk}_per_epoch": hrs, "time_to_target_s": ttt, "total_time_s": elapsed,
+            "train_rows_per_epoch": int(rows_per_epoch), "eval_rows_per_epoch": int(eval_rows),
+            "train_seconds_per_epoch": train_s, "eval_seconds_per_epoch": eval_s}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -164,12 +171,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--amp", action="store_true", help="recipe only: fp16 (CUDA) / bf16 (CPU) autocast")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--no_naive", action="store_true", help="skip the naive implementation")
-    p.add_argument("--output", help="also write the JSON here")
+    p.add_argument("--output_json", "--output", dest="output",
+                   help="also write the JSON here (atomically; an existing file is replaced only if it is JSON)")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     args = parse_args(argv)
+    try:
+        check_json_output(args.output)  # before minutes of benchmarking, not after
+    except FileExistsError as err:
+        print(f"benchmark.py: error: {err}", file=sys.stderr)
+        raise SystemExit(2)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     data = load_dataset(args.data) if args.data else synthetic_data(args.shape, seed=args.seed)
@@ -185,8 +198,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:
-        from recsys_common.io import atomic_write_text
-        atomic_write_text(args.output, text + "\n")
+        write_json_output(args.output, result)
     return result
 
 
