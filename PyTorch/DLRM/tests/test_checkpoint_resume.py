@@ -159,6 +159,14 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(small_dataset, t
     assert text.count('"resumed_from"') == 1 and newest in text
     final = checkpointing.checkpoint_name(MAX_STEPS)
     assert_same_weights(tmp_path / "straight" / final, tmp_path / "crashed" / final)
+    if processes == 2:  # sharded save: each process wrote only its own rows of each row-wise-sharded table
+        index = checkpointing._safe_reader(str(tmp_path / "crashed" / final / "model")).read_metadata()
+        table_chunks = {}
+        for key, info in index.storage_data.items():
+            if key.fqn == "tables/0":
+                table_chunks.setdefault(str(info.relative_path), []).append(tuple(key.offset))
+        assert sorted(table_chunks) == ["__0_0.distcp", "__1_0.distcp"], table_chunks
+        assert table_chunks["__0_0.distcp"] == [(0, 0)] and table_chunks["__1_0.distcp"] == [(500, 0)]
     # --keep_checkpoints 2 (default): the final one and the one before it
     assert [s for s, _ in list_checkpoints(tmp_path / "crashed")] == [MAX_STEPS - MAX_STEPS % EVERY, MAX_STEPS]
 
@@ -273,3 +281,16 @@ def test_old_format_and_tampered_checkpoints_are_refused(small_dataset, tmp_path
     with pytest.raises(CheckpointError, match="refusing to load it"):
         main(base + ["--load_checkpoint_path", str(tmp_path / "ck")])
     assert not (tmp_path / "pwned").exists()
+
+
+def test_deferred_nan_check_names_the_first_bad_step():
+    """The CUDA way (no host sync per step: the first bad step is kept on the device), run on the CPU."""
+    from dlrm.scripts.main import _NonFiniteLoss
+    guard = _NonFiniteLoss(torch.device("cpu"), per_step=False)
+    for step, loss in enumerate([0.7, 0.6, float("inf"), float("nan"), 0.5], start=1):
+        guard.record(torch.tensor(loss), step)
+    with pytest.raises(FloatingPointError, match="became NaN or infinite at step 3"):
+        guard.check()
+    fine = _NonFiniteLoss(torch.device("cpu"), per_step=False)
+    fine.record(torch.tensor(0.7), 1)
+    fine.check()

@@ -384,9 +384,9 @@ class _NonFiniteLoss:
     on a few steps past the NaN, but nothing is saved from them: the newest checkpoint predates the bad step.
     """
 
-    def __init__(self, device, checkpoints=None):
+    def __init__(self, device, checkpoints=None, per_step: Optional[bool] = None):
         import torch
-        self.per_step = device.type != "cuda"
+        self.per_step = device.type != "cuda" if per_step is None else per_step
         self.checkpoints = checkpoints
         self._step = torch.zeros((), dtype=torch.int64, device=device)
         self._first_bad = torch.zeros((), dtype=torch.int64, device=device)  # 0: none (steps count from 1)
