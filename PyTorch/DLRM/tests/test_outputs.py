@@ -38,6 +38,20 @@ def test_prepare_synthetic_dataset_overwrite_that_dies_part_way_leaves_no_old_sp
     out_dir = tmp_path / "syn"
     prepare_synthetic_dataset.main(["--synthetic_dataset_dir", str(out_dir), *SYNTHETIC])
     before = _files(out_dir)
+    from recsys_common.datasets import DatasetWriter
+    real_write = DatasetWriter.write
+
+    def disk_full_on_the_test_mapping(self, columns):   # train is written, then the generator dies
+        if self.mapping == "test":
+            raise OSError("No space left on device")
+        real_write(self, columns)
+
+    monkeypatch.setattr(DatasetWriter, "write", disk_full_on_the_test_mapping)
+    with pytest.raises(OSError, match="No space left"):
+        prepare_synthetic_dataset.main(["--synthetic_dataset_dir", str(out_dir), *SYNTHETIC, "--overwrite",
+                                        "--seed", "99"])
+    monkeypatch.setattr(DatasetWriter, "write", real_write)
+    assert _files(out_dir) == before                     # the old dataset, whole: not new train under the old spec
     real_replace, moved = os.replace, []
 
     def killed_while_moving_files_in(src, dst):
