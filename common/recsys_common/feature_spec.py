@@ -20,6 +20,19 @@ This module is the only FeatureSpec implementation in the project (NVIDIA's four
 ``yaml.safe_load``, resolves every file path relative to the YAML's directory and refuses paths that leave it, and
 validates with errors that name the offending key.
 
+It accepts what NVIDIA's loader accepts, including their hand-written bring-your-own specs:
+
+- a feature without ``dtype`` (``label:`` with nothing under it, ``num_0: {}``). Its dtype defaults to ``int64`` for a
+  categorical feature and ``float32`` otherwise (what NVIDIA's transcoders write), which is how CSV chunks are read
+  and parquet chunks are written; a parquet chunk is read in the file's own column types. A ``split_binary`` chunk
+  needs an explicit dtype for each of its features, because the file's layout depends on it (NVIDIA's DLRM refuses
+  it too); that error names the feature.
+- ``cardinality: auto``: the tools that see the data compute it (``recsys_common.transcode``, ``synthetic``,
+  DLRM's ``gen_csv``; ``from_yaml(..., allow_auto=True)``); a reader that needs the number refuses it with an
+  error naming the feature and saying to run the transcoder.
+- YAML anchors and aliases (NVIDIA's own specs share the numerical feature list with ``&id001`` / ``*id001``):
+  every list and mapping is copied on load, so changing one part of a spec never changes another.
+
     >>> spec = FeatureSpec.get_default_feature_spec(2, [10, 300])
     >>> spec.channel_spec["categorical"], spec.feature_spec["cat_1.bin"]["dtype"]
     (['cat_0.bin', 'cat_1.bin'], 'int16')
@@ -51,6 +64,10 @@ _DTYPE_ALIASES = {
 }
 
 AUTO = "auto"
+
+# dtype of a feature whose metadata has none (see the module docstring).
+DEFAULT_CATEGORICAL_DTYPE = "int64"
+DEFAULT_OTHER_DTYPE = "float32"
 
 
 class FeatureSpecError(ValueError):
@@ -85,12 +102,29 @@ def is_categorical_channel(channel: str) -> bool:
     return "categorical" in channel or channel in _CATEGORICAL_CHANNEL_NAMES
 
 
+def _unshared(value: Any) -> Any:
+    """A copy in which no list or mapping appears twice: YAML aliases (``*id001``) load as one shared object, and
+    ``copy.deepcopy`` keeps them shared, so editing ``channel_spec`` would silently edit ``source_spec`` too."""
+    if isinstance(value, dict):
+        return {k: _unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v) for v in value]
+    return copy.deepcopy(value)
+
+
+def _auto_message(origin: str, name: str) -> str:
+    return (f"{origin}: feature_spec.{name}.cardinality is 'auto' (to be computed from the data), but this reader "
+            f"needs the number: run `python -m recsys_common.transcode` on the CSV data, which writes the computed "
+            f"cardinality into its output spec, or write the number (largest id + 1) into the spec")
+
+
 class FeatureSpec:
     """A dataset description: features, where they are stored, how the model consumes them.
 
     Args:
-        feature_spec: feature name -> metadata (``dtype`` required; ``cardinality`` for categoricals, an int or
-            ``"auto"`` before transcoding; ``max_hotness`` for multi-hot features).
+        feature_spec: feature name -> metadata (``dtype``, defaulted when absent, see the module docstring;
+            ``cardinality`` for categoricals, an int or ``"auto"`` before transcoding; ``max_hotness`` for multi-hot
+            features). ``None`` metadata (``label:`` with nothing under it) is an empty mapping.
         source_spec: mapping name -> list of chunks ``{type, features, files}``.
         channel_spec: channel name -> list of feature names.
         metadata: free-form dictionary.
@@ -131,13 +165,17 @@ class FeatureSpec:
         for key in ("feature_spec", "source_spec", "channel_spec"):
             if key not in source_dict:
                 raise FeatureSpecError(f"{origin}: missing required section '{key}'")
-        d = copy.deepcopy(source_dict)
-        return cls(feature_spec=d["feature_spec"] or {}, source_spec=d["source_spec"] or {},
+        d = _unshared(source_dict)
+        features = d["feature_spec"]
+        if isinstance(features, dict):
+            # NVIDIA's BYO specs write a feature with no metadata as a bare key (``label:``), which YAML loads as None.
+            features = {name: {} if meta is None else meta for name, meta in features.items()}
+        return cls(feature_spec=features or {}, source_spec=d["source_spec"] or {},
                    channel_spec=d["channel_spec"] or {}, metadata=d.get("metadata") or {},
                    base_directory=base_directory, origin=origin)
 
     def to_dict(self) -> dict:
-        return copy.deepcopy({"feature_spec": self.feature_spec, "source_spec": self.source_spec,
+        return _unshared({"feature_spec": self.feature_spec, "source_spec": self.source_spec,
                               "channel_spec": self.channel_spec, "metadata": self.metadata})
 
     def to_yaml(self, path: str) -> None:
@@ -146,7 +184,7 @@ class FeatureSpec:
         atomic_write_text(path, text)
 
     def copy(self) -> "FeatureSpec":
-        return FeatureSpec(**{k: copy.deepcopy(v) for k, v in self._fields().items()},
+        return FeatureSpec(**{k: _unshared(v) for k, v in self._fields().items()},
                            base_directory=self.base_directory, origin=self.origin)
 
     def _fields(self) -> dict:
@@ -172,11 +210,19 @@ class FeatureSpec:
 
     def cardinality(self, name: str) -> int:
         card = self._feature(name).get("cardinality")
+        if card == AUTO:
+            raise FeatureSpecError(_auto_message(self.origin, name))
         if not isinstance(card, (int, np.integer)) or isinstance(card, bool):
             raise FeatureSpecError(f"{self.origin}: feature_spec.{name}.cardinality is {card!r}, expected an integer")
         return int(card)
 
+    def has_dtype(self, name: str) -> bool:
+        return self._feature(name).get("dtype") is not None
+
     def numpy_dtype(self, name: str) -> np.dtype:
+        """The feature's dtype; without one, ``int64`` for a categorical feature and ``float32`` otherwise."""
+        if not self.has_dtype(name):
+            return np.dtype(DEFAULT_CATEGORICAL_DTYPE if self.is_categorical(name) else DEFAULT_OTHER_DTYPE)
         return np.dtype(normalize_dtype(self._feature(name).get("dtype"), f"{self.origin}: feature_spec.{name}.dtype"))
 
     def max_hotness(self, name: str) -> int:
@@ -214,9 +260,8 @@ class FeatureSpec:
                 meta = self.feature_spec[name] = {}
             if not isinstance(meta, dict):
                 raise FeatureSpecError(f"{o}: feature_spec.{name} must be a mapping, got {meta!r}")
-            if "dtype" not in meta:
-                raise FeatureSpecError(f"{o}: feature_spec.{name}.dtype is missing")
-            normalize_dtype(meta["dtype"], f"{o}: feature_spec.{name}.dtype")
+            if meta.get("dtype") is not None:   # absent: defaulted by numpy_dtype (NVIDIA's BYO specs omit it)
+                normalize_dtype(meta["dtype"], f"{o}: feature_spec.{name}.dtype")
             if "cardinality" in meta:
                 self._check_cardinality(name, meta["cardinality"], allow_auto)
             if "max_hotness" in meta:
@@ -252,8 +297,7 @@ class FeatureSpec:
     def _check_cardinality(self, name: str, card: Any, allow_auto: bool) -> None:
         if card == AUTO:
             if not allow_auto:
-                raise FeatureSpecError(f"{self.origin}: feature_spec.{name}.cardinality is 'auto'; run transcode to "
-                                       f"compute it")
+                raise FeatureSpecError(_auto_message(self.origin, name))
             return
         if not isinstance(card, (int, np.integer)) or isinstance(card, bool) or card < 1:
             raise FeatureSpecError(f"{self.origin}: feature_spec.{name}.cardinality must be a positive integer"
@@ -288,6 +332,13 @@ class FeatureSpec:
             if chunk["type"] == "split_binary" and len(chunk["files"]) != 1:
                 raise FeatureSpecError(f"{where}.files: a split_binary chunk has exactly one file, "
                                        f"got {len(chunk['files'])}")
+            if chunk["type"] == "split_binary":
+                for name in chunk["features"]:
+                    if not self.has_dtype(name):
+                        raise FeatureSpecError(
+                            f"{o}: feature_spec.{name}.dtype is missing; feature {name!r} is stored in split_binary "
+                            f"chunk source_spec.{mapping}[{i}], whose byte layout depends on the dtype: add it "
+                            f"(e.g. dtype: int32), or transcode CSV data, which writes it")
             for rel in chunk["files"]:
                 full = self.resolve_file(rel)
                 if check_files and not os.path.isfile(full):

@@ -178,3 +178,112 @@ def test_yaml_is_loaded_safely(tmp_path):
     path.write_text("!!python/object/apply:os.system ['echo hacked']\n")
     with pytest.raises(FeatureSpecError, match="not valid YAML"):
         FeatureSpec.from_yaml(str(path))
+
+
+# ------------------------------------------------------------------------------- NVIDIA's hand-written BYO specs
+def _write_csv(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("".join(",".join(str(v) for v in row) + "\n" for row in rows))
+
+
+def _ncf_byo_dataset(tmp_path):
+    """NVIDIA's NCF BYO spec next to its three headerless CSV files (user, item, label); returns the rows."""
+    shutil.copy(os.path.join(FIXTURES, "nvidia_byo_ncf_csv.yaml"), tmp_path / "feature_spec.yaml")
+    rng = np.random.default_rng(3)
+    rows = {name: [(int(rng.integers(0, 9)), int(rng.integers(0, 30)), int(rng.integers(0, 2))) for _ in range(n)]
+            for name, n in (("train_data_1.csv", 7), ("train_data_2.csv", 5), ("test_data_1.csv", 6))}
+    rows["train_data_2.csv"][0] = (11, 37, 1)   # the largest ids: auto cardinalities 12 and 38
+    for name, r in rows.items():
+        _write_csv(str(tmp_path / name), r)
+    return rows
+
+
+def test_nvidia_byo_ncf_spec_loads_without_dtypes_and_reports_auto_clearly(tmp_path):
+    _ncf_byo_dataset(tmp_path)
+    path = str(tmp_path / "feature_spec.yaml")
+    spec = FeatureSpec.from_yaml(path, check_files=True, allow_auto=True)
+    assert spec.feature_spec["label"] == {} and spec.feature_spec["user"] == {"cardinality": "auto"}
+    assert spec.metadata == {"test_samples_per_series": 3}
+    # Missing dtypes: int64 for categorical features, float32 for the rest (documented defaults).
+    assert spec.numpy_dtype("user") == np.int64 and spec.numpy_dtype("label") == np.float32
+    # A reader that needs the number says which feature and what to run.
+    with pytest.raises(FeatureSpecError, match=r"feature_spec\.user\.cardinality is 'auto'.*recsys_common\.transcode"):
+        spec.cardinality("user")
+    with pytest.raises(FeatureSpecError, match=r"feature_spec\.user\.cardinality is 'auto'.*recsys_common\.transcode"):
+        FeatureSpec.from_yaml(path)
+    with pytest.raises(FeatureSpecError, match=r"cardinality is 'auto'"):
+        open_reader(spec, "train", batch_size=4)
+
+
+def test_nvidia_byo_ncf_spec_transcodes_and_reads_back(tmp_path):
+    from recsys_common import transcode
+    rows = _ncf_byo_dataset(tmp_path)
+    out = transcode.transcode(str(tmp_path), str(tmp_path / "feature_spec.yaml"), str(tmp_path / "out"),
+                              fmt="parquet")
+    assert out.cardinality("user") == 12 and out.cardinality("item") == 38
+    written = FeatureSpec.from_yaml(str(tmp_path / "out" / "feature_spec.yaml"), check_files=True)
+    assert all(written.has_dtype(f) for f in written.feature_spec), written.feature_spec
+    train = rows["train_data_1.csv"] + rows["train_data_2.csv"]
+    batches = list(open_reader(written, "train", batch_size=100))
+    np.testing.assert_array_equal(batches[0]["user_ch"].ravel(), [r[0] for r in train])
+    np.testing.assert_array_equal(batches[0]["item_ch"].ravel(), [r[1] for r in train])
+    np.testing.assert_array_equal(batches[0]["label_ch"].ravel(), [r[2] for r in train])
+
+
+def test_byo_spec_without_dtypes_reads_csv_with_default_dtypes(tmp_path):
+    rows = _ncf_byo_dataset(tmp_path)
+    d = yaml.safe_load(open(tmp_path / "feature_spec.yaml"))
+    d["feature_spec"]["user"]["cardinality"] = 12
+    d["feature_spec"]["item"]["cardinality"] = 38
+    spec = _load(tmp_path, d, check_files=True)
+    cols = {}
+    from recsys_common.datasets import read_columns
+    cols = read_columns(spec, "test")
+    assert cols["user"].dtype == np.int64 and cols["label"].dtype == np.float32
+    np.testing.assert_array_equal(cols["item"], [r[1] for r in rows["test_data_1.csv"]])
+
+
+def test_nvidia_byo_dlrm_spec_with_anchors_transcodes_to_split_binary(tmp_path):
+    from recsys_common import transcode
+    shutil.copy(os.path.join(FIXTURES, "nvidia_byo_dlrm_csv.yaml"), tmp_path / "feature_spec.yaml")
+    rng = np.random.default_rng(5)
+    data = {}
+    for m, n in (("train", 9), ("test", 4)):
+        num = np.round(rng.normal(size=(n, 3)), 2)
+        label = rng.integers(0, 2, n)
+        cat = np.stack([rng.integers(0, 200, n), rng.integers(0, 40, n), rng.integers(0, 3, n)], axis=1)
+        _write_csv(str(tmp_path / m / "numerical.csv"), num.tolist())
+        _write_csv(str(tmp_path / m / "label.csv"), label[:, None].tolist())
+        _write_csv(str(tmp_path / m / "categorical.csv"), cat.tolist())
+        data[m] = (num, label, cat)
+    spec = FeatureSpec.from_yaml(str(tmp_path / "feature_spec.yaml"), allow_auto=True)
+    assert spec.source_spec["train"][0]["features"] == ["num_0", "num_1", "num_2"]
+    assert spec.feature_spec["num_2"] == {} and spec.feature_spec["label"] == {}
+    out = transcode.transcode(str(tmp_path), str(tmp_path / "feature_spec.yaml"), str(tmp_path / "bin"))
+    expected_card = max(data["train"][2][:, 0].max(), data["test"][2][:, 0].max()) + 1
+    assert out.cardinality("cat_0.bin") == expected_card and out.cardinality("cat_1.bin") == 40
+    assert out.numpy_dtype("num_0") == np.float16 and out.numpy_dtype("label") == np.bool_
+    written = FeatureSpec.from_yaml(str(tmp_path / "bin" / "feature_spec.yaml"), check_files=True)
+    num, label, cat = data["test"]
+    batch = next(iter(open_reader(written, "test", batch_size=10)))
+    np.testing.assert_array_equal(batch["categorical"], cat)
+    np.testing.assert_array_equal(batch["label"], label.astype(np.float32))
+    np.testing.assert_allclose(batch["numerical"], num.astype(np.float16).astype(np.float32))
+
+
+def test_yaml_aliases_are_not_shared_after_loading(tmp_path):
+    """NVIDIA's specs reuse the numerical list by alias; editing the channel must not edit the stored chunks."""
+    shutil.copy(os.path.join(FIXTURES, "nvidia_byo_dlrm_csv.yaml"), tmp_path / "feature_spec.yaml")
+    spec = FeatureSpec.from_yaml(str(tmp_path / "feature_spec.yaml"), allow_auto=True)
+    spec.channel_spec["numerical"].remove("num_2")
+    assert spec.source_spec["train"][0]["features"] == ["num_0", "num_1", "num_2"]
+    assert spec.source_spec["test"][0]["features"] is not spec.source_spec["train"][0]["features"]
+
+
+def test_split_binary_feature_without_dtype_is_refused_naming_it(tmp_path):
+    d = _spec_dict()
+    del d["feature_spec"]["cat_2.bin"]["dtype"]
+    with pytest.raises(FeatureSpecError, match=r"feature_spec\.cat_2\.bin\.dtype is missing; .*split_binary chunk "
+                                               r"source_spec\.test\[4\]"):
+        _load(tmp_path, d)
