@@ -69,6 +69,10 @@ def completed_spec(spec_in: FeatureSpec, columns: Dict[str, Dict[str, np.ndarray
             out.feature_spec[f]["dtype"] = "float16"
         for f in label:
             out.feature_spec[f]["dtype"] = "bool" if labels_binary else "float32"
+    for f, meta in out.feature_spec.items():
+        # An input spec without dtypes (NVIDIA's hand-written BYO specs): the output spec states the dtypes written.
+        if meta.get("dtype") is None:
+            meta["dtype"] = str(out.numpy_dtype(f))
     source_spec = {}
     for mapping in spec_in.source_spec:
         stored = set(spec_in.features_of_mapping(mapping))
