@@ -280,8 +280,10 @@ def _commit(staging: str, path: str, tool: str, marker: Optional[str]) -> None:
             if not is_dir_slot and name in old_dirs and os.path.isdir(full) and not os.listdir(full):
                 continue  # an empty directory this tool made earlier
             owner = f"written by {others[name]}" if name in others else "not written by this tool"
+            hint = "" if manifest else (f"; {MANIFEST_NAME}, the record of what recsys tools wrote there, is absent "
+                                        f"(outputs of a release before that record must be removed by hand)")
             raise OutputDirectoryError(f"{full}: exists and was {owner}; refusing to replace it (move it away, or "
-                                       f"write to another directory)")
+                                       f"write to another directory){hint}")
 
     created_dirs = {d for d in new_dirs if not os.path.isdir(os.path.join(path, d))}
     # 1. Record every file this tool may have in the directory, old and new, before the first change, so a crash
