@@ -119,3 +119,15 @@ def test_command_line_exits_non_zero_with_the_message(dataset_copy, tmp_path):
     assert proc.returncode == 1
     assert "error:" in proc.stderr and "train/cat_1.bin" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_command_line_reports_an_unwritable_log_path(small_dataset, tmp_path):
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "dlrm.scripts.main",
+                           *train_args(small_dataset, blocker / "log.json", "--embedding_type", "multi_table",
+                                       "--max_steps", "1")],
+                          cwd=RECIPE_DIR, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "error:" in proc.stderr and "not_a_directory" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -620,7 +620,7 @@ def _cli() -> int:
         print(f"error: {e}\nrun with --help for the flags", file=sys.stderr)
         return 2
     except (DataError, DatasetError, FeatureSpecError, CheckpointError, ValueError, FloatingPointError,
-            RuntimeError) as e:
+            RuntimeError, OSError) as e:  # OSError: a path a user gave cannot be read or written
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
