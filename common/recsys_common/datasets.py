@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from .feature_spec import FeatureSpec, FeatureSpecError, is_categorical_channel
-from .io import _temporary_sibling
+from .io import _fsync_directory, _fsync_file, _temporary_sibling
 
 PAD = -1
 
@@ -476,7 +476,10 @@ class DatasetWriter:
                 if chunk["type"] == "parquet":
                     self._write_empty_parquet(i, chunk)
         for tmp, target in zip(self._temps, self._targets):
+            _fsync_file(tmp)   # the data is on disk before a name points to it
             os.replace(tmp, target)
+        for directory in sorted({os.path.dirname(t) for t in self._targets}):
+            _fsync_directory(directory)
 
     def _write_empty_parquet(self, i, chunk):
         import pyarrow as pa

@@ -205,3 +205,17 @@ def test_output_json_refuses_to_clobber_a_file_that_is_not_json(tmp_path):
     with pytest.raises(FileExistsError, match="not a regular file"):
         check_json_output(str(tmp_path))
     assert script.read_text() == "#!/bin/sh\n"
+
+
+def test_dataset_writer_fsyncs_each_file_before_renaming_it(tmp_path, events):
+    import numpy as np
+    from recsys_common.datasets import DatasetWriter
+    from recsys_common.feature_spec import FeatureSpec
+    spec = FeatureSpec.get_default_feature_spec(1, [5], base_directory=str(tmp_path))
+    with DatasetWriter(spec, "train") as w:
+        w.write({"num_0": np.ones(3), "cat_0.bin": np.array([0, 4, 2]), "label": np.array([1, 0, 1])})
+    renames = [(i, e[1]) for i, e in enumerate(events) if e[0] == "rename"]
+    assert len(renames) == 3
+    for i, tmp in renames:
+        assert ("fsync", tmp) in events[:i]
+    assert ("fsync", str(tmp_path / "train")) in events[renames[-1][0]:]
