@@ -1,20 +1,41 @@
-"""Turn a DLLogger-compatible JSON log into PNG plots: losses, metrics and throughput against step.
+"""Turn a DLLogger-compatible JSON log into PNG plots of losses, metrics, learning rate, times and throughput.
 
     python -m recsys_common.plot_log /results/log.json --output /results/plots
 
-One PNG per group (``loss.png``, ``metrics.png``, ``throughput.png``) is written; keys are grouped by name
-(``*loss*``, ``*throughput*`` / ``*samples/s*`` / ``*_per_s*``, everything else numeric is a metric). The x axis is
-the running index of the LOG records that carry the key, labelled with the last step component (epoch or iteration).
+The x axis is what the log recorded as the step of each record (DLLogger's ``step`` tuple), never the record's
+position in the file:
+
+- ``step: [epoch, step]`` (PyTorch/DLRM logs ``(epoch, global_step)`` every ``--print_freq`` and ``--test_freq``
+  steps): x = the training step, with a dotted line where each new epoch starts. Loggers that count steps from 0 in
+  every epoch (a step that goes down when the epoch goes up) are drawn against the fractional epoch
+  ``epoch + step / steps``, ``steps`` being the largest step logged in an epoch.
+- ``step: [epoch]`` (PyTorch/NCF and NVIDIA's NCF log once per epoch): x = the epoch.
+
+Parameters (``step: "PARAMETER"``) and the summary (``step: []``) are not plotted, nor data keys that repeat the step
+(``epoch``, ``step``, ``global_step``). Keys are grouped by name into one PNG each: ``loss`` (``*loss*``),
+``throughput`` (``*throughput*``, ``*samples/s*``, ``*_per_s*``), ``time`` (``*time*``), ``learning_rate`` (``lr``,
+``*learning_rate*``) and ``metrics`` (every other number: AUC, HR@10, ...). A group whose keys were logged against
+both kinds of step gets two files, ``<group>.png`` (steps) and ``<group>_by_epoch.png``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .io import atomic_path
 from .logger import read_log
+
+STEP_AXIS = "step"
+EPOCH_AXIS = "epoch"
+AXIS_LABELS = {
+    STEP_AXIS: "training step (optimizer steps since the start of training)",
+    EPOCH_AXIS: "epoch",
+}
+_STEP_KEYS = {"epoch", "step", "global_step", "iteration"}
+_Y_LABELS = {"time": "seconds", "throughput": "samples/s", "learning_rate": "learning rate", "metrics": "value"}
 
 
 def _group(key: str) -> str:
@@ -23,25 +44,84 @@ def _group(key: str) -> str:
         return "loss"
     if "throughput" in k or "samples/s" in k or "_per_s" in k or "per_second" in k:
         return "throughput"
+    if "time" in k:
+        return "time"
+    if k == "lr" or "learning_rate" in k:
+        return "learning_rate"
     return "metrics"
 
 
-def collect_series(path: str) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    """group -> key -> [(x, value)] from the step-indexed LOG records (parameters and the summary excluded)."""
-    groups: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
-    for index, record in enumerate(read_log(path)):
+@dataclass
+class Series:
+    """One logged key: ``xs`` on the ``axis`` (``"step"`` or ``"epoch"``), values ``ys``."""
+    key: str
+    axis: str
+    xs: List[float] = field(default_factory=list)
+    ys: List[float] = field(default_factory=list)
+    epochs: List[int] = field(default_factory=list)   # the epoch of each point (step axis: marks epoch starts)
+
+
+def _records(path: str) -> List[Tuple[List[int], Dict[str, float]]]:
+    """``(step tuple, numeric data)`` of the step-indexed LOG records, in file order."""
+    out = []
+    for record in read_log(path):
         step = record.get("step")
-        if not isinstance(step, list) or not step:
+        if record.get("type", "LOG") != "LOG" or not isinstance(step, list) or not step:
             continue
-        x = float(step[-1]) if len(step) == 1 else float(index)
-        for key, value in (record.get("data") or {}).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            groups.setdefault(_group(key), {}).setdefault(key, []).append((x, float(value)))
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in step):
+            continue
+        data = {k: float(v) for k, v in (record.get("data") or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k.lower() not in _STEP_KEYS}
+        if data:
+            out.append(([int(s) for s in step], data))
+    return out
+
+
+def collect_series(path: str) -> Dict[str, Dict[str, Series]]:
+    """group -> key -> Series, each point placed at the step the log recorded for it (see module docstring)."""
+    by_key: Dict[str, List[Tuple[List[int], float]]] = {}
+    for step, data in _records(path):
+        for key, value in data.items():
+            by_key.setdefault(key, []).append((step, value))
+    groups: Dict[str, Dict[str, Series]] = {}
+    for key, points in by_key.items():
+        if all(len(s) == 1 for s, _ in points):
+            series = Series(key, EPOCH_AXIS, [float(s[0]) for s, _ in points], [v for _, v in points],
+                            [s[0] for s, _ in points])
+        else:
+            # (epoch, step): the epoch is the first component, the step the last; a bare (epoch,) record among
+            # them (e.g. an end-of-epoch line) sits at the epoch's last logged step.
+            epochs = [s[0] for s, _ in points]
+            steps = [s[-1] if len(s) > 1 else None for s, _ in points]
+            known = [x for x in steps if x is not None]
+            if any(b < a for a, b in zip(known, known[1:])):
+                # Steps restart every epoch: the global position is the fractional epoch.
+                per_epoch = max(max(known), 1)
+                xs = [e + (x if x is not None else per_epoch) / per_epoch for e, x in zip(epochs, steps)]
+                series = Series(key, EPOCH_AXIS, xs, [v for _, v in points], epochs)
+            else:
+                last_of_epoch: Dict[int, int] = {}
+                for e, x in zip(epochs, steps):
+                    if x is not None:
+                        last_of_epoch[e] = max(last_of_epoch.get(e, x), x)
+                xs = [float(x if x is not None else last_of_epoch.get(e, 0)) for e, x in zip(epochs, steps)]
+                series = Series(key, STEP_AXIS, xs, [v for _, v in points], epochs)
+        groups.setdefault(_group(key), {})[key] = series
     return groups
 
 
-def plot(path: str, output_dir: str) -> List[str]:
+def _epoch_starts(series: Iterable[Series]) -> List[Tuple[float, int]]:
+    """``(x, epoch)`` for each epoch after the first: a line just after the previous epoch's last logged step."""
+    last: Dict[int, float] = {}
+    for s in series:
+        for x, e in zip(s.xs, s.epochs):
+            last[e] = max(last.get(e, x), x)
+    epochs = sorted(last)
+    return [(last[prev], e) for prev, e in zip(epochs, epochs[1:])]
+
+
+def build_figures(path: str) -> Dict[str, "object"]:
+    """file name -> matplotlib Figure (not saved). Raises ValueError when the log has nothing to plot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -49,20 +129,39 @@ def plot(path: str, output_dir: str) -> List[str]:
     groups = collect_series(path)
     if not groups:
         raise ValueError(f"{path}: no step-indexed numeric LOG records to plot")
+    figures = {}
+    for group, series in sorted(groups.items()):
+        axes = sorted({s.axis for s in series.values()}, key=lambda a: a != STEP_AXIS)
+        for axis in axes:
+            chosen = [s for _, s in sorted(series.items()) if s.axis == axis]
+            name = group if axis == axes[0] else f"{group}_by_{axis}"
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for s in chosen:
+                ax.plot(s.xs, s.ys, marker="o" if len(s.xs) < 50 else None, label=s.key)
+            if axis == STEP_AXIS:
+                for x, epoch in _epoch_starts(chosen):
+                    ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+                    ax.annotate(f"epoch {epoch}", (x, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                                textcoords="offset points", fontsize="x-small", color="grey")
+            ax.set_xlabel(AXIS_LABELS[axis])
+            ax.set_ylabel(_Y_LABELS.get(group, group))
+            ax.set_title(f"{os.path.basename(path)}: {group.replace('_', ' ')}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
+            fig.tight_layout()
+            figures[f"{name}.png"] = fig
+    return figures
+
+
+def plot(path: str, output_dir: str) -> List[str]:
+    """Write one PNG per group (see module docstring) into ``output_dir``; returns the paths written."""
+    import matplotlib.pyplot as plt
+
+    figures = build_figures(path)
     os.makedirs(output_dir, exist_ok=True)
     written = []
-    for group, series in sorted(groups.items()):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key, points in sorted(series.items()):
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=key)
-        ax.set_xlabel("step")
-        ax.set_ylabel(group)
-        ax.set_title(f"{os.path.basename(path)}: {group}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        target = os.path.join(output_dir, f"{group}.png")
+    for name, fig in figures.items():
+        target = os.path.join(output_dir, name)
         with atomic_path(target) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
         plt.close(fig)
@@ -72,7 +171,8 @@ def plot(path: str, output_dir: str) -> List[str]:
 
 def main(argv: Optional[Iterable[str]] = None) -> List[str]:
     p = argparse.ArgumentParser(prog="python -m recsys_common.plot_log",
-                                description="Plot loss, metrics and throughput from a DLLogger JSON log as PNG files.")
+                                description="Plot loss, metrics, learning rate, times and throughput from a DLLogger "
+                                            "JSON log as PNG files, against the logged training step or epoch.")
     p.add_argument("log", help="DLLogger-compatible JSON stream (lines 'DLLL {...}')")
     p.add_argument("--output", default="plots", help="directory for the PNG files (default ./plots)")
     args = p.parse_args(None if argv is None else list(argv))

@@ -87,6 +87,71 @@ def test_plot_log_writes_pngs(tmp_path):
     assert len(read_log(path)) == 7
 
 
+def _plotted(path):
+    """file name -> {label: (x data, y data)} of the Line2D objects plot_log draws, plus the x axis labels."""
+    import matplotlib.pyplot as plt
+    figures = plot_log.build_figures(path)
+    out = {}
+    for name, fig in figures.items():
+        ax = fig.axes[0]
+        out[name] = {"xlabel": ax.get_xlabel(),
+                     **{line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
+                        if not line.get_label().startswith("_")}}
+        plt.close(fig)
+    return out
+
+
+def test_plot_log_x_axis_is_the_logged_training_step(tmp_path):
+    """The issue's run: 128 steps, print_freq 32, logged as DLRM does, (epoch, global_step); 64 steps per epoch."""
+    path = str(tmp_path / "log.json")
+    log = Logger(path, stdout=False)
+    log.log_parameters({"print_freq": 32})
+    for step in (32, 64, 96, 128):
+        epoch = (step - 1) // 64
+        log.log(step=(epoch, step), data={"loss": 1.0 / step, "lr": 0.1, "step_time": 0.01})
+        log.log(step=(epoch, step), data={"test_auc": 0.5 + step / 1000, "test_loss": 2.0 / step})
+    log.log(step=(1, 128), data={"early_stop": "AUC >= 0.6"})     # text: not plotted
+    log.log_summary({"auc": 0.628})
+    log.close()
+    plotted = _plotted(path)
+    assert sorted(plotted) == ["learning_rate.png", "loss.png", "metrics.png", "time.png"]
+    assert plotted["loss.png"]["loss"] == ([32.0, 64.0, 96.0, 128.0], [1 / 32, 1 / 64, 1 / 96, 1 / 128])
+    assert plotted["loss.png"]["test_loss"][0] == [32.0, 64.0, 96.0, 128.0]
+    assert plotted["metrics.png"]["test_auc"][0] == [32.0, 64.0, 96.0, 128.0]
+    assert plotted["loss.png"]["xlabel"].startswith("training step")
+    # the epoch boundary: a dotted line after the last step logged in epoch 0
+    import matplotlib.pyplot as plt
+    fig = plot_log.build_figures(path)["loss.png"]
+    boundaries = [list(line.get_xdata()) for line in fig.axes[0].get_lines() if line.get_linestyle() == ":"]
+    assert boundaries == [[64.0, 64.0]]
+    plt.close("all")
+
+
+def test_plot_log_per_epoch_records_are_plotted_against_the_epoch(tmp_path):
+    """NCF logs once per epoch with step (epoch,); its data also repeats the epoch, which is not a curve."""
+    path = str(tmp_path / "log.json")
+    log = Logger(path, stdout=False)
+    for epoch in range(3):
+        log.log(step=(epoch,), data={"epoch": epoch, "hr@10": 0.1 * (epoch + 1), "loss": 1.0 - 0.1 * epoch,
+                                     "train_throughput": 1000.0 + epoch, "epoch_time": 2.0})
+    log.close()
+    plotted = _plotted(path)
+    assert plotted["metrics.png"] == {"xlabel": "epoch", "hr@10": ([0.0, 1.0, 2.0], [0.1, 0.2, 0.30000000000000004])}
+    assert plotted["throughput.png"]["train_throughput"][0] == [0.0, 1.0, 2.0]
+
+
+def test_plot_log_steps_counted_within_each_epoch_become_fractional_epochs(tmp_path):
+    path = str(tmp_path / "log.json")
+    log = Logger(path, stdout=False)
+    for epoch in range(2):
+        for it in (50, 100):
+            log.log(step=(epoch, it), data={"loss": 1.0})
+    log.close()
+    xs, _ = _plotted(path)["loss.png"]["loss"]
+    assert xs == [0.5, 1.0, 1.5, 2.0]
+    assert _plotted(path)["loss.png"]["xlabel"] == "epoch"
+
+
 def test_plot_log_rejects_empty_log(tmp_path):
     (tmp_path / "log.json").write_text("not a log\n")
     with pytest.raises(ValueError, match="no step-indexed numeric LOG records"):
