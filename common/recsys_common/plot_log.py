@@ -143,6 +143,9 @@ def build_figures(path: str) -> Dict[str, "object"]:
                     ax.axvline(x, color="grey", linestyle=":", linewidth=1)
                     ax.annotate(f"epoch {epoch}", (x, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
                                 textcoords="offset points", fontsize="x-small", color="grey")
+            values = [y for s in chosen for y in s.ys]
+            if group in ("throughput", "time") and min(values) > 0 and max(values) > 20 * min(values):
+                ax.set_yscale("log")   # e.g. train and eval throughput, an order of magnitude apart
             ax.set_xlabel(AXIS_LABELS[axis])
             ax.set_ylabel(_Y_LABELS.get(group, group))
             ax.set_title(f"{os.path.basename(path)}: {group.replace('_', ' ')}")
