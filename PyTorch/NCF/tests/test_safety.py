@@ -5,6 +5,9 @@ NaN scores count as misses; a NaN/inf training loss stops the run at its step wi
 ``--resume`` continues the earlier run's log.
 """
 import os
+import socket
+import subprocess
+import sys
 from contextlib import nullcontext
 
 import numpy as np
@@ -14,6 +17,7 @@ from torch import nn
 
 import ncf
 import neumf
+from conftest import NCF_DIR
 from dataloading import EvalSet, NCFData, load_dataset
 from recsys_common.logger import read_log
 
@@ -120,3 +124,26 @@ def test_resume_appends_to_the_earlier_log(tiny_data, tmp_path):
     run(tiny_data, tmp_path, "-e", "3", "--checkpoint_dir", ckpt, "--resume")
     steps = [r["step"] for r in read_log(str(tmp_path / "log.json"))]
     assert steps == ["PARAMETER", [0], [1], [], "PARAMETER", [2], []]
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_that_step(tiny_data, tmp_path, env_with_pythonpath):
+    from dataloading import shard_bounds
+    positives = shard_bounds(len(load_dataset(tiny_data).train_users), 0, 2)[1]
+    steps = -(-positives * 2 // 1024)  # -n 1; -b 2048 over 2 ranks
+    env = dict(env_with_pythonpath, NAN_AFTER=str(steps + 3))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", os.path.join(NCF_DIR, "tests", "ddp_nan_worker.py"), str(tmp_path),
+           "--data", tiny_data, *SMALL, "-e", "3", "--log_path", str(tmp_path / "log.json")]
+    proc = subprocess.run(cmd, env=env, cwd=NCF_DIR, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0  # a diverged run is a failed job
+    for rank in (0, 1):
+        code, message = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)
+        assert code == "2", proc.stderr[-3000:]
+        assert f"epoch 1, step 3 (of {steps}): the training loss is nan on at least one rank" in message

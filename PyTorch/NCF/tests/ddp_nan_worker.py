@@ -1,0 +1,42 @@
+"""torchrun worker for tests/test_safety.py: ncf.main where only rank 1's model starts returning NaN.
+
+    NAN_AFTER=K torchrun --nproc_per_node=2 tests/ddp_nan_worker.py OUT_DIR <ncf.py arguments>
+
+Rank 1's NeuMF output turns NaN after K training forwards; each rank writes its exit status and error message to
+OUT_DIR/rank<R>.txt. Both ranks must stop at the same step (the loss check is all-reduced), so neither hangs.
+"""
+import contextlib
+import io
+import os
+import sys
+
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import ncf  # noqa: E402
+import neumf  # noqa: E402
+
+_forward, _calls = neumf.NeuMF.forward, []
+
+
+def _forward_nan_on_rank_1(self, users, items):
+    out = _forward(self, users, items)
+    if self.training and os.environ.get("RANK") == "1":
+        _calls.append(1)
+        if len(_calls) > int(os.environ["NAN_AFTER"]):
+            return out * float("nan")
+    return out
+
+
+if __name__ == "__main__":
+    neumf.NeuMF.forward = _forward_nan_on_rank_1
+    out_dir, argv = sys.argv[1], sys.argv[2:]
+    err, code = io.StringIO(), 0
+    with contextlib.redirect_stderr(err):
+        try:
+            ncf.main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.txt"), "w") as f:
+        f.write(f"{code}\n{err.getvalue()}")
+    ncf.shutdown_distributed()
+    sys.exit(code)
