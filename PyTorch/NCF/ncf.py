@@ -12,7 +12,6 @@ over each user's candidates, all-reduced over ranks) -> checkpoint when HR impro
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import math
 import os
@@ -135,15 +134,13 @@ def init_distributed(args: argparse.Namespace):
 
 
 def shutdown_distributed() -> None:
-    """Tear the process group down in step on every rank.
+    """Tear the process group down in step on every rank, after :func:`run` has returned (its DDP model is gone).
 
-    The DDP model's reducer must be gone before its process group: collecting it first and meeting at a barrier
-    avoids gloo aborting one rank at exit ("terminate called without an active exception").
+    The repository's one teardown (:mod:`recsys_common.torch_distributed` explains the gloo abort at exit, "terminate
+    called without an active exception", that it prevents). Safe without a group and safe to call twice.
     """
-    if dist.is_initialized():
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    from recsys_common.torch_distributed import shutdown_process_group
+    shutdown_process_group()
 
 
 def all_reduce_sum(values: List[float], device: torch.device) -> List[float]:

@@ -15,6 +15,7 @@ def check(results, local_rank_via_arg):
         assert res["local_rank_arg"] == (r if local_rank_via_arg else None)
         np.testing.assert_allclose(res["ddp_weights"], res["reference_weights"], rtol=0, atol=1e-6)
         assert not np.allclose(res["ddp_weights"], res["initial_weights"])
+        assert res["gloo_threads_after_teardown"] == [], "the process group outlived the teardown"
     np.testing.assert_array_equal(results[0]["ddp_weights"], results[1]["ddp_weights"])
 
 

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from recsys_common.torch_distributed import live_gloo_threads, shutdown_process_group
+
 parser = argparse.ArgumentParser()
 # torch.distributed.launch (without --use_env) passes --local-rank; older launchers --local_rank.
 parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None)
@@ -61,7 +63,10 @@ flat = lambda m: torch.cat([p.detach().ravel() for p in m.parameters()]).tolist(
 result["ddp_weights"] = flat(ddp.module)
 result["reference_weights"] = flat(reference)
 result["initial_weights"] = flat(make_model(seed=0))
-dist.barrier()
-dist.destroy_process_group()
+# The repository's one teardown (recsys_common.torch_distributed): drop the DDP model, meet, destroy the group and
+# let its gloo threads go before the interpreter exits (a live one can abort the process at exit).
+del ddp, opt
+shutdown_process_group()
+result["gloo_threads_after_teardown"] = live_gloo_threads()
 with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)

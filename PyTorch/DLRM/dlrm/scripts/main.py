@@ -568,6 +568,9 @@ def run(args) -> Dict[str, Any]:
         return results
     finally:
         logger.close()
+        # The model (DMP / DDP) and the checkpoint saver hold the process group: drop them so that teardown can
+        # release the group's gloo threads now rather than race the interpreter's exit (an abort after a good run).
+        trainable = saver = None  # noqa: F841
         teardown(ctx)
 
 

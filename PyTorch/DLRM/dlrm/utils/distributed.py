@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tempfile
 import warnings
 from typing import List, Optional
@@ -77,9 +78,17 @@ def setup(base_device: str, backend: Optional[str] = None, need_group: bool = Fa
 
 
 def teardown(ctx: DistributedContext) -> None:
-    if ctx.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group :func:`setup` created, in step on every rank; a no-op for a group we did not create.
+
+    The caller drops its models first (DMP and DDP hold the group). Uses the repository's one teardown,
+    :func:`recsys_common.torch_distributed.shutdown_process_group` (it explains the gloo abort at exit it prevents).
+    Called from ``main``'s ``finally``: while an exception propagates, the ranks skip the barrier, which ranks still
+    inside a collective would never reach. Safe to call twice.
+    """
+    from recsys_common.torch_distributed import shutdown_process_group
+    if ctx.owns_group:
         ctx.owns_group = False
+        shutdown_process_group(barrier=sys.exc_info()[1] is None)
 
 
 def group_active() -> bool:

@@ -1,0 +1,113 @@
+"""End a ``torch.distributed`` run so that every rank exits 0: one teardown for every multi-process entry point.
+
+Imports torch only inside the functions: ``recsys_common`` itself stays framework-free.
+
+Why a plain ``destroy_process_group()`` at the end of ``main`` is not enough with gloo (read from torch 2.13):
+
+* ``destroy_process_group()`` only unregisters the group. The gloo backend (its ``pt_gloo_runloop`` worker threads and
+  its ``gloo_tcp_loop`` thread) lives on while anything still references the group: a ``DistributedDataParallel``
+  reducer, TorchRec's ``DistributedModelParallel`` and its sharded modules (their all-to-all "dists" keep the group),
+  a pending ``Work``, and the defaults of ``torch.distributed.nn.functional`` (``def all_gather(tensor,
+  group=group.WORLD)``: ``group.WORLD`` is evaluated when that module is first imported, which DDP's constructor does
+  after the group exists; torch then keeps the group for the life of the process).
+* A worker thread may still be releasing the last collective it ran when the main thread reaches the end of the
+  script. That ``Work`` holds tensors that Python created (all-to-all outputs, gathered parts); dropping them needs the
+  GIL. Once the interpreter is finalizing, a thread asking for the GIL is ended with ``pthread_exit``, whose unwinding
+  through the C++ destructor in progress calls ``std::terminate``: "terminate called without an active exception",
+  SIGABRT, and torchrun fails the job after a good run. It is a race, so it shows up once in a few runs, and more
+  often on a loaded machine.
+
+:func:`shutdown_process_group` therefore drops what it can reach, meets the other ranks at a barrier, destroys the
+group and lets the backend go while the interpreter is fully alive: the backend's destructor joins its worker threads
+(with the GIL released), so no gloo thread is left to race the interpreter's exit. Callers must drop their own
+references to DDP/DMP models first (return from the function that built them, or set the variables to ``None``).
+"""
+from __future__ import annotations
+
+import gc
+import os
+from typing import List
+
+# Names torch and gloo give their threads (Linux): the worker threads of ProcessGroupGloo and gloo's TCP event loop.
+GLOO_THREAD_NAMES = ("pt_gloo_runloop", "gloo_tcp_loop")
+
+
+def shutdown_process_group(barrier: bool = True) -> bool:
+    """Tear the default process group (and every other group) down on this rank; call it on every rank.
+
+    ``barrier``: meet the other ranks before destroying, so that no rank destroys the group while another still
+    communicates. Pass ``False`` on an error path: a rank that failed must not wait at a barrier that ranks still
+    inside a collective would never reach (torchrun stops them once this rank exits non-zero).
+
+    Returns ``True`` if a group existed and was destroyed. Safe without a group (returns ``False``), safe to call
+    twice, and a no-op where ``torch.distributed`` is not built in.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    # DDP reducers and DMP's sharded modules sit in reference cycles: collect them now, so that the group is only
+    # referenced by torch's registries when it is destroyed.
+    gc.collect()
+    if barrier and dist.get_world_size() > 1:
+        dist.barrier()
+    groups = list(_known_groups(dist))
+    dist.destroy_process_group()
+    _forget_stale_defaults(groups)
+    # The group objects are now unreferenced; collecting joins the backend's threads here, not at interpreter exit.
+    del groups
+    gc.collect()
+    return True
+
+
+def live_gloo_threads() -> List[str]:
+    """Names of this process's gloo threads still alive (Linux ``/proc``; an empty list elsewhere).
+
+    Empty after :func:`shutdown_process_group` when nothing else held the group: what tests check.
+    """
+    task_dir = f"/proc/{os.getpid()}/task"
+    names = []
+    try:
+        tasks = os.listdir(task_dir)
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            with open(os.path.join(task_dir, task, "comm")) as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name.startswith(GLOO_THREAD_NAMES):
+            names.append(name)
+    return sorted(names)
+
+
+def _known_groups(dist) -> list:
+    """Every process group torch knows of (the default one included), before they are destroyed."""
+    from torch.distributed import distributed_c10d as c10d
+    groups = list(getattr(c10d._world, "pg_map", {}).keys())
+    default = c10d.GroupMember.WORLD
+    if default is not None and all(g is not default for g in groups):
+        groups.append(default)
+    return groups
+
+
+def _forget_stale_defaults(groups: list) -> None:
+    """Replace destroyed groups captured as default arguments by ``torch.distributed.nn.functional`` with ``None``.
+
+    Those functions take ``group=group.WORLD`` as a default, evaluated at import: if the module was first imported
+    while a group existed (DDP imports it), the default keeps that group, and so its gloo threads, alive until the
+    interpreter exits. ``None`` means "the default group" to every collective, which is what the default meant.
+    """
+    import sys
+    module = sys.modules.get("torch.distributed.nn.functional")
+    if module is None or not groups:
+        return
+    for value in list(vars(module).values()):
+        defaults = getattr(value, "__defaults__", None)
+        if callable(value) and defaults and any(_is_one_of(d, groups) for d in defaults):
+            value.__defaults__ = tuple(None if _is_one_of(d, groups) else d for d in defaults)
+
+
+def _is_one_of(value, groups: list) -> bool:
+    return any(value is g for g in groups)
