@@ -162,3 +162,12 @@ def test_a_dataset_made_by_nvidias_converter_trains_like_ours(tmp_path):
     on_ours = ncf.main(["--data", ours, *argv, "--log_path", str(tmp_path / "a.json")])
     on_theirs = ncf.main(["--data", theirs, *argv, "--log_path", str(tmp_path / "b.json")])
     assert on_theirs["best_hr@5"] == on_ours["best_hr@5"] and on_theirs["last"]["loss"] == on_ours["last"]["loss"]
+
+
+def test_inference_loads_a_bare_nvidia_model_pth(tmp_path):
+    import inference
+    torch.save({"module." + k: v for k, v in nvidia_state_dict(50, 40).items()}, tmp_path / "model.pth")
+    rows = inference.main(["--load_checkpoint_path", str(tmp_path / "model.pth"), "--n_users", "50", "--n_items", "40",
+                           "--factors", str(FACTORS), "--layers", *map(str, LAYERS), "--batch_sizes", "8",
+                           "--num_batches", "2", "--num_warmup", "0", "--log_path", str(tmp_path / "inf.json")])
+    assert [r["batch_size"] for r in rows] == [8]
