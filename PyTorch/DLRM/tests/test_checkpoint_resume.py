@@ -160,7 +160,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(small_dataset, t
     final = checkpointing.checkpoint_name(MAX_STEPS)
     assert_same_weights(tmp_path / "straight" / final, tmp_path / "crashed" / final)
     if processes == 2:  # sharded save: each process wrote only its own rows of each row-wise-sharded table
-        index = checkpointing._safe_reader(str(tmp_path / "crashed" / final / "model")).read_metadata()
+        index = checkpointing._safe_reader(str(tmp_path / "crashed" / final / "model" / "table_0")).read_metadata()
         table_chunks = {}
         for key, info in index.storage_data.items():
             if key.fqn == "tables/0":
@@ -271,7 +271,7 @@ def test_old_format_and_tampered_checkpoints_are_refused(small_dataset, tmp_path
 
     main(train_args(small_dataset, tmp_path / "log.json", "--embedding_type", "multi_table", "--max_steps", "1",
                     "--save_checkpoint_path", str(tmp_path / "ck")))
-    index = tmp_path / "ck" / "step_000000001" / "model" / ".metadata"
+    index = tmp_path / "ck" / "step_000000001" / "model" / "table_3" / ".metadata"
 
     class Evil:
         def __reduce__(self):

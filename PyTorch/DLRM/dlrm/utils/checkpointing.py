@@ -7,8 +7,9 @@
         dense.pt               dense-optimizer and loss-scaler state, scalar optimizer state (torch.save; loaded with
                                weights_only=True)
         rng.pt                 every process's RNG states (torch, CUDA, numpy, random), in rank order
-        model/                 torch.distributed.checkpoint (DCP): MLP weights, embedding tables and their optimizer
-                               state, each process writing only its own shards (.metadata + __<rank>_0.distcp)
+        model/dense/           torch.distributed.checkpoint (DCP) of the MLP weights (.metadata + .distcp files)
+        model/table_<i>/       DCP of table i and its optimizer state: each process writes only its own shards
+                               (__<rank>_0.distcp); one save per table bounds the memory a save needs (below)
     ROOT/step_000000080/       ...the newest --keep_checkpoints are kept; the last one is the final checkpoint
 
 A checkpoint is written into a temporary sibling directory (``recsys_common.io.atomic_directory``), every file
@@ -17,7 +18,9 @@ leaves only a ``.step_*.tmp-*`` directory, which is ignored and removed by the n
 
 Tables are saved shard by shard: a TorchRec ``ShardedTensor`` writes just the rows and columns of this process's
 shards (no process ever holds a whole table it does not own), plain tables are written once (DCP deduplicates
-replicated tensors). Loading reshards: each process reads just the parts of the files that overlap its own shards,
+replicated tensors). DCP holds a CPU copy of each item it writes until its save ends (FBGEMM keeps all tables in one
+buffer, and a view of it is copied), hence one save per table: the extra memory is one table's local shard.
+Loading reshards: each process reads just the parts of the files that overlap its own shards,
 so a checkpoint saved by N processes loads on M, table-wise or row-wise, TorchRec or plain ``EmbeddingBag`` tables.
 
 DCP stores its index (``.metadata``) as a pickle; it is read here with an unpickler that accepts only DCP's own
@@ -185,13 +188,22 @@ def _split_torch_optimizer(optimizer) -> Tuple[Dict[str, torch.Tensor], Dict[str
 # ----------------------------------------------------------------------------------------------------------- saving
 def all_finite(trainable) -> bool:
     """Whether every weight this process holds (its shards) is finite; agreed over processes."""
-    flags = [torch.isfinite(t).all() for value in trainable.state_dict().values() for t in _local_tensors(value)
+    flags = [_finite(t) for value in trainable.state_dict().values() for t in _local_tensors(value)
              if torch.is_tensor(t) and t.is_floating_point()]
     ok = torch.stack(flags).all() if flags else torch.tensor(True)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ok = ok.to(torch.int32)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     return bool(ok.item())
+
+
+def _finite(tensor: torch.Tensor, chunk_elements: int = 1 << 22) -> torch.Tensor:
+    """isfinite(tensor).all() as a device bool, in row blocks: no table-sized temporary at save time."""
+    if tensor.dim() == 0:
+        return torch.isfinite(tensor)
+    rows = max(1, chunk_elements // max(1, tensor[0].numel()))
+    return torch.stack([torch.isfinite(block).all() for block in tensor.split(rows)]).all() if len(tensor) else \
+        torch.ones((), dtype=torch.bool, device=tensor.device)
 
 
 def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict[str, Any], rank: int,
@@ -233,8 +245,12 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
             holder = [tmp]
             dist.broadcast_object_list(holder, src=0)  # every process writes its shards into rank 0's temp dir
             tmp = holder[0]
-        # DCP: each process writes its own shards (fsync'd: sync_files), rank 0 the index, after all wrote
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "model"), sync_files=True))
+        # DCP: each process writes its own shards (fsync'd: sync_files), rank 0 the index, after all wrote. One save
+        # per table: DCP keeps a CPU copy of every item it wrote until the save ends (a view into FBGEMM's one
+        # buffer of all tables is copied), so per table that extra memory is one table's local shard, not all.
+        for group, members in _groups(tensors).items():
+            dcp.save(members, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "model", group),
+                                                                  sync_files=True))
         if rank == 0:
             _save_torch(os.path.join(tmp, "dense.pt"), {
                 "dense_optimizer": trainable.dense_optimizer.state_dict(),
@@ -387,10 +403,40 @@ def _safe_reader(path: str):
     return SafeReader(path)
 
 
-def _saved_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
-    """Name -> shape of every tensor in a checkpoint's DCP index."""
-    metadata = _safe_reader(os.path.join(path, "model")).read_metadata()
-    return {key: tuple(md.size) for key, md in metadata.state_dict_metadata.items() if hasattr(md, "size")}
+def _groups(tensors: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Split names into DCP saves: ``dense`` (MLPs) and ``table_<i>`` (table i and its optimizer state); the same
+    order on every process, as each save is collective."""
+    groups: Dict[str, Dict[str, Any]] = {}
+    for key in sorted(tensors, key=_group_order):
+        groups.setdefault(_group_of(key), {})[key] = tensors[key]
+    return groups
+
+
+def _group_of(key: str) -> str:
+    parts = key.split("/")
+    return f"table_{parts[1]}" if parts[0] in ("tables", "embedding_optimizer") else "dense"
+
+
+def _group_order(key: str) -> tuple:
+    group = _group_of(key)
+    return (-1 if group == "dense" else int(group.split("_")[1]), key)
+
+
+def _saved_shapes(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
+    """Name -> (shape, dtype) of every tensor in a checkpoint's DCP indexes (``model/<group>/.metadata``)."""
+    model = os.path.join(path, "model")
+    if not os.path.isdir(model):
+        raise CheckpointError(f"{model}: missing (an incomplete checkpoint?)")
+    out = {}
+    for group in sorted(os.listdir(model)):
+        metadata = _safe_reader(os.path.join(model, group)).read_metadata()
+        for key, md in metadata.state_dict_metadata.items():
+            if hasattr(md, "size"):
+                if _group_of(key) != group:
+                    raise CheckpointError(f"{model}/{group}/.metadata: holds {key!r}, which belongs in "
+                                          f"{_group_of(key)}")
+                out[key] = (tuple(md.size), md.properties.dtype)
+    return out
 
 
 def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = True,
@@ -419,8 +465,8 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
         shape = tuple(value.size()) if _is_sharded(value) else tuple(value.shape)
         if key not in saved:
             raise CheckpointError(f"{path}/model: no tensor {key!r} (checkpoint of a different model?)")
-        if saved[key] != shape:
-            raise CheckpointError(f"{path}/model: {key} has shape {saved[key]} in the checkpoint, but the model has "
+        if saved[key][0] != shape:
+            raise CheckpointError(f"{path}/model: {key} has shape {saved[key][0]} in the checkpoint, but the model has "
                                   f"{shape} (a different --embedding_dim, table size or MLP size?)")
     dense_path = os.path.join(path, "dense.pt")
     payload = torch.load(dense_path, map_location="cpu", weights_only=True) if load_optimizer else None
@@ -432,7 +478,7 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
                 optimizer_targets = _fused_optimizer_state(trainable)
             else:
                 small_optimizer = payload.get("embedding_optimizer")
-                optimizer_targets = {key: torch.zeros(shape, dtype=torch.float32) for key, shape in saved.items()
+                optimizer_targets = {key: torch.zeros(shape, dtype=dtype) for key, (shape, dtype) in saved.items()
                                      if key.startswith("embedding_optimizer/")}
             for key, value in optimizer_targets.items():
                 if key in saved:
@@ -442,7 +488,8 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
                           f"be loaded into --embedding_type {trainable.embedding_type}; starting its state afresh",
                           stacklevel=2)
     with torch.no_grad():  # collective when a process group exists; each process reads what overlaps its shards
-        dcp.load(targets, storage_reader=_safe_reader(os.path.join(path, "model")))
+        for group, members in _groups(targets).items():
+            dcp.load(members, storage_reader=_safe_reader(os.path.join(path, "model", group)))
     if load_optimizer:
         trainable.dense_optimizer.load_state_dict(payload["dense_optimizer"])
         if scaler is not None and payload.get("scaler"):
@@ -525,9 +572,7 @@ def read_tensors(path: str) -> Dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     path = resolve_checkpoint(path)
     read_meta(path)
-    reader = _safe_reader(os.path.join(path, "model"))
-    metadata = reader.read_metadata()
-    out = {key: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-           for key, md in metadata.state_dict_metadata.items() if hasattr(md, "size")}
-    dcp.load(out, storage_reader=_safe_reader(os.path.join(path, "model")), no_dist=True)
+    out = {key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in _saved_shapes(path).items()}
+    for group, members in _groups(out).items():
+        dcp.load(members, storage_reader=_safe_reader(os.path.join(path, "model", group)), no_dist=True)
     return out
