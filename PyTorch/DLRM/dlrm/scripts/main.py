@@ -411,7 +411,8 @@ class _NonFiniteLoss:
         what = f"became {value}" if value is not None else "became NaN or infinite"
         kept = ""
         if self.checkpoints is not None and self.checkpoints.last_path:
-            kept = f"; the last good checkpoint, from step {self.checkpoints.last_step}, is {self.checkpoints.last_path}"
+            kept = (f"; the last good checkpoint, from step {self.checkpoints.last_step}, is "
+                    f"{self.checkpoints.last_path}")
         raise FloatingPointError(f"training loss {what} at step {step}: the model diverged (lower --lr or lengthen "
                                  f"--warmup_steps); nothing was saved after it{kept}")
 
@@ -591,9 +592,12 @@ def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], trainin
         raise checkpointing.CheckpointError(
             f"{root}: already holds checkpoints of another run (newest: {existing[-1][1]}); pass "
             f"--load_checkpoint_path {root} to resume that run, or choose a new --save_checkpoint_path")
-    return checkpointing.CheckpointSaver(root, trainable, config, training, ctx.rank, ctx.world_size, ctx.device,
-                                         amp.scaler, args.checkpoint_every_steps, args.checkpoint_every_minutes,
-                                         args.keep_checkpoints)
+    saver = checkpointing.CheckpointSaver(root, trainable, config, training, ctx.rank, ctx.world_size, ctx.device,
+                                          amp.scaler, args.checkpoint_every_steps, args.checkpoint_every_minutes,
+                                          args.keep_checkpoints)
+    if existing:  # resumed from the newest checkpoint here: its step is saved already
+        saver.last_step, saver.last_path = existing[-1][0], existing[-1][1]
+    return saver
 
 
 def parse(argv: Optional[Sequence[str]]) -> SimpleNamespace:
