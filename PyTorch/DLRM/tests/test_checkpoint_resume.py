@@ -193,6 +193,10 @@ def test_new_run_refuses_a_directory_holding_another_runs_checkpoints(small_data
     main(common + ["--max_steps", "2"])
     with pytest.raises(CheckpointError, match="already holds checkpoints of another run"):
         main(common + ["--max_steps", "4"])
+    # resuming it with nothing left to train leaves its checkpoint as it is (not rewritten)
+    inode = os.stat(tmp_path / "ck" / "step_000000002").st_ino
+    main(common + ["--max_steps", "2", "--load_checkpoint_path", str(tmp_path / "ck")])
+    assert os.stat(tmp_path / "ck" / "step_000000002").st_ino == inode
     with pytest.raises(ValueError, match="need --save_checkpoint_path"):
         main(train_args(small_dataset, tmp_path / "log.json", "--checkpoint_every_steps", "2"))
 
