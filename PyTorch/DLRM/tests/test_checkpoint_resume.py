@@ -272,6 +272,9 @@ def test_old_format_and_tampered_checkpoints_are_refused(small_dataset, tmp_path
     (old / "meta.json").write_text(json.dumps({"format_version": 1, "num_tables": 8}))
     with pytest.raises(CheckpointError, match=r"checkpoint format 1 \(whole tables as embeddings"):
         main(base + ["--load_checkpoint_path", str(old)])
+    (old / "meta.json").write_text("{truncated")
+    with pytest.raises(CheckpointError, match=r"old/meta.json: not valid JSON"):
+        main(base + ["--load_checkpoint_path", str(old)])
 
     main(train_args(small_dataset, tmp_path / "log.json", "--embedding_type", "multi_table", "--max_steps", "1",
                     "--save_checkpoint_path", str(tmp_path / "ck")))

@@ -101,8 +101,13 @@ def read_meta(path: str) -> Dict[str, Any]:
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isfile(meta_path):
         raise CheckpointError(f"{path}: not a complete checkpoint ({meta_path} is missing)")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except ValueError as e:
+        raise CheckpointError(f"{meta_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path}: expected a JSON object, found {type(meta).__name__}")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         hint = (" (whole tables as embeddings/<i>.npy, written by a release before sharded and periodic "
