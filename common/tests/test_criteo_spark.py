@@ -239,6 +239,121 @@ def test_stripped_rows_are_padded_and_agree_with_full_rows(terabyte_stripped):
             np.testing.assert_array_equal(got, full[start:start + 500])
 
 
+# ------------------------------------------------------------------------------------------- public CSV copies
+CSV_HEADER = ",".join(["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)])
+
+
+def _as_public_csv(line, row_number):
+    """A raw TSV line as public CSV copies write it: commas, integer features as floats (pandas writes an integer
+    column with missing values as float: 260 -> 260.0); every 7th row spells one in exponent form (2.6e2)."""
+    fields = line.split("\t")
+    for i in range(1, min(14, len(fields))):
+        if fields[i]:
+            fields[i] = f"{int(fields[i]):.3e}" if (row_number % 7 == 0 and abs(int(fields[i])) < 1000) \
+                else f"{int(fields[i])}.0"
+    return ",".join(fields)
+
+
+def _csv_copy(source, target, malformed_at=()):
+    """``source`` (TSV) rewritten as a CSV with a header line; ``malformed_at``: {line index: (field, value)} rows
+    inserted before those data lines, copies of the row with one integer field made non-integral."""
+    lines = open(source, encoding="utf-8").read().split("\n")
+    lines = [line for line in lines if line != ""]
+    out = [CSV_HEADER]
+    inserted = {}
+    for index, line in enumerate(lines):
+        if index in malformed_at:
+            field, value = malformed_at[index]
+            bad = _as_public_csv(line, index).split(",")
+            bad[field] = value
+            out.append(",".join(bad))
+            inserted[index] = len(out)      # its 1-based line number in the file
+        out.append(_as_public_csv(line, index))
+    with open(target, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+    return inserted
+
+
+def test_public_csv_copy_with_header_and_float_integers_equals_the_tsv_result(spark, terabyte_stripped, tmp_path):
+    """The TSV run above (day_0 = 1999 rows, day_1 = the stripped 1000), rewritten as public CSV copies are: commas,
+    a header line, integers as 260.0 / 2.600e+02, plus two malformed rows (I3 = 2.5, I5 = abc) late in day_0.
+    Small Spark blocks (64 KiB) put them past the first block, so their reported line numbers are counted."""
+    (tmp_path / "in").mkdir()
+    inserted = _csv_copy(shared_data_path("criteo", "kaggle-train-head1999.tsv"), tmp_path / "in" / "day_0",
+                         {1500: (3, "2.5"), 1900: (5, "abc")})
+    _csv_copy(shared_data_path("criteo", "kaggle-train-head1000.stripped-trailing-tabs.txt"), tmp_path / "in" / "day_1")
+    assert open(tmp_path / "in" / "day_0").readline().startswith("label,I1,I2")
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(64 * 1024))
+    try:
+        report, spec, _ = run_pipeline(spark, tmp_path / "in", str(tmp_path), "--frequency_limit", "2",
+                                       "--train_ordering", "input")
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    assert report["input_format"] == {"day_0": {"delimiter": "comma", "header": True},
+                                      "day_1": {"delimiter": "comma", "header": True}}
+    assert report["split"]["lines_in_split_file"] == 1000 and report["split"]["split_file_header"] is True
+    assert report["rows_malformed"] == {"train": {"bad_numerical_I3": 1, "bad_numerical_I5": 1},
+                                        "test": {}, "validation": {}}
+    examples = sorted((e["file"], e["line"], e["reason"]) for e in report["malformed_examples"])
+    assert examples == [("day_0", inserted[1500], "bad_numerical_I3"), ("day_0", inserted[1900], "bad_numerical_I5")]
+    assert inserted[1500] > 300    # a later block than the first (64 KiB is ~300 rows)
+    tsv_report, tsv_spec, _ = terabyte_stripped
+    assert report["rows_written"] == tsv_report["rows_written"] and report["cardinalities"] == tsv_report["cardinalities"]
+    for split in ("train", "test", "validation"):
+        for got, expected in zip(binary_rows(spec, split), binary_rows(tsv_spec, split)):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_integral_values_in_any_float_spelling(spark):
+    values = ["260", "260.0", "2.6e2", "2.600e+02", "1e3", "-0.0", "+7", ".5e1", "007", "-3",
+              "260.", "123456789012345678.000",
+              "2.5", "abc", "nan", "inf", "1e300", "9007199254740993.0", "12345678901234567890", "1,0", " 5",
+              "4503599627370496.5", "1.0000000000000000001", "1e-400", "1.5e0", "123456789012345e-1",
+              "1234567890123456e-1", '"5"']
+    df = spark.createDataFrame([(v,) for v in values], "t string")
+    got = [r["v"] for r in df.select(spark_preprocess.integral_value(df["t"]).alias("v")).collect()]
+    assert dict(zip(values, got)) == {
+        "260": 260, "260.0": 260, "2.6e2": 260, "2.600e+02": 260, "1e3": 1000, "-0.0": 0, "+7": 7, ".5e1": 5,
+        "007": 7, "-3": -3, "260.": 260, "123456789012345678.000": 123456789012345678,
+        "2.5": None, "abc": None, "nan": None, "inf": None, "1e300": None,
+        "9007199254740993.0": 9007199254740993,        # no exponent: read exactly, not through a double
+        "12345678901234567890": None, "1,0": None, " 5": None,
+        "4503599627370496.5": None, "1.0000000000000000001": None, "1e-400": None, "1.5e0": None,
+        "123456789012345e-1": None, "1234567890123456e-1": None, '"5"': None}
+
+
+def test_header_and_delimiter_detection(tmp_path):
+    sniff = criteo_layout.sniff_format
+    tsv = shared_data_path("criteo", "kaggle-train-head1999.tsv")
+    assert sniff(tsv) == criteo_layout.FileFormat("\t", False)
+    cases = {
+        "label,I1,I2\n": (",", True), "Label\tI1\tI2\n": ("\t", True), "\ufeffclick,_c1,_c2\n": (",", True),
+        "y,a,b\n": (",", True),                       # a label name is enough
+        "x,I1,I2,C1\n": (",", True),                  # column names are enough
+        "1,260.0,,68fd1e64\n": (",", False),          # data
+        "1.0,260.0\n": (",", False),                  # a numeric label field is never a header
+        "2,5,7\n": (",", False),                      # not 0/1 but numeric: data (reported as bad_label)
+        "garbage,here,now\n": (",", False),           # neither a label name nor column names: data (malformed)
+        "": ("\t", False),
+    }
+    for i, (text, (sep, header)) in enumerate(cases.items()):
+        path = tmp_path / f"f{i}"
+        path.write_text(text, encoding="utf-8")
+        assert sniff(str(path)) == criteo_layout.FileFormat(sep, header), text
+    gz = tmp_path / "day_0.gz"
+    import gzip
+    with gzip.open(gz, "wt") as f:
+        f.write("label,I1\n1,2\n")
+    assert sniff(str(gz)) == criteo_layout.FileFormat(",", True)
+    # explicit flags win over detection
+    path = tmp_path / "f1"
+    assert sniff(str(path), header="no") == criteo_layout.FileFormat("\t", False)
+    assert sniff(str(path), header="yes", delimiter="comma") == criteo_layout.FileFormat(",", True)
+    with pytest.raises(criteo_layout.CriteoInputError, match="--header must be one of"):
+        sniff(str(path), header="maybe")
+
+
 # ------------------------------------------------------------------------------------------- tiny generated days
 def test_tiny_days_malformed_rows_counted_reported_and_excluded(tiny_terabyte):
     report, spec, _ = tiny_terabyte

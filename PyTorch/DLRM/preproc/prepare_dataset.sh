@@ -12,7 +12,8 @@
 #   INPUT_PATH [/data/dlrm/criteo]  OUTPUT_PATH [/data/dlrm/spark/output]  SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]
 #   BINARY_PATH [/data/dlrm/binary_dataset]  TOTAL_CORES [all]  TOTAL_MEMORY [GiB, 80 % of RAM]
 #   SPARK_MASTER [local[*]]  FREQUENCY_LIMIT [15]  PYTHON [python3]  OVERWRITE [0]
-#   SPARK_PREPROCESS_ARGS  extra flags for spark_preprocess (see its --help), e.g. "--dictionary_source train"
+#   SPARK_PREPROCESS_ARGS  extra flags for spark_preprocess (see its --help), e.g. "--dictionary_source train", or
+#                          "--header yes --delimiter comma" for CSV copies (both are detected per file by default)
 # See README.md in this directory for the outputs, disk and memory needs, and how this differs from NVIDIA's script.
 set -euo pipefail
 

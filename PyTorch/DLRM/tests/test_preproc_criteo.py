@@ -64,6 +64,26 @@ def test_prepare_dataset_verifies_input_first(tmp_path):
     assert not (tmp_path / "spark").exists()
 
 
+def test_prepare_dataset_passes_input_format_flags_to_the_spark_job(tmp_path):
+    """SPARK_PREPROCESS_ARGS reaches spark_preprocess word by word (a stand-in interpreter records the call)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "train.txt").write_text("label,I1\n0,1.0\n")
+    recorded = tmp_path / "argv.txt"
+    shim = tmp_path / "python"
+    shim.write_text(f"""#!/usr/bin/env bash
+if [[ "${{2:-}}" == recsys_common.criteo.spark_preprocess ]]; then printf '%s\\n' "$@" > {recorded}; exit 7; fi
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    env = paths(tmp_path, tmp_path / "in")
+    env.update({"PYTHON": str(shim), "SPARK_PREPROCESS_ARGS": "--header yes --delimiter comma"})
+    result = run_script(["3"], env)
+    assert result.returncode == 7, result.stderr
+    argv = recorded.read_text().split("\n")
+    assert argv[argv.index("--header") + 1] == "yes" and argv[argv.index("--delimiter") + 1] == "comma"
+    assert argv[argv.index("--frequency_limit") + 1] == "3"
+
+
 # ------------------------------------------------------------------------------------------- conversion step alone
 def fake_spark_output(directory, rows, frequency_limit=15):
     """What spark_preprocess writes, made with pyarrow: lets the shell pipeline be tested without a JVM."""

@@ -9,9 +9,11 @@ One implementation shared by PyTorch/DLRM and TensorFlow2/DLRM_DCNv2. Two steps,
 The semantics (documented in ``PyTorch/DLRM/preproc/README.md``):
 
 - a raw row is ``label \\t I1..I13 \\t C1..C26``; an empty field is missing; a row with fewer than 40 fields (trailing
-  empty fields stripped by some copies of the data) is padded with missing fields;
-- a row whose label is not ``0``/``1``, whose integer field is not an integer, or that has more than 40 fields is
-  *malformed*: counted per reason, reported with examples, and excluded (never shifted into other columns);
+  empty fields stripped by some copies of the data) is padded with missing fields; public CSV copies (commas, a
+  header line, integers written as ``260.0``) read the same;
+- a row whose label is not ``0``/``1``, whose integer field is not an integral number, or that has more than 40
+  fields is *malformed*: counted per reason, reported with file, line and text, and excluded (never shifted into
+  other columns);
 - numerical: ``log(x + 3)`` as NVIDIA's Spark job; missing (and ``x <= -3``, where the log is undefined) -> 0;
 - categorical: per feature, values seen at least ``frequency_limit`` times get ids ``2, 3, ...`` by decreasing
   frequency (ties by value), id 0 = missing, id 1 = rare (seen fewer times) or unseen.

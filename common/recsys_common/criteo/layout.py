@@ -10,7 +10,11 @@ Kaggle (``train.txt``, 45,840,617 lines over 7 days in time order; NVIDIA's reci
 are split the same way: first half ``test``, second half ``validation``.
 
 "Half" is by line: the first ``ceil(n / 2)`` lines of the held-out part are ``test``. Malformed lines are excluded
-after the split, so the split of a file never depends on which of its lines are malformed.
+after the split, so the split of a file never depends on which of its lines are malformed. A header line (see
+``sniff_format``) is not a data line: it is skipped and not counted.
+
+Each file's text format is found from its first line (``sniff_format``): the separator (tab, as Criteo publishes
+it, or comma, as many public CSV copies) and whether that line is a header of column names.
 
     >>> split_boundaries("kaggle", 1999)
     (1714, 1857)
@@ -19,6 +23,7 @@ after the split, so the split of a file never depends on which of its lines are 
 """
 from __future__ import annotations
 
+import gzip
 import os
 import re
 from dataclasses import dataclass, field
@@ -103,3 +108,73 @@ def discover_input(path: str, layout: str = "auto") -> InputLayout:
         if os.path.isfile(candidate):
             return InputLayout("kaggle", [], os.path.abspath(candidate))
     raise CriteoInputError(f"{path}: found neither day_0 ... day_23 (Criteo Terabyte) nor train.txt (Criteo Kaggle)")
+
+
+# ----------------------------------------------------------------------------------------------- text format
+HEADER_CHOICES = ("auto", "yes", "no")
+DELIMITERS = {"tab": "\t", "comma": ","}
+DELIMITER_CHOICES = ("auto",) + tuple(DELIMITERS)
+# Names public copies give the label column, and the feature columns (Criteo's I1..I13 / C1..C26, Spark's _c0..,
+# pandas-style col_3, f4, feature_5).
+_LABEL_NAMES = {"label", "labels", "click", "clicked", "clicks", "target", "y"}
+_COLUMN_NAME_RE = re.compile(r"^(i|c|_c|col|f|feature)_?[0-9]+$", re.IGNORECASE)
+_SNIFF_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    delimiter: str      # "\t" or ","
+    header: bool        # the first line is a header of column names, not data
+
+    def describe(self) -> dict:
+        return {"delimiter": "tab" if self.delimiter == "\t" else "comma", "header": self.header}
+
+
+def first_line(path: str) -> str:
+    """The file's first line (at most 1 MiB of it), gzip-aware, without its line ending or a UTF-8 byte-order mark."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read(_SNIFF_BYTES)
+    except (OSError, EOFError) as e:
+        raise CriteoInputError(f"{path}: cannot read: {e}") from None
+    line = data.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", errors="replace")
+    return line[1:] if line.startswith("\ufeff") else line
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def looks_like_header(fields: List[str]) -> bool:
+    """A first line is a header when its label field is not a number and it names columns: the label field is a
+    label name (``label``, ``Label``, ``click``, ...) or at least half of the other fields are column names such as
+    ``I1`` / ``C1`` / ``_c2``. Anything else stays data (and is reported as malformed if it is not a valid row)."""
+    names = [f.strip().strip('"') for f in fields]
+    if not names or not names[0] or _is_number(names[0]):
+        return False
+    if names[0].lower() in _LABEL_NAMES:
+        return True
+    rest = names[1:]
+    return bool(rest) and 2 * sum(bool(_COLUMN_NAME_RE.match(n)) for n in rest) >= len(rest)
+
+
+def sniff_format(path: str, header: str = "auto", delimiter: str = "auto") -> FileFormat:
+    """The text format of one raw file. ``delimiter``: ``auto`` (tab if the first line has a tab, else comma if it
+    has a comma, else tab), ``tab`` or ``comma``. ``header``: ``auto`` (``looks_like_header`` of the first line),
+    ``yes`` (every file's first line is a header) or ``no``."""
+    if header not in HEADER_CHOICES:
+        raise CriteoInputError(f"--header must be one of {', '.join(HEADER_CHOICES)}, got {header!r}")
+    if delimiter not in DELIMITER_CHOICES:
+        raise CriteoInputError(f"--delimiter must be one of {', '.join(DELIMITER_CHOICES)}, got {delimiter!r}")
+    line = first_line(path) if "auto" in (header, delimiter) else ""
+    if delimiter == "auto":
+        sep = "\t" if "\t" in line or "," not in line else ","
+    else:
+        sep = DELIMITERS[delimiter]
+    has_header = header == "yes" or (header == "auto" and looks_like_header(line.split(sep)))
+    return FileFormat(sep, has_header)

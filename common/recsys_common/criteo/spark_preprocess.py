@@ -23,10 +23,17 @@ when complete (``recsys_common.io.atomic_directory``: a non-empty output directo
 which replaces only this job's earlier outputs; ``cardinalities.json`` comes last). Then
 ``python -m recsys_common.criteo.to_split_binary`` converts the parquet files.
 
+Input text: fields separated by tabs (Criteo's files) or commas (public CSV copies), found per file from its first
+line or set with ``--delimiter``; a first line of column names (``label,I1,...,C26``) is a header, skipped, found per
+file (``--header auto``) or declared (``--header yes|no``). Fields are not quoted. An integer field may be written as
+an integer (``260``) or as a float with an integral value (``260.0``, ``2.6e2``, as pandas writes integer columns
+with missing values); the label too (``1.0``).
+
 Rows with fewer than 40 fields are padded with missing fields (``padded`` in the report). Rows that cannot be parsed
-(label not 0/1, an integer field that is not an integer, more than 40 fields, an empty line) are counted, reported and
-excluded; the job fails (non-zero exit, no output) when they exceed ``--max_malformed_fraction`` of the rows, which
-catches a wrong file or separator instead of silently training on garbage.
+(label not 0/1, an integer field that is not an integral number (``2.5``, ``abc``; exact rules in
+``integral_value``), more than 40 fields, an empty line) are counted, reported with file and line, and excluded; the job fails
+(non-zero exit, no output) when they exceed ``--max_malformed_fraction`` of the rows, which catches a wrong file or
+separator instead of silently training on garbage.
 """
 from __future__ import annotations
 
@@ -40,12 +47,20 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, LABEL_COLUMN, MISSING_ID,
                NUM_CATEGORICAL, NUM_FIELDS, NUM_NUMERICAL, NUMERICAL_COLUMNS, RARE_ID, REASON_BAD_LABEL,
                REASON_BAD_NUMERICAL, REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, SPLITS)
-from .layout import CriteoInputError, InputLayout, discover_input, split_boundaries
+from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFormat, InputLayout, discover_input,
+                     sniff_format, split_boundaries)
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 
 _ROW_BITS = 33                      # monotonically_increasing_id(): partition index << 33 | row within partition
 _ROW_MASK = (1 << _ROW_BITS) - 1
-_INTEGER_RE = r"^-?[0-9]{1,18}$"    # fits in a signed 64-bit integer
+# Integral numbers in the spellings integer features come in (see integral_value); each fits a signed 64-bit long.
+_INTEGER_RE = r"^[+-]?[0-9]{1,18}$"                                   # 260, -3, +7
+_ZERO_FRACTION_RE = r"^[+-]?[0-9]{1,18}[.]0*$"                        # 260.0, 260.
+_EXPONENT_RE = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)[eE][+-]?[0-9]{1,2}$"   # 2.6e2, 1e3, 2.600e+02
+# Exponent spellings are converted through a double: exact (no rounding can make a non-integer look integral, or
+# change an integer) while the mantissa has at most 15 digits and the value is below 2**53.
+_MAX_MANTISSA_DIGITS = 15
+_MAX_EXACT_DOUBLE_INTEGER = float(2 ** 53)
 _MAX_EXAMPLE_CHARS = 300
 
 
@@ -67,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output directory (models/, train/, test/, validation/, reports) [env OUTPUT_PATH]")
     parser.add_argument("--layout", choices=("auto", "terabyte", "kaggle"), default="auto",
                         help="input layout; auto: day_<N> files -> terabyte, else train.txt -> kaggle")
+    parser.add_argument("--header", choices=HEADER_CHOICES, default="auto",
+                        help="whether each input file starts with a line of column names, which is skipped; auto: "
+                             "yes when the first line's label field is not a number and names columns "
+                             "(label/Label/click or I1, C1, ...)")
+    parser.add_argument("--delimiter", choices=DELIMITER_CHOICES, default="auto",
+                        help="field separator of the input files; auto: per file, tab if its first line has a tab, "
+                             "else comma if it has a comma")
     parser.add_argument("--frequency_limit", type=int,
                         default=int(env("FREQUENCY_LIMIT", DEFAULT_FREQUENCY_LIMIT)),
                         help="categorical values seen fewer times map to the rare id 1; 0 or 1 keeps every value "
@@ -160,14 +182,20 @@ def create_session(args: argparse.Namespace):
 
 
 # ----------------------------------------------------------------------------------------------------- reading
-def _read_file(spark, path: str, file_index: int):
-    """One raw file as rows ``value, _file, _block, _row``: ``_row`` is the row's index within its input block."""
+def _read_file(spark, path: str, file_index: int, fmt: Optional[FileFormat] = None):
+    """One raw file as rows ``value, _file, _block, _row, _sep``: ``_row`` is the row's index within its input block,
+    ``_sep`` the file's field separator. With ``fmt.header`` the file's first line (block 0, row 0) is left out."""
     from pyspark.sql import functions as F
-    return spark.read.text(path).select(
+    fmt = fmt or FileFormat("\t", False)
+    rows = spark.read.text(path).select(
         F.col("value"),
         F.lit(file_index).alias("_file"),
         F.input_file_block_start().alias("_block"),
-        (F.monotonically_increasing_id().bitwiseAND(F.lit(_ROW_MASK))).alias("_row"))
+        (F.monotonically_increasing_id().bitwiseAND(F.lit(_ROW_MASK))).alias("_row"),
+        F.lit(fmt.delimiter).alias("_sep"))
+    if fmt.header:
+        rows = rows.where((F.col("_block") != 0) | (F.col("_row") != 0))
+    return rows
 
 
 def block_line_offsets(spark, path: str) -> Dict[int, int]:
@@ -191,22 +219,26 @@ def block_line_offsets(spark, path: str) -> Dict[int, int]:
     return offsets
 
 
-def read_raw_with_splits(spark, layout: InputLayout, split_offsets: Dict[int, int]):
-    """Every raw row with its split (``train`` / ``test`` / ``validation``) and, for the split file, its line."""
+def read_raw_with_splits(spark, layout: InputLayout, split_offsets: Dict[int, int],
+                         formats: Optional[Dict[str, FileFormat]] = None):
+    """Every raw row with its split (``train`` / ``test`` / ``validation``) and, for the split file, its data line
+    (``_line``: 0 = the first line after a header). ``formats``: path -> FileFormat (default: TSV, no header)."""
     from pyspark.sql import functions as F
-    num_lines = split_offsets[-1]
+    formats = formats or {}
+    split_header = 1 if formats.get(layout.split_file, FileFormat("\t", False)).header else 0
+    num_lines = split_offsets[-1] - split_header
     train_end, test_end = split_boundaries(layout.kind, num_lines)
     frames = []
     files = list(layout.train_files) + [layout.split_file]
     for index, path in enumerate(layout.train_files):
-        frames.append(_read_file(spark, path, index)
+        frames.append(_read_file(spark, path, index, formats.get(path))
                       .withColumn("_line", F.lit(None).cast("long"))
                       .withColumn("split", F.lit("train")))
     blocks = spark.createDataFrame([(b, o) for b, o in split_offsets.items() if b >= 0],
                                    "_block long, _block_first_line long")
-    split_df = (_read_file(spark, layout.split_file, len(files) - 1)
+    split_df = (_read_file(spark, layout.split_file, len(files) - 1, formats.get(layout.split_file))
                 .join(F.broadcast(blocks), on="_block", how="left")
-                .withColumn("_line", F.col("_block_first_line") + F.col("_row"))
+                .withColumn("_line", F.col("_block_first_line") + F.col("_row") - F.lit(split_header))
                 .drop("_block_first_line"))
     split_df = split_df.withColumn(
         "split", F.when(F.col("_line").isNull(), "unassigned").when(F.col("_line") < train_end, "train").when(F.col("_line") < test_end, "test")
@@ -215,7 +247,8 @@ def read_raw_with_splits(spark, layout: InputLayout, split_offsets: Dict[int, in
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
-    return union, {"lines_in_split_file": num_lines, "train_end_line": train_end, "test_end_line": test_end}
+    return union, {"lines_in_split_file": num_lines, "train_end_line": train_end, "test_end_line": test_end,
+                   "split_file_header": bool(split_header)}
 
 
 # ----------------------------------------------------------------------------------------------------- parsing
@@ -228,33 +261,58 @@ def parse_rows(raw, seed: int = 0):
     # Split once, in its own projection: the optimizer keeps a projection apart when merging it would evaluate an
     # expensive expression (the split) once per use; referenced 40 times, it made parsing ~5x slower.
     keep = ["_file", "_block", "_row", "_line", "split"]
+    text = F.regexp_replace(F.col("value"), "\r$", "")
     stage = raw.select(F.col("value").alias("_text"), *keep,
                        F.rand(seed).alias("_rand"),   # drawn while reading, so the shuffle is reproducible
-                       F.split(F.regexp_replace(F.col("value"), "\r$", ""), "\t", -1).alias("_fields"))
+                       F.when(F.col("_sep") == ",", F.split(text, ",", -1))
+                       .otherwise(F.split(text, "\t", -1)).alias("_fields"))
     fields = F.col("_fields")
-    count = F.size(fields)
 
     def field(i: int):
         return F.get(fields, i)
 
-    label = field(0)
-    numeric_text = [field(1 + i) for i in range(NUM_NUMERICAL)]
-    bad_numerical = [F.when(t.isNotNull() & (t != "") & ~t.rlike(_INTEGER_RE), F.lit(REASON_BAD_NUMERICAL.format(i + 1)))
-                     for i, t in enumerate(numeric_text)]
+    # The numbers are parsed once, in their own projection too: each is used by the checks and by the output.
+    numbers = stage.select(*[F.col(c) for c in ["_text", "_fields"] + keep + ["_rand"]],
+                           integral_value(field(0)).alias("_label_value"),
+                           *[F.when(field(1 + i) != "", integral_value(field(1 + i))).alias(f"num_raw_{i}")
+                             for i in range(NUM_NUMERICAL)])
+    count = F.size(fields)
+    label, label_value = field(0), F.col("_label_value")
+    good_label = label_value.isin(0, 1)
+    bad_numerical = [F.when(field(1 + i).isNotNull() & (field(1 + i) != "") & F.col(f"num_raw_{i}").isNull(),
+                            F.lit(REASON_BAD_NUMERICAL.format(i + 1)))
+                     for i in range(NUM_NUMERICAL)]
     reason = (F.when((count == 1) & (label == ""), F.lit(REASON_EMPTY_LINE))
               .when(count > NUM_FIELDS, F.lit(REASON_TOO_MANY_FIELDS))
-              .when(~label.isin("0", "1"), F.lit(REASON_BAD_LABEL))
+              .when(~F.coalesce(good_label, F.lit(False)), F.lit(REASON_BAD_LABEL))
               .otherwise(F.coalesce(*bad_numerical)))
     columns = [F.col(c) for c in ["_text"] + keep + ["_rand"]]
     columns.append(reason.alias("_reason"))
     columns.append((count < NUM_FIELDS).alias("_padded"))
-    columns.append(F.when(label.isin("0", "1"), label.cast("int")).alias(LABEL_COLUMN))
-    for i, t in enumerate(numeric_text):
-        columns.append(F.when(t != "", t.try_cast("long")).alias(f"num_raw_{i}"))
+    columns.append(F.when(good_label, label_value.cast("int")).alias(LABEL_COLUMN))
+    columns += [F.col(f"num_raw_{i}") for i in range(NUM_NUMERICAL)]
     for i in range(NUM_CATEGORICAL):
         t = field(1 + NUM_NUMERICAL + i)
         columns.append(F.when(t != "", t).alias(f"cat_raw_{i}"))
-    return stage.select(*columns)
+    return numbers.select(*columns)
+
+
+def integral_value(text):
+    """A string column -> its integer value (long), or null when it is not an integral number.
+
+    Read exactly: integers (``260``, ``-3``, ``+7``, up to 18 digits) and decimals whose fraction is zeros (``260.0``,
+    ``260.``, ``-0.0``: the integer part). Exponent spellings (``2.6e2``, ``1e3``) count when their value is integral,
+    below 2**53, with at most 15 mantissa digits and a 1- or 2-digit exponent, where the double is exact. Null:
+    ``2.5``, ``abc``, ``nan``, ``inf``, ``1e300``, ``1.5e0``, padded or quoted text.
+    """
+    from pyspark.sql import functions as F
+    as_double = text.try_cast("double")
+    mantissa_digits = F.length(F.regexp_replace(F.regexp_extract(text, r"^[+-]?([0-9.]*)", 1), "[.]", ""))
+    return (F.when(text.rlike(_INTEGER_RE), text.try_cast("long"))
+            .when(text.rlike(_ZERO_FRACTION_RE), F.regexp_extract(text, r"^([+-]?[0-9]+)", 1).try_cast("long"))
+            .when(text.rlike(_EXPONENT_RE) & (mantissa_digits <= _MAX_MANTISSA_DIGITS)
+                  & (F.abs(as_double) < F.lit(_MAX_EXACT_DOUBLE_INTEGER)) & (as_double % 1.0 == 0.0),
+                  as_double.try_cast("long")))
 
 
 def value_counts(parsed, dictionary_source: str):
@@ -350,6 +408,10 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
                                                           "first_frequent": FIRST_FREQUENT_ID}}
     print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
           f"{os.path.basename(layout.split_file)}", flush=True)
+    formats = input_formats(layout, args.header, args.delimiter)
+    report["input_format"] = {os.path.basename(p): f.describe() for p, f in formats.items()}
+    for kind, names in _format_summary(formats).items():
+        print(f"[criteo] {kind}: {names}", flush=True)
 
     # cardinalities.json (which to_split_binary needs first) is the marker: removed first, written last.
     with atomic_directory(args.output_path, overwrite=args.overwrite, tool="recsys_common.criteo.spark_preprocess",
@@ -358,7 +420,7 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
         # Pass 1: number the lines of the split file.
         offsets = block_line_offsets(spark, layout.split_file)
         _progress(started, f"pass 1: {offsets[-1]} lines in {os.path.basename(layout.split_file)}")
-        raw, split_info = read_raw_with_splits(spark, layout, offsets)
+        raw, split_info = read_raw_with_splits(spark, layout, offsets, formats)
         report["split"] = split_info
         parsed = parse_rows(raw, args.seed)
 
@@ -385,12 +447,14 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
                                         f"{expected_split_lines} lines")
         if total_malformed:
             examples = (parsed.where(F.col("_reason").isNotNull())
-                        .select("_file", "_line", "split", "_reason", F.substring("_text", 1, _MAX_EXAMPLE_CHARS).alias("text"))
+                        .select("_file", "_block", "_row", "_line", "split", "_reason",
+                                F.substring("_text", 1, _MAX_EXAMPLE_CHARS).alias("text"))
                         .limit(args.max_examples).collect())
             files = list(layout.train_files) + [layout.split_file]
+            lines = example_line_numbers(examples, files, formats)
             report["malformed_examples"] = [
-                {"file": os.path.basename(files[r["_file"]]), "line": None if r["_line"] is None else int(r["_line"]) + 1,
-                 "split": r["split"], "reason": r["_reason"], "text": r["text"]} for r in examples]
+                {"file": os.path.basename(files[r["_file"]]), "line": line,
+                 "split": r["split"], "reason": r["_reason"], "text": r["text"]} for r, line in zip(examples, lines)]
             print(f"[criteo] {total_malformed} malformed row(s) of {total_rows} excluded: "
                   f"{json.dumps(malformed)}", flush=True)
             for e in report["malformed_examples"][:5]:
@@ -443,6 +507,68 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     return report
 
 
+def input_formats(layout: InputLayout, header: str, delimiter: str) -> Dict[str, FileFormat]:
+    """path -> FileFormat of every input file, from its first line (read on the driver before Spark starts work)."""
+    return {path: sniff_format(path, header, delimiter) for path in list(layout.train_files) + [layout.split_file]}
+
+
+def _format_summary(formats: Dict[str, FileFormat]) -> Dict[str, str]:
+    """'tab-separated' / 'comma-separated, header skipped' -> the file names in that format, for the console."""
+    kinds: Dict[str, List[str]] = {}
+    for path, fmt in formats.items():
+        kind = ("tab" if fmt.delimiter == "\t" else "comma") + "-separated" + (", header line skipped" if fmt.header
+                                                                                else "")
+        kinds.setdefault(kind, []).append(os.path.basename(path))
+    return {k: ", ".join(v) for k, v in kinds.items()}
+
+
+def example_line_numbers(examples, files: List[str], formats: Dict[str, FileFormat]) -> List[int]:
+    """1-based line number in its file of each malformed example (rows with ``_file, _block, _row, _line``).
+
+    The split file's lines are numbered already (pass 1). In another file a row's line is the number of lines before
+    its block plus its row in the block: rows of the first block (every row of a .gz file) need nothing more; for
+    later blocks the lines before the block are counted here, once per file, only up to the furthest example (the
+    examples are few, and this runs only when there are malformed rows).
+    """
+    split_index = len(files) - 1
+    header = {i: 1 if formats.get(p, FileFormat("\t", False)).header else 0 for i, p in enumerate(files)}
+    needed: Dict[int, List[int]] = {}
+    for r in examples:
+        if r["_file"] != split_index and int(r["_block"]) > 0:
+            needed.setdefault(int(r["_file"]), []).append(int(r["_block"]))
+    lines_before = {i: _count_lines_before(files[i], sorted(set(blocks))) for i, blocks in needed.items()}
+    out = []
+    for r in examples:
+        if r["_file"] == split_index and r["_line"] is not None:
+            out.append(int(r["_line"]) + header[split_index] + 1)
+        else:
+            before = lines_before.get(int(r["_file"]), {}).get(int(r["_block"]), 0)
+            out.append(before + int(r["_row"]) + 1)
+    return out
+
+
+def _count_lines_before(path: str, offsets: List[int]) -> Dict[int, int]:
+    """``{block start byte: lines of the file before that block}`` for sorted offsets of an uncompressed file.
+
+    Hadoop's line reader (under ``spark.read.text``) gives a block that starts at byte ``b > 0`` the lines that
+    begin after ``b``: it skips up to and including the first newline at or after ``b``, and the previous block
+    reads every line that begins at or before ``b``. So the lines before it are the first line plus one per newline
+    in bytes ``[0, b)``.
+    """
+    counts, seen, position = {}, 0, 0
+    with open(path, "rb") as f:
+        for offset in offsets:
+            target = offset
+            while position < target:
+                chunk = f.read(min(1 << 24, target - position))
+                if not chunk:
+                    break
+                seen += chunk.count(b"\n")
+                position += len(chunk)
+            counts[offset] = 1 + seen
+    return counts
+
+
 def _progress(started: float, message: str) -> None:
     print(f"[criteo] {time.time() - started:7.1f} s  {message}", flush=True)
 
@@ -455,7 +581,8 @@ def _remove_tree(path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None, spark=None) -> Dict[str, Any]:
     """Entry point; ``spark``: an existing session to use (tests share one), else one is created and stopped."""
     args = parse_args(argv)
-    discover_input(args.input_path, args.layout)   # fail on a wrong path before starting Spark
+    layout = discover_input(args.input_path, args.layout)   # fail on a wrong path before starting Spark
+    input_formats(layout, args.header, args.delimiter)       # and on an unreadable file
     check_output_directory(args.output_path, args.overwrite)   # and on a non-empty output directory
     own_session = spark is None
     if own_session:
