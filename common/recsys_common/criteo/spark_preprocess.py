@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="python -m recsys_common.criteo.spark_preprocess",
-        description="Criteo raw TSV (Terabyte day_0..day_23 or Kaggle train.txt) -> dictionaries + parquet splits.",
+        description="Criteo raw TSV, or a CSV copy (Terabyte day_0..day_23 or Kaggle train.txt) -> dictionaries + "
+                    "parquet splits.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--input_path", default=env("INPUT_PATH"), required=env("INPUT_PATH") is None,
                         help="directory with day_0 .. day_23 (Terabyte) or train.txt (Kaggle), or train.txt itself "
