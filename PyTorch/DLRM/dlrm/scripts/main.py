@@ -591,7 +591,18 @@ def run(args) -> Dict[str, Any]:
         # The model (DMP / DDP) and the checkpoint saver hold the process group: drop them so that teardown can
         # release the group's gloo threads now rather than race the interpreter's exit (an abort after a good run).
         trainable = saver = None  # noqa: F841
+        _drop_frames_of_failed_call()
         teardown(ctx)
+
+
+def _drop_frames_of_failed_call() -> None:
+    """While an exception propagates, its traceback keeps the frames it passed through alive, and train()'s frame holds
+    the model (and so the process group): clear the locals of those finished frames so teardown can release it. The
+    traceback's lines, and so the error report, stay as they were."""
+    import traceback
+    error = sys.exc_info()[1]
+    if error is not None and error.__traceback__ is not None and error.__traceback__.tb_next is not None:
+        traceback.clear_frames(error.__traceback__.tb_next)
 
 
 def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], training: Dict[str, Any],
