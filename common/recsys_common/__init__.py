@@ -7,7 +7,10 @@ Modules:
     transcode     Headerless CSV + spec -> parquet / split_binary (``python -m recsys_common.transcode``).
     logger        DLLogger-compatible JSON log stream plus readable stdout lines.
     plot_log      Log -> PNG plots (``python -m recsys_common.plot_log``).
-    testing       Locating the shared real datasets from tests (skip, or fail in CI).
+    testing       Locating the shared real datasets from tests (skip, or fail in CI); free ports; multi-node
+                  torchrun launches on loopback.
+    torch_distributed  The one process-group teardown of every multi-process entry point (imports torch
+                  only when called).
     io            Atomic file and directory writes.
 """
 

@@ -3,10 +3,21 @@
 The datasets live beside the repository (``../shared/data``) or wherever ``RECSYS_DATA_DIR`` points; their licences
 forbid committing them. A user's fresh clone has none, so tests that need them skip with a reason; CI sets
 ``RECSYS_REQUIRE_DATA=1`` and then a missing dataset fails the test instead of skipping it.
+
+Also: free loopback ports and :func:`run_torchrun_nodes`, which starts several ``torchrun`` launchers on this machine
+as the nodes of one job (the recipes' multi-node tests).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Dict, List, Optional, Sequence
 
 REQUIRE_ENV = "RECSYS_REQUIRE_DATA"
 DATA_DIR_ENV = "RECSYS_DATA_DIR"
@@ -37,3 +48,127 @@ def shared_data_path(*parts: str) -> str:
         pytest.fail(f"{reason}; {REQUIRE_ENV}=1 makes this a failure", pytrace=False)
     pytest.skip(reason)
     return path  # unreachable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free right now (tests pick ports at runtime: others run torchrun beside them)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class LauncherResult:
+    node: int
+    command: List[str]
+    returncode: Optional[int]   # None: killed after the deadline or after another node failed
+    output: str                 # stdout and stderr, interleaved
+
+
+def run_torchrun_nodes(program: Sequence[str], nnodes: int = 2, nproc_per_node: int = 1,
+                       rendezvous: str = "c10d", cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                       timeout: float = 600.0) -> List[LauncherResult]:
+    """Start ``nnodes`` torchrun launchers on loopback at once, as nodes ``0..nnodes-1`` of one job, and wait for all.
+
+    ``program``: what follows torchrun's own flags (``["-m", "dlrm.scripts.main", ...]`` or ``["ncf.py", ...]``).
+    ``rendezvous``: ``"c10d"`` (``--rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT``; torchrun then orders the
+    nodes itself) or ``"static"`` (``--node_rank R --master_addr 127.0.0.1 --master_port PORT``). The port is free at
+    call time. Every launcher must exit 0: otherwise, or past ``timeout`` seconds, every launcher still running is
+    stopped (with its workers) and the AssertionError shows each node's command, exit status and output.
+    """
+    if rendezvous not in ("c10d", "static"):
+        raise ValueError(f"rendezvous must be 'c10d' or 'static', got {rendezvous!r}")
+    port = free_port()
+    child_env = dict(os.environ if env is None else env)
+    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's connections stay on loopback too
+    base = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}"]
+    run_id = uuid.uuid4().hex[:12]
+    procs, logs, commands, killed = [], [], [], set()
+    try:
+        for node in range(nnodes):
+            if rendezvous == "c10d":
+                launcher = ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
+                            "--local_addr=127.0.0.1"]
+            else:
+                launcher = [f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"]
+            command = base + launcher + list(program)
+            log = tempfile.TemporaryFile(mode="w+", prefix=f"torchrun_node{node}_")
+            logs.append(log)
+            commands.append(command)
+            procs.append(subprocess.Popen(command, cwd=cwd, env=child_env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.5)
+    finally:
+        for node, p in enumerate(procs):
+            if p.poll() is None:
+                _kill_session(p)
+                killed.add(node)
+    results = []
+    for node, (p, log, command) in enumerate(zip(procs, logs, commands)):
+        log.seek(0)
+        results.append(LauncherResult(node, command, None if node in killed else p.returncode, log.read()))
+        log.close()
+    if any(r.returncode != 0 for r in results):
+        report = "\n".join(f"--- node {r.node}: exit {r.returncode if r.returncode is not None else 'killed'}\n"
+                            f"{' '.join(r.command)}\n{_excerpt(r.output)}" for r in results)
+        raise AssertionError(f"a torchrun launcher of the {nnodes}-node job failed\n{report}")
+    return results
+
+
+def _excerpt(output: str, head: int = 2500, tail: int = 5500) -> str:
+    """The start (the program's own first lines) and the end (the failure) of a long output."""
+    if len(output) <= head + tail:
+        return output
+    return f"{output[:head]}\n[... {len(output) - head - tail} characters left out ...]\n{output[-tail:]}"
+
+
+def _kill_session(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
+    """Stop a launcher and its workers: SIGTERM (torchrun then stops its workers), SIGKILL whatever is left.
+
+    torchrun starts each worker in a session of its own, so the workers are found by parentage (``/proc``) first.
+    """
+    import signal
+    workers = _descendants(proc.pid)
+    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
+        for pid in [proc.pid] + workers:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for pid in workers:  # a worker the launcher did not stop
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _descendants(pid: int) -> List[int]:
+    """Process ids below ``pid`` (Linux ``/proc``; an empty list elsewhere)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -7,15 +7,16 @@ Why a plain ``destroy_process_group()`` at the end of ``main`` is not enough wit
 * ``destroy_process_group()`` only unregisters the group. The gloo backend (its ``pt_gloo_runloop`` worker threads and
   its ``gloo_tcp_loop`` thread) lives on while anything still references the group: a ``DistributedDataParallel``
   reducer, TorchRec's ``DistributedModelParallel`` and its sharded modules (their all-to-all "dists" keep the group),
-  a pending ``Work``, and the defaults of ``torch.distributed.nn.functional`` (``def all_gather(tensor,
-  group=group.WORLD)``: ``group.WORLD`` is evaluated when that module is first imported, which DDP's constructor does
-  after the group exists; torch then keeps the group for the life of the process).
-* A worker thread may still be releasing the last collective it ran when the main thread reaches the end of the
-  script. That ``Work`` holds tensors that Python created (all-to-all outputs, gathered parts); dropping them needs the
-  GIL. Once the interpreter is finalizing, a thread asking for the GIL is ended with ``pthread_exit``, whose unwinding
-  through the C++ destructor in progress calls ``std::terminate``: "terminate called without an active exception",
-  SIGABRT, and torchrun fails the job after a good run. It is a race, so it shows up once in a few runs, and more
-  often on a loaded machine.
+  a pending ``Work``, and default arguments of torch's own functions (``def all_gather(tensor, group=group.WORLD)`` in
+  ``torch.distributed.nn.functional``, ``_broadcast_object`` of ``ZeroRedundancyOptimizer``'s module):
+  ``group.WORLD`` is evaluated when such a module is first imported, which DDP's constructor and TorchRec do after the
+  group exists; torch then keeps the group for the life of the process.
+* The abort reported at exit ("terminate called without an active exception", SIGABRT, after the run printed its
+  summary) is what a gloo thread still at work while the interpreter exits can do: a worker thread releasing the last
+  collective it ran drops tensors that Python created (all-to-all outputs, gathered parts), which needs the GIL; once
+  the interpreter is finalizing, a thread asking for the GIL is ended with ``pthread_exit``, and that unwinding
+  through a C++ destructor calls ``std::terminate``. A race, hence "once in a few runs", more often on a loaded
+  machine; torchrun then fails a job that trained well.
 
 :func:`shutdown_process_group` therefore drops what it can reach, meets the other ranks at a barrier, destroys the
 group and lets the backend go while the interpreter is fully alive: the backend's destructor joins its worker threads
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import os
+import types
 from typing import List
 
 # Names torch and gloo give their threads (Linux): the worker threads of ProcessGroupGloo and gloo's TCP event loop.
@@ -93,20 +95,43 @@ def _known_groups(dist) -> list:
 
 
 def _forget_stale_defaults(groups: list) -> None:
-    """Replace destroyed groups captured as default arguments by ``torch.distributed.nn.functional`` with ``None``.
+    """Replace destroyed groups captured as default arguments by torch's own functions with ``None``.
 
-    Those functions take ``group=group.WORLD`` as a default, evaluated at import: if the module was first imported
-    while a group existed (DDP imports it), the default keeps that group, and so its gloo threads, alive until the
-    interpreter exits. ``None`` means "the default group" to every collective, which is what the default meant.
+    Some torch functions take ``group=group.WORLD`` as a default, evaluated when their module is imported: e.g.
+    ``torch.distributed.nn.functional.all_gather`` and
+    ``torch.distributed.optim.zero_redundancy_optimizer._broadcast_object``. If that import happened while a group
+    existed (DDP's constructor and TorchRec import them lazily), the default keeps that group, and so its gloo threads,
+    alive until the interpreter exits. ``None`` means "the default group" to every collective, which is what the
+    default meant. Only modules of the torch family (``torch*``) are looked at, functions and methods alike.
     """
     import sys
-    module = sys.modules.get("torch.distributed.nn.functional")
-    if module is None or not groups:
+    if not groups:
         return
-    for value in list(vars(module).values()):
-        defaults = getattr(value, "__defaults__", None)
-        if callable(value) and defaults and any(_is_one_of(d, groups) for d in defaults):
-            value.__defaults__ = tuple(None if _is_one_of(d, groups) else d for d in defaults)
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("torch"):
+            continue
+        try:
+            members = list(vars(module).values())
+        except TypeError:
+            continue
+        for member in members:
+            candidates = [member]
+            if isinstance(member, type) and member.__module__ == name:
+                candidates += list(vars(member).values())
+            for candidate in candidates:
+                # no getattr on arbitrary members: some of torch's lazy objects raise on attribute access
+                function = candidate.__func__ if isinstance(candidate, (staticmethod, classmethod)) else candidate
+                if isinstance(function, types.FunctionType):
+                    _replace_defaults(function, groups)
+
+
+def _replace_defaults(function, groups: list) -> None:
+    defaults = function.__defaults__
+    if defaults and any(_is_one_of(d, groups) for d in defaults):
+        function.__defaults__ = tuple(None if _is_one_of(d, groups) else d for d in defaults)
+    kwdefaults = function.__kwdefaults__
+    if kwdefaults and any(_is_one_of(d, groups) for d in kwdefaults.values()):
+        function.__kwdefaults__ = {k: None if _is_one_of(d, groups) else d for k, d in kwdefaults.items()}
 
 
 def _is_one_of(value, groups: list) -> bool:

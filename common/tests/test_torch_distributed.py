@@ -60,3 +60,29 @@ def test_plain_destroy_leaves_the_gloo_threads_to_the_interpreter_exit():
     """Why the shared teardown exists: after DDP, ``destroy_process_group()`` alone leaves the backend alive."""
     out = run_script("plain")
     assert "pt_gloo_runloop" in out["threads_after"]
+
+
+FAILING_NODE = textwrap.dedent("""
+    import os, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    print(f"hello from rank {dist.get_rank()}", flush=True)
+    dist.barrier()  # both have printed
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    time.sleep(600)  # rank 0 would wait for ever: the helper must stop it
+""")
+
+
+@pytest.mark.slow
+def test_a_failing_node_stops_every_launcher_and_shows_every_output(tmp_path):
+    from recsys_common.testing import run_torchrun_nodes
+    script = tmp_path / "node.py"
+    script.write_text(FAILING_NODE)
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    with pytest.raises(AssertionError) as failure:
+        run_torchrun_nodes([str(script)], nnodes=2, nproc_per_node=1, rendezvous="c10d", env=env, timeout=240)
+    report = str(failure.value)
+    assert "hello from rank 0" in report and "hello from rank 1" in report    # both nodes' output
+    assert "exit killed" in report                                            # the waiting node was stopped
+    assert "exit 1" in report                                                 # torchrun reports its worker's failure

@@ -11,6 +11,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 import torch.distributed as dist  # noqa: E402
 
 import ncf  # noqa: E402
+from recsys_common.torch_distributed import live_gloo_threads  # noqa: E402
 
 if __name__ == "__main__":
     # torch.distributed.launch without --use_env puts --local-rank=N before our arguments: hand it to ncf.py
@@ -19,6 +20,9 @@ if __name__ == "__main__":
     out_dir, argv = rest[0], rest[1:] + launcher_args
     summary = ncf.main(argv)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"summary": summary, "world_size": dist.get_world_size() if dist.is_initialized() else 1}, f)
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
     ncf.shutdown_distributed()
+    # written after the teardown, so that the test can check that no gloo thread outlived it
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"summary": summary, "world_size": world_size,
+                   "gloo_threads_after_teardown": live_gloo_threads()}, f)
