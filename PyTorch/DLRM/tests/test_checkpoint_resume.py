@@ -301,3 +301,34 @@ def test_deferred_nan_check_names_the_first_bad_step():
     fine = _NonFiniteLoss(torch.device("cpu"), per_step=False)
     fine.record(torch.tensor(0.7), 1)
     fine.check()
+
+
+@pytest.mark.parametrize("embedding_type", ["multi_table", pytest.param("torchrec_fused", marks=FUSED)])
+def test_resume_with_the_float16_loss_scaler_is_exact(small_dataset, tmp_path, embedding_type):
+    """Training with the float16 loss scaler (the CUDA default; its code path run here on the CPU) resumes exactly."""
+    def run(name, *extra):
+        return main(train_args(small_dataset, tmp_path / f"{name}.json", "--embedding_type", embedding_type, "--amp",
+                               "--amp_dtype", "float16", "--max_steps", "12", "--save_checkpoint_path",
+                               str(tmp_path / name), *extra))
+
+    straight = run("straight", "--checkpoint_every_steps", "5", "--keep_checkpoints", "0")
+    assert straight["amp"] == "float16"
+    resumed = run("resumed", "--load_checkpoint_path", str(tmp_path / "straight" / "step_000000005"))
+    assert resumed["auc"] == straight["auc"] and resumed["test_loss"] == straight["test_loss"]
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    saved = torch.load(tmp_path / "straight" / "step_000000005" / "dense.pt", weights_only=True)
+    assert saved["scaler"]["scale"] == 8192.0
+
+
+def test_loss_scaler_state_is_restored(tmp_path):
+    from dlrm.model.parallel import ModelConfig, build_trainable_model
+    config = ModelConfig(13, [50, 20], ["a", "b"], 8, [16, 8], [16, 1])
+    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, 0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8192.0)
+    scaler.scale(torch.ones(()))  # the scale becomes a tensor, as after a first step
+    scaler.update(new_scale=1024.0)  # as after overflows backed the scale off
+    path = checkpointing.save_checkpoint(str(tmp_path / "ck"), trainable, config.to_dict(), {"global_step": 4}, 0, 1,
+                                         scaler)
+    fresh = torch.amp.GradScaler("cpu", init_scale=8192.0)
+    checkpointing.load_checkpoint(path, trainable, fresh, load_optimizer=True)
+    assert fresh.get_scale() == 1024.0
