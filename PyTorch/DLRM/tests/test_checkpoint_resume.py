@@ -332,3 +332,9 @@ def test_loss_scaler_state_is_restored(tmp_path):
     fresh = torch.amp.GradScaler("cpu", init_scale=8192.0)
     checkpointing.load_checkpoint(path, trainable, fresh, load_optimizer=True)
     assert fresh.get_scale() == 1024.0
+
+
+def test_a_changed_world_size_warns():
+    meta = {"training": {"batch_size": 256, "lr": 0.5, "world_size": 2}}
+    with pytest.warns(UserWarning, match=r"ck: resuming with world_size 2 -> 1;"):
+        checkpointing.warn_training_changes(meta, {"batch_size": 256, "lr": 0.5, "world_size": 1}, "ck")
