@@ -133,5 +133,4 @@ def test_precision_benchmark_reports_medians_of_its_own_step_times():
     assert [len(v) for v in r["step_times_s"].values()] == [5, 5]
     for precision in ("float32", "bfloat16"):
         assert r[f"{precision}_samples_per_s"] == pytest.approx(64 / statistics.median(r["step_times_s"][precision]))
-    assert r["speedup_bfloat16"] == pytest.approx(r["bfloat16_samples_per_s"] / r["float32_samples_per_s"])
     assert out["cpu"]["model"] != "unknown"

@@ -42,7 +42,9 @@ def test_train_throughput_matches_the_logged_step_times(small_dataset, tmp_path)
     timed = sum(step_times[s] for s in range(9, 25))
     window = result["train_step_time"] * 16
     assert timed <= window <= 1.3 * timed + 0.05, (timed, window)
-    assert result["train_throughput"] == pytest.approx(256 / result["train_step_time"], rel=1e-9)
+    # throughput: the global batch (256) over the step time; a per-process batch or a count of warmup steps would
+    # fail here or above
+    assert 256 * 16 / (1.3 * timed + 0.05) <= result["train_throughput"] <= 256 * 16 / timed
 
 
 @FUSED
