@@ -81,8 +81,9 @@ def test_a_failing_node_stops_every_launcher_and_shows_every_output(tmp_path):
     script.write_text(FAILING_NODE)
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     with pytest.raises(AssertionError) as failure:
-        run_torchrun_nodes([str(script)], nnodes=2, nproc_per_node=1, rendezvous="c10d", env=env, timeout=240)
+        # static rendezvous: node 0 (rank 0, whose launcher hosts the store) waits for ever, node 1 (rank 1) fails
+        run_torchrun_nodes([str(script)], nnodes=2, nproc_per_node=1, rendezvous="static", env=env, timeout=240)
     report = str(failure.value)
     assert "hello from rank 0" in report and "hello from rank 1" in report    # both nodes' output
-    assert "exit killed" in report                                            # the waiting node was stopped
-    assert "exit 1" in report                                                 # torchrun reports its worker's failure
+    assert "--- node 0: exit killed" in report                                # the waiting node was stopped
+    assert "--- node 1: exit 1" in report                                     # torchrun reports its worker's failure
