@@ -34,7 +34,11 @@ SCRIPT = textwrap.dedent("""
         out["destroyed"] = shutdown_process_group()
     out["threads_after"] = live_gloo_threads()
     out["second_call"] = shutdown_process_group()
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    if sys.argv[1] == "plain":
+        # gloo's threads are still alive: a normal exit may abort ("terminate called without an active exception",
+        # seen here once in 10 runs), the race the teardown removes. Skip the interpreter's finalization instead.
+        os._exit(0)
 """)
 
 
