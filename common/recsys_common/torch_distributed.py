@@ -17,8 +17,8 @@ Why a plain ``destroy_process_group()`` at the end of ``main`` is not enough wit
   the interpreter is finalizing, a thread asking for the GIL is ended with ``pthread_exit``, and that unwinding
   through a C++ destructor calls ``std::terminate``. A race, hence "once in a few runs", more often on a loaded
   machine; torchrun then fails a job that trained well. Seen on a 2-core AMD EPYC (2026-11-24): DLRM's 2-process
-  training aborted so in 1 of 26 runs before this teardown (0 of 50 after), and a one-process script that leaves the
-  threads alive to the exit in 1 of 10.
+  training aborted so in 1 of 26 runs before this teardown (in none of 60 torchrun jobs after), and a one-process
+  script that leaves the threads alive to the exit in 1 of 10.
 
 :func:`shutdown_process_group` therefore drops what it can reach, meets the other ranks at a barrier, destroys the
 group and lets the backend go while the interpreter is fully alive: the backend's destructor joins its worker threads
