@@ -118,12 +118,14 @@ def _forget_stale_defaults(groups: list) -> None:
             continue
         for member in members:
             candidates = [member]
-            if isinstance(member, type) and member.__module__ == name:
+            # type(), never isinstance() or getattr(): isinstance falls back to ``obj.__class__``, and some of torch's
+            # lazy or deprecated objects run code on attribute access (a FutureWarning, a CUDA initialisation).
+            if type(member) is type and vars(member).get("__module__") == name:
                 candidates += list(vars(member).values())
             for candidate in candidates:
-                # no getattr on arbitrary members: some of torch's lazy objects raise on attribute access
-                function = candidate.__func__ if isinstance(candidate, (staticmethod, classmethod)) else candidate
-                if isinstance(function, types.FunctionType):
+                kind = type(candidate)
+                function = candidate.__func__ if kind in (staticmethod, classmethod) else candidate
+                if type(function) is types.FunctionType:
                     _replace_defaults(function, groups)
 
 
