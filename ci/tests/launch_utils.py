@@ -2,21 +2,15 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from recsys_common.testing import free_port  # noqa: F401  (the tests import it from here)
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(**extra) -> dict:

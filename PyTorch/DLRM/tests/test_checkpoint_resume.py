@@ -10,7 +10,6 @@ import os
 import pickle
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,12 @@ from dlrm.model import torchrec_available
 from dlrm.scripts.main import _cli, main
 from dlrm.utils import checkpointing
 from dlrm.utils.checkpointing import CheckpointError, list_checkpoints, read_tensors
+from recsys_common.testing import free_port
 
 FUSED = pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
 STEPS_PER_EPOCH = 8192 // 256
 # Checkpoints every 7 steps up to step 220 never fall on an epoch boundary (32 steps): the kill lands mid-epoch.
 EVERY, MAX_STEPS = 7, 220
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(args, processes):

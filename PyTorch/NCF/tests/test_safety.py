@@ -5,7 +5,6 @@ NaN scores count as misses; a NaN/inf training loss stops the run at its step wi
 ``--resume`` continues the earlier run's log.
 """
 import os
-import socket
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -20,6 +19,7 @@ import neumf
 from conftest import NCF_DIR
 from dataloading import EvalSet, NCFData, load_dataset
 from recsys_common.logger import read_log
+from recsys_common.testing import free_port
 
 SMALL = ["-b", "2048", "-n", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers", "16", "8",
          "--valid_batch_size", "5000", "--seed", "3"]
@@ -126,12 +126,6 @@ def test_resume_appends_to_the_earlier_log(tiny_data, tmp_path):
     assert steps == ["PARAMETER", [0], [1], [], "PARAMETER", [2], []]
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_that_step(tiny_data, tmp_path, env_with_pythonpath):
     from dataloading import shard_bounds
@@ -139,7 +133,7 @@ def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_that_step(tiny_dat
     steps = -(-positives * 2 // 1024)  # -n 1; -b 2048 over 2 ranks
     env = dict(env_with_pythonpath, NAN_AFTER=str(steps + 3))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", os.path.join(NCF_DIR, "tests", "ddp_nan_worker.py"), str(tmp_path),
+           f"--master_port={free_port()}", os.path.join(NCF_DIR, "tests", "ddp_nan_worker.py"), str(tmp_path),
            "--data", tiny_data, *SMALL, "-e", "3", "--log_path", str(tmp_path / "log.json")]
     proc = subprocess.run(cmd, env=env, cwd=NCF_DIR, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0  # a diverged run is a failed job

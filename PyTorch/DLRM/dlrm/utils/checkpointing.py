@@ -257,25 +257,24 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
             dcp.save(members, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "model", group),
                                                                   sync_files=True))
         if rank == 0:
-            _save_torch(os.path.join(tmp, "dense.pt"), {
+            torch.save({
                 "dense_optimizer": trainable.dense_optimizer.state_dict(),
                 "embedding_optimizer": small_embedding_optimizer,
                 "scaler": scaler.state_dict() if scaler is not None else None,
-            })
-            _save_torch(os.path.join(tmp, "rng.pt"), {"per_rank": rng_states})
+            }, os.path.join(tmp, "dense.pt"))
+            torch.save({"per_rank": rng_states}, os.path.join(tmp, "rng.pt"))
             meta = {"format_version": FORMAT_VERSION, "config": config, "position": position,
                     "world_size": world_size, "training": dict(training or {}, world_size=world_size),
                     "embedding_type": trainable.embedding_type, "num_tables": len(trainable.table_state_keys),
                     "embedding_optimizer": optimizer_kind, "saved_at": time.time()}
-            _write_json_synced(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks a complete one
-            _fsync_tree(tmp)
+            with open(os.path.join(tmp, "meta.json"), "w") as f:  # last: its presence marks a complete one
+                json.dump(meta, f, indent=2, sort_keys=True)
     except BaseException as e:
         if context is not None:
             context.__exit__(type(e), e, e.__traceback__)
         raise
     if context is not None:
-        context.__exit__(None, None, None)  # rename into place
-        _fsync_dir(root)
+        context.__exit__(None, None, None)  # fsyncs every file (all ranks' shards) and directory, renames into place
         if keep:
             prune_checkpoints(root, keep)
     _barrier()
@@ -295,34 +294,6 @@ def _remove_stale_temporaries(root: str) -> None:
     for name in os.listdir(root):
         if re.match(r"^\.step_\d+(\.old)?\.tmp-", name):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _save_torch(path: str, payload: Any) -> None:
-    with open(path, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_json_synced(path: str, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: str) -> None:
-    """fsync the directories (the files were fsync'd when written), so the renamed checkpoint is on disk whole."""
-    for directory, _, _ in os.walk(path):
-        _fsync_dir(directory)
 
 
 def _barrier() -> None:
