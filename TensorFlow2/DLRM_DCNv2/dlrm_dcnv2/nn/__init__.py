@@ -1,0 +1,1 @@
+"""TensorFlow 2 DLRM and DCNv2 recipe."""
