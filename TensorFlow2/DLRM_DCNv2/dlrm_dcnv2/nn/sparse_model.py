@@ -1,0 +1,183 @@
+"""The sparse half of DLRM/DCNv2: every embedding table, placed hybrid-parallel across Horovod ranks.
+
+``SparseModel(table_sizes, embedding_dims, hotness, placement, ctx, seed)`` holds one float32 variable per shard
+this rank owns (see ``distributed.placement``) and maps the batch's categorical ids to one embedding per table::
+
+    categorical (tuple, order = placement.input_tables(rank)):
+        model-parallel table: ids of the WHOLE global batch, [B] or [B, hotness]
+        data-parallel table:  ids of this rank's slice,      [b] or [b, hotness]       (b = B / world_size)
+    -> list of num_tables float32 tensors [b, dim_t], table order, rows of this rank's slice of the batch
+
+How (world size N, rank r):
+1. each model-parallel shard of rank r is looked up for the global batch: ``[B, cols_s]`` (sum pooling of
+   multi-hot ids, padding -1 ignored; a row slice gives zeros for ids outside its rows);
+2. rank r concatenates its shards' columns into ``[B, W_r]`` and one ``hvd.alltoall`` sends rows
+   ``[q*b, (q+1)*b)`` to rank q (flattened, so the ranks' widths ``W_q`` may differ);
+3. rank r receives ``[b, W_q]`` from every rank q and rebuilds each table's ``[b, dim]``: column slices are
+   concatenated, row slices summed;
+4. data-parallel (replicated) tables are looked up locally for the local slice.
+
+The all-to-all's gradient is the all-to-all back, so after backprop a model-parallel shard's gradient already sums
+every rank's loss; ``distributed.gradients.reduce_gradients`` divides it by N (the loss is a per-rank mean) and
+allreduces everything else. With N = 1 steps 2-3 are skipped.
+
+Initial values: see ``nn.embedding.initial_values`` (NVIDIA's U(-sqrt(1/rows), sqrt(1/rows)), drawn so that any
+slice equals the slice of the one-rank table). ``seed=None`` draws a seed on rank 0 and broadcasts it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from dlrm_dcnv2.distributed import hvd_utils
+from dlrm_dcnv2.distributed.placement import Placement, ShardSpec, plan_placement, variable_name
+from dlrm_dcnv2.nn.embedding import embedding_lookup, initial_values
+
+LOG = logging.getLogger(__name__)
+
+
+def _per_table(value: Union[int, Sequence[int]], num_tables: int, what: str) -> Tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * num_tables
+    value = tuple(int(v) for v in value)
+    if len(value) != num_tables:
+        raise ValueError(f"{what}: {len(value)} values for {num_tables} tables")
+    return value
+
+
+class SparseModel(tf.keras.layers.Layer):
+    """Embedding tables of one rank; ``call(categorical) -> list of [b, dim_t]`` (see the module docstring).
+
+    ``table_sizes``: rows per table; ``embedding_dims``: one dim or one per table; ``hotness``: 1 (one-hot) or the
+    max ids per sample, one value or one per table (only used to check the inputs); ``placement``: the plan for
+    ``ctx.world_size`` ranks (``None``: one rank holds everything); ``zeros_initializer`` /``trainable``: NVIDIA's
+    ``--embedding_zeros_initializer`` / ``--embedding_trainable``.
+    """
+
+    def __init__(self, table_sizes: Sequence[int], embedding_dims: Union[int, Sequence[int]],
+                 hotness: Union[int, Sequence[int]] = 1, placement: Optional[Placement] = None,
+                 ctx: Optional[hvd_utils.Context] = None, seed: Optional[int] = None,
+                 zeros_initializer: bool = False, trainable: bool = True, name: str = "sparse_model"):
+        # float32 whatever the global mixed-precision policy: embeddings are never stored in half precision.
+        super().__init__(name=name, dtype="float32", trainable=trainable)
+        self.table_sizes = tuple(int(n) for n in table_sizes)
+        self.embedding_dims = _per_table(embedding_dims, len(self.table_sizes), "--embedding_dim")
+        self.hotness = _per_table(hotness, len(self.table_sizes), "hotness")
+        self.ctx = ctx if ctx is not None else hvd_utils.Context()
+        if placement is None:
+            placement = plan_placement(self.table_sizes, self.embedding_dims, self.ctx.world_size)
+        if (placement.table_sizes != self.table_sizes or placement.embedding_dims != self.embedding_dims
+                or placement.world_size != self.ctx.world_size):
+            raise ValueError(f"the placement was planned for tables {placement.table_sizes} x dims "
+                             f"{placement.embedding_dims} on {placement.world_size} rank(s), not tables "
+                             f"{self.table_sizes} x dims {self.embedding_dims} on {self.ctx.world_size}")
+        self.placement = placement
+        if seed is None:
+            seed = hvd_utils.broadcast_value(int.from_bytes(os.urandom(4), "little"))
+        self.seed = int(seed)
+        rank = self.ctx.rank
+        self._input_tables = placement.input_tables(rank)
+        self._input_index = {t: i for i, (t, _) in enumerate(self._input_tables)}
+        self._shards: List[ShardSpec] = placement.local_shards(rank)
+        # A list aligned with self._shards (Keras tracks attributes, and its dict wrapper sorts keys).
+        self._shard_vars: List[tf.Variable] = [self._create_variable(s, zeros_initializer) for s in self._shards]
+        # Every rank's model-parallel shards in all-to-all order (same list on every rank: the plan is global).
+        self._sent = [placement.model_parallel_shards(q) for q in range(placement.world_size)]
+        self._widths = [placement.rank_width(q) for q in range(placement.world_size)]
+
+    def _create_variable(self, shard: ShardSpec, zeros: bool) -> tf.Variable:
+        rows, dim = self.table_sizes[shard.table], self.embedding_dims[shard.table]
+
+        def init(shape, dtype=None):
+            return initial_values(rows, dim, self.seed, shard.table, shard.rows, shard.cols, zeros=zeros)
+
+        device = "/CPU:0" if shard.offload_to_cpu else None
+        with tf.device(device):
+            return self.add_weight(name=variable_name(shard, rows, dim), shape=(shard.num_rows, shard.num_cols),
+                                   dtype=tf.float32, initializer=init, trainable=self.trainable)
+
+    # ---- what the trainer, the checkpoints and the tests need ----
+    @property
+    def shard_variables(self) -> List[Tuple[ShardSpec, tf.Variable]]:
+        """Every variable of this rank with the piece of which table it holds."""
+        return list(zip(self._shards, self._shard_vars))
+
+    @property
+    def model_parallel_variables(self) -> List[tf.Variable]:
+        """Variables of the shards only this rank holds (gradient rule: divided by world size, never allreduced)."""
+        return [v for s, v in self.shard_variables if not s.data_parallel]
+
+    @property
+    def data_parallel_variables(self) -> List[tf.Variable]:
+        """Replicated tables (broadcast at start and allreduced like the MLPs)."""
+        return [v for s, v in self.shard_variables if s.data_parallel]
+
+    @property
+    def input_tables(self) -> List[Tuple[int, bool]]:
+        return list(self._input_tables)
+
+    # ---- forward ----
+    def call(self, categorical, training=None):
+        categorical = list(categorical)
+        if len(categorical) != len(self._input_tables):
+            raise ValueError(f"rank {self.ctx.rank} expects ids of {len(self._input_tables)} tables "
+                             f"{[t for t, _ in self._input_tables]}, got {len(categorical)} tensors")
+        ids = {t: categorical[i] for t, i in self._input_index.items()}
+        outputs: List[Optional[tf.Tensor]] = [None] * len(self.table_sizes)
+
+        if self.placement.model_parallel_tables:
+            received = self._exchange(ids)
+            pieces: Dict[int, List[Tuple[ShardSpec, tf.Tensor]]] = {}
+            for q, block in enumerate(received):
+                offset = 0
+                for shard in self._sent[q]:
+                    pieces.setdefault(shard.table, []).append((shard, block[:, offset:offset + shard.num_cols]))
+                    offset += shard.num_cols
+            for table, parts in pieces.items():
+                outputs[table] = _assemble(parts)
+        for shard, var in self.shard_variables:
+            if shard.data_parallel:
+                outputs[shard.table] = embedding_lookup(var, ids[shard.table])
+        return outputs
+
+    def _exchange(self, ids) -> List[tf.Tensor]:
+        """Look up this rank's shards for the global batch; return the ``[b, W_q]`` block received from each rank q."""
+        mine = []
+        for shard in self._sent[self.ctx.rank]:
+            whole_rows = shard.rows == (0, self.table_sizes[shard.table])
+            var = self._shard_vars[self._shards.index(shard)]
+            mine.append(embedding_lookup(var, ids[shard.table],
+                                         row_start=shard.rows[0], row_count=None if whole_rows else shard.num_rows))
+        local = mine[0] if len(mine) == 1 else tf.concat(mine, axis=1)
+        world = self.ctx.world_size
+        if world == 1:
+            return [local]
+        width = self._widths[self.ctx.rank]
+        local_batch = tf.shape(local)[0] // world
+        # Row-major flattening keeps rows [q*b, (q+1)*b) contiguous: chunk q of the flat tensor goes to rank q.
+        # Flat 1-D pieces let every rank send a different width.
+        flat = tf.reshape(local, [-1])
+        received = hvd_utils.alltoall(flat, tf.fill([world], local_batch * width), name="sparse_alltoall")
+        sizes = tf.stack([local_batch * w for w in self._widths])
+        blocks = tf.split(received, sizes, num=world)
+        return [tf.reshape(block, [local_batch, w]) for block, w in zip(blocks, self._widths)]
+
+    def get_config(self):
+        return {"table_sizes": list(self.table_sizes), "embedding_dims": list(self.embedding_dims),
+                "hotness": list(self.hotness), "seed": self.seed, "name": self.name}
+
+
+def _assemble(parts: List[Tuple[ShardSpec, tf.Tensor]]) -> tf.Tensor:
+    """One table's ``[b, dim]`` from its pieces: columns concatenated in order within a row range, row ranges summed."""
+    by_rows: Dict[Tuple[int, int], List[Tuple[ShardSpec, tf.Tensor]]] = {}
+    for shard, value in parts:
+        by_rows.setdefault(shard.rows, []).append((shard, value))
+    total = None
+    for row_range in sorted(by_rows):
+        columns = [v for _, v in sorted(by_rows[row_range], key=lambda p: p[0].cols)]
+        value = columns[0] if len(columns) == 1 else tf.concat(columns, axis=1)
+        total = value if total is None else total + value
+    return total
