@@ -115,3 +115,18 @@ def test_sparse_model_rejects_mismatched_inputs_and_placement():
         model((tf.constant([0]), tf.constant([0])))
     with pytest.raises(ValueError, match="planned for tables"):
         SparseModel(SIZES, DIMS, placement=plan_placement([10, 20], 4, 1), seed=0)
+
+
+def test_create_sparse_model_without_mde_uses_our_placement_and_says_so(caplog):
+    from dlrm_dcnv2.nn.sparse_model import create_sparse_model, mde_available
+    if mde_available():
+        pytest.skip("distributed_embeddings is installed here: the MDE path is taken")
+    ctx = hvd_utils.Context()
+    with caplog.at_level("INFO", logger="dlrm_dcnv2.nn.sparse_model"):
+        model = create_sparse_model(SIZES, 4, 1, ctx, seed=2, use_mde_embeddings=True,
+                                    cpu_offloading_threshold_gb=1e-7)
+    assert isinstance(model, SparseModel)
+    assert "distributed_embeddings (Merlin Distributed Embeddings) is not installed" in caplog.text
+    assert "table_0" in [v.name.split(":")[0] for v in model.model_parallel_variables]
+    assert [s.offload_to_cpu for s, _ in model.shard_variables] == [True, True, False]  # 160, 320 B over 107 B
+    assert model.placement.input_tables(0) == [(0, True), (1, True), (2, True)]

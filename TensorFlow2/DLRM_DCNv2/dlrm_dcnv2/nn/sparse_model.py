@@ -181,3 +181,124 @@ def _assemble(parts: List[Tuple[ShardSpec, tf.Tensor]]) -> tf.Tensor:
         value = columns[0] if len(columns) == 1 else tf.concat(columns, axis=1)
         total = value if total is None else total + value
     return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --use_mde_embeddings: Merlin Distributed Embeddings (NVIDIA's path; only in NGC images, not on PyPI)
+# ---------------------------------------------------------------------------------------------------------------
+
+def mde_available() -> bool:
+    """True when ``distributed_embeddings`` (Merlin Distributed Embeddings) imports."""
+    try:
+        import distributed_embeddings.python.layers.dist_model_parallel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _MDEPlacement:
+    """What the data loader asks of a placement, answered from MDE's own plan (``strategy.input_ids_list``)."""
+
+    def __init__(self, distributed_embedding, table_sizes, embedding_dims, world_size):
+        self._ids = distributed_embedding.strategy.input_ids_list
+        self.table_sizes, self.embedding_dims, self.world_size = table_sizes, embedding_dims, world_size
+        self.strategy = "mde"
+
+    def input_tables(self, rank: int) -> List[Tuple[int, bool]]:
+        return [(int(t), True) for t in self._ids[rank]]
+
+    def describe(self) -> str:
+        return "placement by Merlin Distributed Embeddings: " + "; ".join(
+            f"rank {r}: tables {list(map(int, ids))}" for r, ids in enumerate(self._ids))
+
+
+class MDESparseModel(tf.keras.layers.Layer):
+    """SparseModel's interface over ``distributed_embeddings.dist_model_parallel.DistributedEmbedding``.
+
+    Thin on purpose: MDE needs CUDA and is built inside NGC images, so this path cannot run on our CPU machines
+    and is untested here. MDE does its own placement (same flags), all-to-all and slicing; inputs are
+    model-parallel (``dp_input=False``: each rank reads the whole global batch of its tables, in the order of
+    ``placement.input_tables(rank)``), multi-hot ids are passed as ragged tensors (the -1 padding dropped) with
+    ``combiner='sum'``. Initial values: U(-sqrt(1/rows), sqrt(1/rows)) per table as NVIDIA's (seeded per table,
+    but not slice-identical to our placement's). ``model_parallel_variables``: the weights of MDE's local
+    (model-parallel) layers; everything else is allreduced by ``reduce_gradients`` as usual.
+    """
+
+    def __init__(self, table_sizes, embedding_dims, hotness, ctx, seed, strategy, column_slice_threshold,
+                 row_slice_threshold, data_parallel_threshold, cpu_offloading_threshold_gb, trainable=True,
+                 zeros_initializer=False, name="sparse_model"):
+        super().__init__(name=name, dtype="float32", trainable=trainable)
+        from distributed_embeddings.python.layers import dist_model_parallel as dmp
+        from distributed_embeddings.python.layers import embedding as mde_embedding
+        self.table_sizes = tuple(int(n) for n in table_sizes)
+        self.embedding_dims = _per_table(embedding_dims, len(self.table_sizes), "--embedding_dim")
+        self.hotness = _per_table(hotness, len(self.table_sizes), "hotness")
+        self.ctx, self.seed = ctx, int(seed)
+        layers = []
+        for t, (rows, dim, hot) in enumerate(zip(self.table_sizes, self.embedding_dims, self.hotness)):
+            bound = (1.0 / rows) ** 0.5
+            init = (tf.keras.initializers.Zeros() if zeros_initializer
+                    else tf.keras.initializers.RandomUniform(-bound, bound, seed=self.seed + t))
+            layers.append(mde_embedding.Embedding(rows, dim, embeddings_initializer=init,
+                                                  combiner="sum" if hot > 1 else None))
+        gpu_elements = None if cpu_offloading_threshold_gb is None else int(cpu_offloading_threshold_gb * 2 ** 30 / 4)
+        self.embedding = dmp.DistributedEmbedding(
+            layers, strategy=strategy, dp_input=False, column_slice_threshold=column_slice_threshold,
+            row_slice_threshold=row_slice_threshold, data_parallel_threshold=data_parallel_threshold,
+            gpu_embedding_size=gpu_elements)
+        self.placement = _MDEPlacement(self.embedding, self.table_sizes, self.embedding_dims, ctx.world_size)
+        self._input_tables = self.placement.input_tables(ctx.rank)
+
+    @property
+    def input_tables(self) -> List[Tuple[int, bool]]:
+        return list(self._input_tables)
+
+    @property
+    def model_parallel_variables(self) -> List[tf.Variable]:
+        local = getattr(self.embedding, "local_embedding_layers", None)
+        if local is None:
+            raise NotImplementedError("this distributed_embeddings version has no local_embedding_layers: the recipe "
+                                      "was written against NVIDIA's pinned commit 45cffaa8 (see the Dockerfile)")
+        return [w for layer in local for w in layer.trainable_weights]
+
+    @property
+    def shard_variables(self):
+        raise NotImplementedError("checkpoints of MDE tables go through DistributedEmbedding.get_weights/set_weights")
+
+    def call(self, categorical, training=None):
+        inputs = []
+        for (table, _), ids in zip(self._input_tables, categorical):
+            if self.hotness[table] > 1:
+                ids = tf.ragged.boolean_mask(ids, ids >= 0)  # MDE pools ragged rows; -1 is our padding
+            inputs.append(ids)
+        return [tf.cast(out, tf.float32) for out in self.embedding(inputs)]
+
+
+def create_sparse_model(table_sizes: Sequence[int], embedding_dims: Union[int, Sequence[int]],
+                        hotness: Union[int, Sequence[int]], ctx: hvd_utils.Context, seed: Optional[int],
+                        strategy: str = "memory_balanced", column_slice_threshold: Optional[float] = None,
+                        row_slice_threshold: Optional[float] = None, data_parallel_threshold: Optional[float] = None,
+                        cpu_offloading_threshold_gb: Optional[float] = None, use_mde_embeddings: bool = False,
+                        zeros_initializer: bool = False, trainable: bool = True):
+    """The sparse model for the flags: MDE's when ``use_mde_embeddings`` and it is installed, else ours.
+
+    Either way the result has ``placement`` (pass it to the data loader: ``placement.input_tables(rank)``),
+    ``model_parallel_variables`` and ``call(categorical) -> list of [b, dim_t]``.
+    """
+    if use_mde_embeddings and mde_available():
+        LOG.info("--use_mde_embeddings: embeddings placed by Merlin Distributed Embeddings")
+        if seed is None:
+            seed = hvd_utils.broadcast_value(int.from_bytes(os.urandom(4), "little"))
+        return MDESparseModel(table_sizes, embedding_dims, hotness, ctx, seed, strategy, column_slice_threshold,
+                              row_slice_threshold, data_parallel_threshold, cpu_offloading_threshold_gb,
+                              trainable=trainable, zeros_initializer=zeros_initializer)
+    if use_mde_embeddings and ctx.is_chief:
+        LOG.warning("--use_mde_embeddings: distributed_embeddings (Merlin Distributed Embeddings) is not installed "
+                    "(it ships in NGC images only): using this recipe's own placement and all-to-all")
+    dims = _per_table(embedding_dims, len(table_sizes), "--embedding_dim")
+    placement = plan_placement(table_sizes, dims, ctx.world_size, strategy, column_slice_threshold,
+                               row_slice_threshold, data_parallel_threshold, cpu_offloading_threshold_gb)
+    if ctx.is_chief:
+        LOG.info("%s", placement.describe())
+    return SparseModel(table_sizes, dims, hotness, placement, ctx, seed, zeros_initializer=zeros_initializer,
+                       trainable=trainable)
