@@ -38,6 +38,8 @@ CONFIGS = {
     "row_sliced": {"row_slice_threshold": 200, "column_slice_threshold": 100},
     # Tables under 60 elements are replicated and looked up on the local batch slice.
     "data_parallel": {"data_parallel_threshold": 60, "column_slice_threshold": 300},
+    # The step XLA-compiled (hvd_utils.compile_step: jit_compile on one rank, auto-clustering on several).
+    "xla": {"column_slice_threshold": 300, "xla": True},
 }
 
 
@@ -69,6 +71,8 @@ def rank_view(batch, placement, ctx):
 
 
 def train(config, ctx, batches, eval_batch):
+    config = dict(config)
+    xla = config.pop("xla", False)
     placement = plan_placement(TABLE_SIZES, DIMS, ctx.world_size, **config)
     sparse = SparseModel(TABLE_SIZES, DIMS, HOTNESS, placement, ctx, seed=11)
     # Different initial dense weights on each rank: the broadcast must make them rank 0's.
@@ -81,7 +85,6 @@ def train(config, ctx, batches, eval_batch):
     def forward(numerical, categorical):
         return dense(tf.concat([numerical] + sparse(categorical), axis=1))
 
-    @tf.function
     def step(numerical, categorical, labels):
         with tf.GradientTape() as tape:
             logits = forward(numerical, categorical)
@@ -91,6 +94,7 @@ def train(config, ctx, batches, eval_batch):
         optimizer.apply_gradients(zip(grads, variables))
         return hvd_utils.allreduce(loss, average=True)
 
+    step = hvd_utils.compile_step(step, xla)
     losses = [float(step(*rank_view(batch, placement, ctx)).numpy()) for batch in batches]
     numerical, categorical, _ = rank_view(eval_batch, placement, ctx)
     logits = hvd_utils.allgather(forward(numerical, categorical))

@@ -73,7 +73,7 @@ def worker_results(tmp_path_factory):
     return read_ranks(str(one), 1)[0], read_ranks(str(two), 2)
 
 
-@pytest.mark.parametrize("config", ["table_wise", "basic", "column_sliced", "row_sliced", "data_parallel"])
+@pytest.mark.parametrize("config", ["table_wise", "basic", "column_sliced", "row_sliced", "data_parallel", "xla"])
 def test_two_ranks_train_like_one(worker_results, config):
     one, (rank0, rank1) = worker_results
     assert one["world_size"] == 1 and rank0["world_size"] == 2 and rank1["rank"] == 1

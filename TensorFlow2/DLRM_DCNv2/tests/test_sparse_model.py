@@ -130,3 +130,13 @@ def test_create_sparse_model_without_mde_uses_our_placement_and_says_so(caplog):
     assert "table_0" in [v.name.split(":")[0] for v in model.model_parallel_variables]
     assert [s.offload_to_cpu for s, _ in model.shard_variables] == [True, True, False]  # 160, 320 B over 107 B
     assert model.placement.input_tables(0) == [(0, True), (1, True), (2, True)]
+
+
+def test_compile_step_with_xla_matches_eager_on_one_process():
+    model = SparseModel(SIZES, DIMS, hotness=[2, 1, 1], seed=6)
+    ids = (tf.constant([[1, -1], [3, 9]]), tf.constant([0, 19]), tf.constant([4, 1]))
+    compiled = hvd_utils.compile_step(lambda: model(ids), xla=True)
+    assert compiled._jit_compile is True  # one process: the whole step is one XLA program
+    assert hvd_utils.compile_step(lambda: model(ids), xla=False)._jit_compile is None
+    for a, b in zip(compiled(), model(ids)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)

@@ -166,3 +166,19 @@ def shutdown() -> None:
         except Exception as error:  # noqa: BLE001  (a failing teardown must not hide the run's own error)
             LOG.warning("horovod shutdown failed: %s", error)
 
+
+
+def compile_step(fn, xla: bool = False):
+    """``tf.function`` of a train/eval step; with ``xla``, XLA-compiled in the way that works for the world size.
+
+    One process: ``jit_compile=True`` (the whole step is one XLA program). Several ranks: Horovod's collectives
+    have no XLA kernels (``No registered 'HorovodAlltoall' OpKernel for XLA_CPU_JIT``), so the step cannot be
+    compiled whole; XLA auto-clustering then compiles everything around them, which is what NVIDIA's recipe runs
+    (``TF_XLA_FLAGS=--tf_xla_auto_jit=fusible``, "XLA Lite").
+    """
+    if not xla:
+        return tf.function(fn)
+    if _distributed():
+        tf.config.optimizer.set_jit("autoclustering")
+        return tf.function(fn)
+    return tf.function(fn, jit_compile=True)
