@@ -366,3 +366,62 @@ def test_manager_refuses_another_runs_checkpoints(tmp_path):
         f.write("user file")
     CheckpointManager(root, model, None, Context(), CONFIG, every_steps=2, overwrite=True)
     assert list_checkpoints(root) == [] and sorted(os.listdir(root)) == ["README.txt"]
+
+
+KILLED_MID_SAVE = r'''
+import os, sys, time
+import numpy as np
+sys.path[:0] = sys.argv[2:]
+import tensorflow as tf
+import test_checkpoint_format as t
+from dlrm_dcnv2.distributed.hvd_utils import Context
+from dlrm_dcnv2.utils import checkpointing
+root = sys.argv[1]
+model, optimizer = t.make_rank(1, 0, t.whole_tables(1), {"m": t.whole_tables(2), "v": t.whole_tables(3)})
+checkpointing.save_checkpoint(root, 5, model, (None, optimizer), Context(), t.CONFIG)
+original = checkpointing.write_table_slice
+def write_then_hang(path, rows, cols, value):
+    original(path, rows, cols, value)
+    open(os.path.join(root, "..", "mid_save"), "w").close()
+    time.sleep(600)  # the test SIGKILLs us here, mid-save
+checkpointing.write_table_slice = write_then_hang
+for _, var in model.sparse.shard_variables:
+    var.assign(tf.zeros_like(var))
+checkpointing.save_checkpoint(root, 10, model, (None, optimizer), Context(), t.CONFIG)
+'''
+
+
+def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    """A real SIGKILL while step 10 is being written: step 5 stays the newest complete checkpoint, intact."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import RECIPE_DIR, subprocess_env
+    root = tmp_path / "ckpt"
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_SAVE, str(root), tests_dir], cwd=RECIPE_DIR,
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "mid_save").exists():
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the save never started"
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    names = sorted(os.listdir(root))
+    assert names[0] == ".step_000000010.tmp-" + names[0].split(".tmp-")[1] and names[1:] == ["step_000000005"]
+    assert os.path.isfile(root / names[0] / "sparse" / "table_0.npy")  # it was killed part-way through the tables
+    assert [s for s, _ in list_checkpoints(str(root))] == [5]
+    values = whole_tables(1)
+    model, optimizer = make_rank(1, 0, whole_tables(9))
+    state = checkpointing.restore_checkpoint(str(root), model, (None, optimizer), Context(), CONFIG)
+    assert state["global_step"] == 5
+    for spec, var in model.sparse.shard_variables:
+        np.testing.assert_array_equal(var.numpy(), values[spec.table])
+    checkpointing.save_checkpoint(str(root), 6, model, None, Context(), CONFIG)  # cleans the killed one's leftovers
+    assert sorted(os.listdir(root)) == ["step_000000005", "step_000000006"]
