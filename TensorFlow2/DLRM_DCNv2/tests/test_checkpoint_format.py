@@ -425,3 +425,14 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
         np.testing.assert_array_equal(var.numpy(), values[spec.table])
     checkpointing.save_checkpoint(str(root), 6, model, None, Context(), CONFIG)  # cleans the killed one's leftovers
     assert sorted(os.listdir(root)) == ["step_000000005", "step_000000006"]
+
+
+def test_sparse_model_without_shards_is_refused(tmp_path):
+    class Opaque:
+        table_sizes, embedding_dims = TABLES, DIMS
+
+    model, _ = make_rank(1, 0, whole_tables(1))
+    model.sparse = Opaque()
+    with pytest.raises(CheckpointError, match="--use_mde_embeddings"):
+        checkpointing.save_checkpoint(str(tmp_path / "ckpt"), 1, model, None, Context(), CONFIG)
+    assert not (tmp_path / "ckpt").exists()

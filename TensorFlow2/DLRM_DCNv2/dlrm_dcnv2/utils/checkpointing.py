@@ -276,6 +276,10 @@ def embedding_slots(optimizer, variable) -> Dict[str, Any]:
 
 def _shard_items(sparse_model, embedding_optimizer) -> List[Tuple[str, Tuple[int, int], Any, Any]]:
     """``(relative file, whole-table shape, ShardSpec, variable)`` for every local shard and its optimizer slots."""
+    if not hasattr(sparse_model, "shard_variables"):
+        raise CheckpointError(f"{type(sparse_model).__name__} does not expose its tables' shards (shard_variables): "
+                              f"checkpoints are written for this recipe's placement only, not with "
+                              f"--use_mde_embeddings (Merlin Distributed Embeddings has its own checkpoint format)")
     items = []
     for spec, variable in sparse_model.shard_variables:
         shape = (int(sparse_model.table_sizes[spec.table]), int(sparse_model.embedding_dims[spec.table]))
@@ -523,6 +527,7 @@ def restore_checkpoint(path: str, model, optimizers=None, ctx=None, config: Opti
     if training is not None:
         warn_training_changes(state, dict(training, world_size=world_size), path)
     sparse_model, dense_model = model.sparse, model.dense
+    _shard_items(sparse_model, None)  # refuses a sparse model without shards (MDE) with a clear error
     tables = [(int(t["rows"]), int(t["dim"])) for t in state["tables"]]
     model_tables = [(int(r), int(d)) for r, d in zip(sparse_model.table_sizes, sparse_model.embedding_dims)]
     if tables != model_tables:
