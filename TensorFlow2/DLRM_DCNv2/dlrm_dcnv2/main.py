@@ -1,0 +1,708 @@
+"""The one training / evaluation / inference program behind ``dlrm.py`` and ``dcnv2.py``.
+
+``main(argv, model="dlrm"|"dcnv2") -> dict`` of results; ``build_parser(model)`` is the command line (every flag
+of NVIDIA's TF2 recipe, reference A.3, with the model's defaults, plus ours); ``parameter_table(model)`` is the
+README's flag table, generated from that parser so that the two never drift.
+
+What one run does, top to bottom::
+
+    ctx = hvd_utils.init()                         one process, or one rank of horovodrun
+    precision policy (--amp), --cpu, seeds
+    data = create_input(...)                       this rank's batches (numerical, categorical tuple, labels)
+    model = build_model(...)                       sparse half (tables placed over ranks) + dense half
+    optimizers = create_optimizers(...)            dense + embedding optimizer, one LR schedule
+    --mode train:     Trainer.train_step per batch, progress every --print_freq steps, evaluation
+                      --evals_per_epoch times, periodic checkpoints (--checkpoint_every_*)
+    --mode eval:      one evaluation of the test split (BCE, approximate and exact AUC)
+    --mode inference: throughput and mean/p90/p95/p99 latency per batch size
+    hvd_utils.shutdown()                           always, in ``finally``
+
+Errors the user can fix (a bad flag, bad data, a diverged run) raise exceptions that name the flag, file or step;
+the command-line wrapper :func:`cli` prints them as one line and exits non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+LOG = logging.getLogger("dlrm_dcnv2")
+
+MODELS = ("dlrm", "dcnv2")
+
+# Model-specific defaults (NVIDIA's dlrm.py / dcnv2.py, reference A.3). Everything else is shared.
+MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "dlrm": {"optimizer": "sgd", "interaction": "dot_custom_cuda", "learning_rate": 24.0, "warmup_steps": 8000},
+    "dcnv2": {"optimizer": "adam", "interaction": "cross", "learning_rate": 0.0001, "warmup_steps": 100},
+}
+
+INTERACTIONS = ("dot_custom_cuda", "dot_tensorflow", "cross")
+DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
+DIST_STRATEGIES = ("memory_balanced", "basic", "memory_optimized")
+
+
+class UsageError(ValueError):
+    """A flag or a combination of flags that cannot work; the message names the flag(s)."""
+
+
+# ------------------------------------------------------------------------------------------------------- parser
+_TRUE = {"1", "true", "t", "yes", "y", "on"}
+_FALSE = {"0", "false", "f", "no", "n", "off"}
+
+
+def _boolean(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _add_bool(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+    """``--name``, ``--name=true|false`` and ``--noname``: the spellings absl's boolean flags accept (NVIDIA's CLI)."""
+    parser.add_argument(f"--{name}", dest=name, nargs="?", const=True, default=default, type=_boolean,
+                        metavar="BOOL", help=help_text)
+    parser.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
+def _optional_float(text: str) -> Optional[float]:
+    if str(text).strip().lower() in ("", "none"):
+        return None
+    return float(text)
+
+
+def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
+    """The command line of ``dlrm.py`` (``model="dlrm"``) or ``dcnv2.py`` (``model="dcnv2"``).
+
+    Flag names and defaults are NVIDIA's (reference A.3); ``--checkpoint_every_steps``, ``--checkpoint_every_minutes``,
+    ``--keep_checkpoints``, ``--overwrite`` and the ``--inference_*`` flags are this recipe's additions.
+    """
+    if model not in MODELS:
+        raise UsageError(f"model {model!r}: expected one of {', '.join(MODELS)}")
+    d = MODEL_DEFAULTS[model]
+    p = argparse.ArgumentParser(
+        prog=f"{model}.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=f"Train, evaluate or benchmark {'DLRM' if model == 'dlrm' else 'DCNv2'} (TensorFlow 2, "
+                    f"hybrid-parallel embeddings over Horovod).")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--mode", choices=("train", "eval", "inference"), default="train",
+                   help="train (with evaluations), eval (evaluate the test split once) or inference (latency and "
+                        "throughput benchmark)")
+    _add_bool(g, "run_eagerly", False, "run the steps eagerly, without tf.function (debugging)")
+    _add_bool(g, "tfdata_debug", False, "tf.data debug mode (tf.data.experimental.enable_debug_mode)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="random seed of the weights, the data order and TensorFlow (None: drawn at random)")
+    g.add_argument("--epochs", type=int, default=1, help="passes over the training split")
+    g.add_argument("--max_steps", type=int, default=-1, help="stop after this many training steps (-1: no limit)")
+    g.add_argument("--evals_per_epoch", type=int, default=1, help="evaluations of the test split per epoch")
+    g.add_argument("--print_freq", type=int, default=100, help="training steps between progress lines")
+    g.add_argument("--log_path", default="dlrm_tf_log.json",
+                   help="DLLogger-style JSON log (an existing log is kept as <path>.N unless --overwrite)")
+    g.add_argument("--profiler_start_step", type=int, default=None,
+                   help="start the TensorFlow profiler at this step (10 steps, trace next to --log_path)")
+    g.add_argument("--profiled_rank", type=int, default=1, help="the rank that runs the profiler")
+    _add_bool(g, "overwrite", False,
+              "replace outputs of an earlier run (the log, checkpoints under --save_checkpoint_path) instead of "
+              "refusing / keeping them")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset_path", default=None, help="directory of the dataset (split binary, split TFRecords)")
+    g.add_argument("--feature_spec", default="feature_spec.yaml",
+                   help="feature spec file, relative to --dataset_path unless absolute")
+    g.add_argument("--dataset_type", choices=DATASET_TYPES, default="tf_raw",
+                   help="tf_raw (NVIDIA split binary), synthetic (generated on the fly) or split_tfrecords "
+                        "(prebatched multi-hot TFRecords)")
+    _add_bool(g, "data_parallel_input", False,
+              "every rank reads its data-parallel slice of every feature (instead of whole-batch ids of its own "
+              "tables)")
+    _add_bool(g, "synthetic_dataset_use_feature_spec", False,
+              "take the synthetic dataset's shape from --feature_spec instead of the --synthetic_dataset_* flags")
+    g.add_argument("--synthetic_dataset_train_batches", type=int, default=64008,
+                   help="training batches of the synthetic dataset")
+    g.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350,
+                   help="evaluation batches of the synthetic dataset")
+    g.add_argument("--synthetic_dataset_cardinalities", type=_int_list, default=[1000] * 26,
+                   help="comma-separated table sizes of the synthetic dataset (default 26 x 1000)")
+    g.add_argument("--synthetic_dataset_hotness", type=_int_list, default=[20] * 26,
+                   help="comma-separated ids per sample of each synthetic categorical feature (default 26 x 20)")
+    g.add_argument("--synthetic_dataset_num_numerical_features", type=int, default=13,
+                   help="numerical features of the synthetic dataset")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--batch_size", type=int, default=65536, help="global training batch size (all ranks)")
+    g.add_argument("--valid_batch_size", type=int, default=65536, help="global evaluation batch size (all ranks)")
+    g.add_argument("--top_mlp_dims", type=_int_list, default=[1024, 1024, 512, 256, 1],
+                   help="comma-separated widths of the top MLP (the last must be 1)")
+    g.add_argument("--bottom_mlp_dims", type=_int_list, default=[512, 256, 128],
+                   help="comma-separated widths of the bottom MLP (DLRM: the last must equal the embedding dim)")
+    g.add_argument("--embedding_dim", default="128",
+                   help="embedding width: one integer, a comma-separated list (one per table) or a JSON file "
+                        "holding such a list")
+    g.add_argument("--interaction", choices=INTERACTIONS, default=d["interaction"],
+                   help="dot_custom_cuda (NVIDIA's CUDA kernel when installed, else dot_tensorflow), "
+                        "dot_tensorflow, or cross (DCNv2's low-rank cross network)")
+    g.add_argument("--num_cross_layers", type=int, default=3, help="cross layers of --interaction cross")
+    g.add_argument("--cross_layer_projection_dim", type=int, default=512,
+                   help="low-rank projection width of each cross layer")
+    _add_bool(g, "embedding_zeros_initializer", False, "initialise the tables with zeros (testing)")
+    _add_bool(g, "embedding_trainable", True, "train the embedding tables")
+    _add_bool(g, "concat_embedding", False,
+              "NVIDIA's single-GPU concatenated-table optimisation (accepted; this recipe's lookups are per table)")
+
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", choices=("sgd", "adam"), default=d["optimizer"],
+                   help="sgd (momentum 0, dense and embeddings) or adam (Keras Adam for the MLPs, lazy Adam for "
+                        "the embeddings)")
+    g.add_argument("--learning_rate", type=float, default=d["learning_rate"], help="peak learning rate")
+    g.add_argument("--beta1", type=float, default=0.9, help="Adam beta1")
+    g.add_argument("--beta2", type=float, default=0.999, help="Adam beta2")
+    g.add_argument("--warmup_steps", type=int, default=d["warmup_steps"],
+                   help="linear warm-up steps of the learning rate (from 0)")
+    g.add_argument("--decay_start_step", type=int, default=48000,
+                   help="step at which the polynomial (power 2) decay starts")
+    g.add_argument("--decay_steps", type=int, default=24000, help="steps of the decay to 0")
+
+    g = p.add_argument_group("precision and performance")
+    _add_bool(g, "amp", False,
+              "mixed precision: mixed_float16 with a static loss scale on GPU, mixed_bfloat16 on CPU")
+    g.add_argument("--loss_scale", type=float, default=65536.0, help="static loss scale of --amp on GPU")
+    _add_bool(g, "xla", False, "compile the training and evaluation steps with XLA")
+    _add_bool(g, "cpu", False, "run on the CPU even when a GPU is visible")
+    g.add_argument("--inter_op_parallelism", type=int, default=None, help="TensorFlow inter-op threads")
+    g.add_argument("--intra_op_parallelism", type=int, default=None, help="TensorFlow intra-op threads")
+    g.add_argument("--auc_thresholds", type=int, default=8000,
+                   help="thresholds of the approximate AUC (tf.keras.metrics.AUC); the exact AUC is reported too")
+
+    g = p.add_argument_group("embedding placement (hybrid parallel)")
+    _add_bool(g, "use_mde_embeddings", True,
+              "use Merlin Distributed Embeddings when installed (NGC image), else this recipe's placement")
+    g.add_argument("--dist_strategy", choices=DIST_STRATEGIES, default="memory_balanced",
+                   help="how tables are spread over ranks")
+    g.add_argument("--column_slice_threshold", type=_optional_float, default=5e9,
+                   help="tables with more elements are split by columns over ranks")
+    g.add_argument("--row_slice_threshold", type=_optional_float, default=1e10,
+                   help="tables with more elements are split by rows over ranks")
+    g.add_argument("--data_parallel_threshold", type=_optional_float, default=None,
+                   help="tables with fewer elements are replicated (data parallel) on every rank")
+    g.add_argument("--cpu_offloading_threshold_gb", type=_optional_float, default=75.0,
+                   help="a rank's tables beyond this many GiB live in host memory")
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save_checkpoint_path", default=None,
+                   help="directory of checkpoints (step_<N>/, written atomically; at the end of training and "
+                        "periodically with --checkpoint_every_*)")
+    g.add_argument("--restore_checkpoint_path", default=None,
+                   help="checkpoint to start from: one step_<N> directory, or a directory of them (the newest)")
+    g.add_argument("--checkpoint_every_steps", type=int, default=None,
+                   help="also save a checkpoint every N training steps")
+    g.add_argument("--checkpoint_every_minutes", type=float, default=None,
+                   help="also save a checkpoint when this many minutes passed since the last one")
+    g.add_argument("--keep_checkpoints", type=int, default=2, help="newest checkpoints kept (0: all)")
+
+    g = p.add_argument_group("inference benchmark (--mode inference)")
+    g.add_argument("--inference_batch_sizes", type=_int_list, default=None,
+                   help="comma-separated global batch sizes to benchmark (default: --valid_batch_size)")
+    g.add_argument("--inference_steps", type=int, default=100, help="timed steps per batch size")
+    g.add_argument("--inference_warmup_steps", type=int, default=10,
+                   help="untimed steps first (tracing, XLA compilation, caches), as NVIDIA drops the first 10")
+    return p
+
+
+def parameter_table(model: str = "dlrm") -> str:
+    """Markdown table of every flag of ``model``'s parser: flag, default, description (for the README)."""
+    rows = ["| flag | default | description |", "|---|---|---|"]
+    for action in build_parser(model)._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        default = action.default
+        if isinstance(default, list):
+            default = ",".join(str(v) for v in default) if len(set(default)) > 1 or len(default) < 3 \
+                else f"{len(default)}x{default[0]}"
+        if action.choices:
+            help_text = f"{{{','.join(action.choices)}}} {action.help}"
+        else:
+            help_text = action.help
+        rows.append(f"| `{action.option_strings[0]}` | {default} | {help_text.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def parse_embedding_dims(value: str, num_tables: int) -> List[int]:
+    """``--embedding_dim``: one int, a comma list (one per table) or a JSON file with a list -> one dim per table."""
+    text = str(value).strip()
+    source = "--embedding_dim"
+    if not text.replace(",", "").replace(" ", "").isdigit():
+        if not os.path.isfile(text):
+            raise UsageError(f"--embedding_dim {value!r}: expected an integer, a comma-separated list of integers "
+                             f"or a JSON file (no such file)")
+        try:
+            with open(text) as f:
+                loaded = json.load(f)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--embedding_dim {text}: not a JSON list of integers ({error})") from None
+        source = f"--embedding_dim {text}"
+        dims = [loaded] if isinstance(loaded, int) else loaded
+        if not isinstance(dims, list) or not all(isinstance(v, int) for v in dims):
+            raise UsageError(f"{source}: expected a JSON integer or list of integers")
+    else:
+        dims = [int(v) for v in text.split(",") if v.strip()]
+    if len(dims) == 1:
+        dims = dims * num_tables
+    if len(dims) != num_tables:
+        raise UsageError(f"{source}: {len(dims)} dims for {num_tables} categorical features")
+    if any(v < 1 for v in dims):
+        raise UsageError(f"{source}: every dim must be at least 1, got {dims}")
+    return dims
+
+
+def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
+    """Parse ``argv`` with ``build_parser(model)`` and check what one flag alone cannot (raises ``UsageError``)."""
+    parser = build_parser(model)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    args.model = model
+    positive = ("batch_size", "valid_batch_size", "epochs", "evals_per_epoch", "print_freq", "auc_thresholds",
+                "inference_steps")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise UsageError(f"--max_steps must be -1 (no limit) or at least 1, got {args.max_steps}")
+    if args.inference_warmup_steps < 0:
+        raise UsageError(f"--inference_warmup_steps must be 0 or more, got {args.inference_warmup_steps}")
+    if args.top_mlp_dims[-1] != 1:
+        raise UsageError(f"--top_mlp_dims {','.join(map(str, args.top_mlp_dims))}: the last layer must have width 1 "
+                         f"(the click logit)")
+    if not (args.learning_rate > 0 and math.isfinite(args.learning_rate)):
+        raise UsageError(f"--learning_rate must be a positive number, got {args.learning_rate}")
+    if args.amp and not args.loss_scale > 0:
+        raise UsageError(f"--loss_scale must be positive, got {args.loss_scale}")
+    if args.dataset_type != "synthetic" and not args.dataset_path:
+        raise UsageError(f"--dataset_type {args.dataset_type} needs --dataset_path (or use --dataset_type synthetic)")
+    if args.mode == "train" and (args.checkpoint_every_steps or args.checkpoint_every_minutes) \
+            and not args.save_checkpoint_path:
+        raise UsageError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
+    return args
+
+
+# ------------------------------------------------------------------------------------------------------ dataset
+def resolve_feature_spec_path(args) -> str:
+    if os.path.isabs(args.feature_spec) or not args.dataset_path:
+        return args.feature_spec
+    return os.path.join(args.dataset_path, args.feature_spec)
+
+
+def dataset_shape(args):
+    """``(table_sizes, hotness, num_numerical_features)`` of the data the run reads (feature spec or synthetic flags)."""
+    if args.dataset_type == "synthetic" and not args.synthetic_dataset_use_feature_spec:
+        sizes = list(args.synthetic_dataset_cardinalities)
+        hotness = list(args.synthetic_dataset_hotness)
+        if len(hotness) == 1:
+            hotness = hotness * len(sizes)
+        if len(hotness) != len(sizes):
+            raise UsageError(f"--synthetic_dataset_hotness has {len(hotness)} values for "
+                             f"{len(sizes)} --synthetic_dataset_cardinalities")
+        return sizes, hotness, int(args.synthetic_dataset_num_numerical_features)
+    from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
+    path = resolve_feature_spec_path(args)
+    if not os.path.isfile(path):
+        raise UsageError(f"--feature_spec {path}: no such file (give --dataset_path and/or --feature_spec)")
+    spec = FeatureSpec.from_yaml(path)
+    categorical = [f for ch, names in spec.channel_spec.items() if is_categorical_channel(ch) for f in names]
+    numerical = [f for ch, names in spec.channel_spec.items()
+                 if not is_categorical_channel(ch) and "label" not in ch.lower() for f in names]
+    return ([spec.cardinality(f) for f in categorical], [spec.max_hotness(f) for f in categorical], len(numerical))
+
+
+class _ReaderInput:
+    """TEMPORARY one-rank input over ``recsys_common.datasets`` until ``dlrm_dcnv2.dataloading`` lands (delete then).
+
+    Yields ``(numerical float32 [b, n], categorical tuple of int32 [b] / [b, h], labels float32 [b])``.
+    """
+
+    def __init__(self, spec_path: str, mapping: str, batch_size: int, input_tables):
+        from recsys_common.datasets import open_reader
+        from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
+        spec = FeatureSpec.from_yaml(spec_path)
+        self.reader = open_reader(spec, mapping, batch_size)
+        self.cat_channels = [ch for ch in spec.channel_spec if is_categorical_channel(ch)]
+        self.num_channels = [ch for ch in spec.channel_spec
+                             if not is_categorical_channel(ch) and "label" not in ch.lower()]
+        self.label_channel = [ch for ch in spec.channel_spec if "label" in ch.lower()][0]
+        self.input_tables = [t for t, _ in input_tables]
+
+    def __len__(self):
+        return len(self.reader)
+
+    def __iter__(self):
+        import numpy as np
+        import tensorflow as tf
+        for batch in self.reader:
+            cats = []
+            for ch in self.cat_channels:
+                value = batch[ch]
+                cats.extend(value if isinstance(value, list) else [value[:, i] for i in range(value.shape[1])])
+            nums = [np.asarray(batch[ch], np.float32).reshape(len(batch[self.label_channel]), -1)
+                    for ch in self.num_channels]
+            numerical = np.concatenate(nums, axis=1) if nums else np.zeros((len(batch[self.label_channel]), 0),
+                                                                             np.float32)
+            yield (tf.constant(numerical), tuple(tf.constant(np.asarray(cats[t], np.int32))
+                                                 for t in self.input_tables),
+                   tf.constant(np.asarray(batch[self.label_channel], np.float32).reshape(-1)))
+
+
+def open_data(args, ctx, sparse_model, mapping: str, global_batch_size: int):
+    """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()``."""
+    if ctx.world_size > 1 or args.dataset_type != "tf_raw":
+        raise UsageError(f"--dataset_type {args.dataset_type} on {ctx.world_size} rank(s): needs "
+                         f"dlrm_dcnv2.dataloading (not yet available)")
+    return _ReaderInput(resolve_feature_spec_path(args), mapping, global_batch_size, sparse_model.input_tables)
+
+
+# ------------------------------------------------------------------------------------------------------ running
+def _configure_tensorflow(args):
+    """Device visibility, threads, precision policy; returns the policy name. Must run before any model is built."""
+    import tensorflow as tf
+    if args.cpu:
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError as error:  # devices already initialised (a second run in the same process)
+            if tf.config.get_visible_devices("GPU"):
+                raise UsageError(f"--cpu: cannot hide the GPUs any more ({error})") from None
+    for name, setter in (("inter_op_parallelism", tf.config.threading.set_inter_op_parallelism_threads),
+                         ("intra_op_parallelism", tf.config.threading.set_intra_op_parallelism_threads)):
+        value = getattr(args, name)
+        if value is not None:
+            try:
+                setter(value)
+            except RuntimeError as error:
+                LOG.warning("--%s %d ignored: %s", name, value, error)
+    if args.tfdata_debug:
+        tf.data.experimental.enable_debug_mode()
+    on_gpu = bool(tf.config.get_visible_devices("GPU"))
+    policy = "float32"
+    if args.amp:
+        # float16 has too few exponent bits without loss scaling and CPUs have no fast float16 kernels;
+        # bfloat16 keeps float32's range and is what CPUs with AVX512-BF16/AMX accelerate.
+        policy = "mixed_float16" if on_gpu else "mixed_bfloat16"
+    tf.keras.mixed_precision.set_global_policy(policy)
+    return policy, on_gpu
+
+
+def _check_model_flags(args, embedding_dims: List[int]) -> None:
+    if args.interaction.startswith("dot") and len(set(embedding_dims)) > 1:
+        raise UsageError(f"--interaction {args.interaction} needs one embedding width for every table, got "
+                         f"--embedding_dim {args.embedding_dim} ({sorted(set(embedding_dims))}); use one value, or "
+                         f"--interaction cross (dcnv2.py)")
+    if args.interaction.startswith("dot") and args.bottom_mlp_dims[-1] != embedding_dims[0]:
+        raise UsageError(f"--bottom_mlp_dims {','.join(map(str, args.bottom_mlp_dims))} ends with "
+                         f"{args.bottom_mlp_dims[-1]} but --embedding_dim is {embedding_dims[0]}: the dot interaction "
+                         f"needs them equal")
+
+
+def model_config(args, table_sizes, embedding_dims, hotness, num_numerical) -> Dict[str, Any]:
+    """What must match between a checkpoint and the model restoring it."""
+    return {"model": args.model, "table_sizes": list(table_sizes), "embedding_dims": list(embedding_dims),
+            "hotness": list(hotness), "num_numerical_features": int(num_numerical),
+            "interaction": "dot" if args.interaction.startswith("dot") else args.interaction,
+            "bottom_mlp_dims": list(args.bottom_mlp_dims), "top_mlp_dims": list(args.top_mlp_dims),
+            "num_cross_layers": args.num_cross_layers if args.interaction == "cross" else None,
+            "cross_layer_projection_dim": args.cross_layer_projection_dim if args.interaction == "cross" else None}
+
+
+def training_settings(args, ctx) -> Dict[str, Any]:
+    return {"batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps,
+            "decay_start_step": args.decay_start_step, "decay_steps": args.decay_steps,
+            "world_size": ctx.world_size}
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
+    """Steps within an epoch (1-based, after the step) after which to evaluate: evenly spaced, the last at the end."""
+    evals = min(evals_per_epoch, steps_per_epoch)
+    return sorted({max(1, round(steps_per_epoch * k / evals)) for k in range(1, evals + 1)})
+
+
+def run(args) -> Dict[str, Any]:
+    """Everything after parsing (``args``: the namespace of :func:`parse_args`); returns the results."""
+    import numpy as np
+    import tensorflow as tf
+    from recsys_common.logger import Logger, keep_previous_log
+    from dlrm_dcnv2.distributed import hvd_utils
+    from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
+    from dlrm_dcnv2.nn.evaluator import Evaluator
+    from dlrm_dcnv2.nn.model import build_model
+    from dlrm_dcnv2.nn.trainer import Trainer
+    from dlrm_dcnv2.utils import checkpointing
+
+    ctx = hvd_utils.init()
+    policy, on_gpu = _configure_tensorflow(args)
+    if args.seed is not None:
+        tf.keras.utils.set_random_seed(args.seed + ctx.rank * 0)  # same dense init on every rank (broadcast anyway)
+    table_sizes, hotness, num_numerical = dataset_shape(args)
+    embedding_dims = parse_embedding_dims(args.embedding_dim, len(table_sizes))
+    _check_model_flags(args, embedding_dims)
+    # build_model picks the interaction (nn.interaction.select_interaction): it raises for --xla with NVIDIA's
+    # custom CUDA op and logs when dot_custom_cuda falls back to dot_tensorflow.
+
+    if ctx.is_chief and args.log_path and not args.overwrite:
+        backup = keep_previous_log(args.log_path)
+        if backup:
+            LOG.warning("%s existed: kept as %s", args.log_path, backup)
+    logger = Logger(args.log_path if args.log_path else None, rank=ctx.rank, stdout=False)
+    try:
+        params = {k: v for k, v in vars(args).items()}
+        params.update(world_size=ctx.world_size, precision=policy, table_sizes=table_sizes, hotness=hotness)
+        logger.log_parameters(params)
+
+        model = build_model(table_sizes=table_sizes, embedding_dims=embedding_dims,
+                            bottom_mlp_dims=args.bottom_mlp_dims, top_mlp_dims=args.top_mlp_dims,
+                            interaction=args.interaction, num_numerical_features=num_numerical, hotness=hotness,
+                            num_cross_layers=args.num_cross_layers,
+                            cross_layer_projection_dim=args.cross_layer_projection_dim, ctx=ctx, seed=args.seed,
+                            xla=args.xla, dist_strategy=args.dist_strategy,
+                            column_slice_threshold=args.column_slice_threshold,
+                            row_slice_threshold=args.row_slice_threshold,
+                            data_parallel_threshold=args.data_parallel_threshold,
+                            cpu_offloading_threshold_gb=args.cpu_offloading_threshold_gb,
+                            use_mde_embeddings=args.use_mde_embeddings,
+                            embedding_zeros_initializer=args.embedding_zeros_initializer,
+                            embedding_trainable=args.embedding_trainable)
+        config = model_config(args, table_sizes, embedding_dims, hotness, num_numerical)
+        training = training_settings(args, ctx)
+        evaluator = Evaluator(model, ctx, auc_thresholds=args.auc_thresholds, xla=args.xla,
+                              run_eagerly=args.run_eagerly)
+
+        if args.mode in ("eval", "inference"):
+            if args.restore_checkpoint_path:
+                checkpointing.restore_checkpoint(args.restore_checkpoint_path, model, None, ctx, config=config,
+                                                 load_optimizer=False)
+            else:
+                LOG.warning("--mode %s without --restore_checkpoint_path: the model is untrained", args.mode)
+            if args.mode == "eval":
+                test_data = open_data(args, ctx, model.sparse, "test", args.valid_batch_size)
+                results = evaluator.evaluate(test_data)
+            else:
+                from dlrm_dcnv2.nn.inference import benchmark_inference
+                sizes = args.inference_batch_sizes or [args.valid_batch_size]
+                results = {"inference": benchmark_inference(
+                    model, lambda size: open_data(args, ctx, model.sparse, "test", size), sizes, ctx,
+                    steps=args.inference_steps, warmup_steps=args.inference_warmup_steps, xla=args.xla,
+                    run_eagerly=args.run_eagerly)}
+                if ctx.is_chief:
+                    for size, r in results["inference"].items():
+                        print(f"inference batch {size}: {r['throughput']:.0f} samples/s, latency mean "
+                              f"{r['latency_mean_ms']:.3f} ms, p90 {r['latency_p90_ms']:.3f}, p95 "
+                              f"{r['latency_p95_ms']:.3f}, p99 {r['latency_p99_ms']:.3f}", flush=True)
+            results["mode"] = args.mode
+            logger.log_summary({k: v for k, v in results.items() if k != "inference"} if args.mode == "eval"
+                               else _flatten_inference(results["inference"]))
+            return results
+
+        return _train(args, ctx, model, evaluator, config, training, logger, hvd_utils,
+                      broadcast_replicated_variables, checkpointing, Trainer, np, policy)
+    finally:
+        logger.close()
+
+
+def _fallback_optimizers(name, schedule, beta1=0.9, beta2=0.999):
+    """TEMPORARY (until nn/optimizers.py lands): plain Keras SGD / Adam, one per variable group."""
+    import tensorflow as tf
+    if name == "sgd":
+        return tf.keras.optimizers.legacy.SGD(schedule), tf.keras.optimizers.legacy.SGD(schedule)
+    return (tf.keras.optimizers.legacy.Adam(schedule, beta1, beta2),
+            tf.keras.optimizers.legacy.Adam(schedule, beta1, beta2))
+
+
+def _flatten_inference(per_size: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    return {f"{k}_bs{size}": v for size, r in per_size.items() for k, v in r.items() if k != "latencies_ms"}
+
+
+def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, broadcast_replicated_variables,
+           checkpointing, Trainer, np, policy) -> Dict[str, Any]:
+    from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
+    try:
+        from dlrm_dcnv2.nn.optimizers import create_optimizers
+    except ImportError:  # TEMPORARY until nn/optimizers.py lands (delete then)
+        create_optimizers = _fallback_optimizers
+
+    schedule = WarmupPolyDecay(args.learning_rate, args.warmup_steps, args.decay_start_step, args.decay_steps)
+    dense_optimizer, embedding_optimizer = create_optimizers(args.optimizer, schedule, beta1=args.beta1,
+                                                             beta2=args.beta2)
+    optimizers = (dense_optimizer, embedding_optimizer)
+
+    start_step, start_epoch, start_batch = 0, 0, 0
+    if args.restore_checkpoint_path:
+        state = checkpointing.restore_checkpoint(args.restore_checkpoint_path, model, optimizers, ctx,
+                                                 config=config, training=training, load_optimizer=True)
+        start_step = int(state.get("global_step", 0))
+        start_epoch = int(state.get("epoch") or 0)
+        start_batch = int(state.get("batch_in_epoch") or 0)
+        if ctx.is_chief:
+            print(f"resumed from {state['path']} at step {start_step} (epoch {start_epoch}, batch {start_batch})",
+                  flush=True)
+    else:
+        # Replicated weights start equal on every rank (model-parallel shards are seeded per table already).
+        broadcast_replicated_variables(model.trainable_variables, model.sparse.model_parallel_variables)
+
+    manager = None
+    if args.save_checkpoint_path:
+        manager = checkpointing.CheckpointManager(
+            args.save_checkpoint_path, model, optimizers, ctx, config, every_steps=args.checkpoint_every_steps,
+            every_minutes=args.checkpoint_every_minutes, keep=args.keep_checkpoints, training=training,
+            overwrite=args.overwrite, resumed_from=args.restore_checkpoint_path)
+
+    loss_scale = args.loss_scale if policy == "mixed_float16" else None
+    trainer = Trainer(model, dense_optimizer, embedding_optimizer, ctx, loss_scale=loss_scale, xla=args.xla,
+                      run_eagerly=args.run_eagerly)
+    train_data = open_data(args, ctx, model.sparse, "train", args.batch_size)
+    test_data = open_data(args, ctx, model.sparse, "test", args.valid_batch_size)
+    steps_per_epoch = len(train_data)
+    if steps_per_epoch == 0:
+        raise UsageError(f"the training split has no full batch of --batch_size {args.batch_size}")
+    total_steps = args.epochs * steps_per_epoch
+    if args.max_steps > 0:
+        total_steps = min(total_steps, args.max_steps)
+    points = set(eval_points(steps_per_epoch, args.evals_per_epoch))
+    chief = ctx.is_chief
+    if chief:
+        print(f"training {args.model}: {total_steps} steps ({steps_per_epoch} per epoch, global batch "
+              f"{args.batch_size}, {ctx.world_size} rank(s), {policy}{', XLA' if args.xla else ''})", flush=True)
+
+    evaluations: List[Dict[str, Any]] = []
+    global_step = start_step
+    train_time, timed_samples, last_loss = 0.0, 0, float("nan")
+    window_losses: List[float] = []
+    window_start, window_step = time.perf_counter(), global_step
+    profiling = False
+    epoch = start_epoch
+    while global_step < total_steps and epoch < args.epochs:
+        skip = start_batch if epoch == start_epoch else 0
+        batches = train_data.batches(epoch, skip) if hasattr(train_data, "batches") else iter(train_data)
+        batch_in_epoch = skip
+        for batch in batches:
+            if global_step >= total_steps:
+                break
+            if args.profiler_start_step is not None and ctx.rank == args.profiled_rank % ctx.world_size:
+                if global_step == args.profiler_start_step:
+                    import tensorflow as tf
+                    tf.profiler.experimental.start(os.path.join(os.path.dirname(args.log_path) or ".", "profile"))
+                    profiling = True
+                elif profiling and global_step == args.profiler_start_step + 10:
+                    import tensorflow as tf
+                    tf.profiler.experimental.stop()
+                    profiling = False
+            begin = time.perf_counter()
+            loss = trainer.train_step(*batch)
+            loss_value = float(loss)  # the mean over ranks: every rank sees the same value, and stops together
+            global_step += 1
+            batch_in_epoch += 1
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(
+                    f"training diverged: the loss is {loss_value} at step {global_step} (epoch {epoch}, batch "
+                    f"{batch_in_epoch}); lower --learning_rate (now {args.learning_rate}), raise --warmup_steps, "
+                    f"or check the data for NaN/inf")
+            elapsed = time.perf_counter() - begin
+            if global_step > start_step + 1:  # the first step traces/compiles
+                train_time += elapsed
+                timed_samples += args.batch_size
+            last_loss = loss_value
+            window_losses.append(loss_value)
+            if global_step % args.print_freq == 0 or global_step == total_steps:
+                now = time.perf_counter()
+                rate = (global_step - window_step) * args.batch_size / max(now - window_start, 1e-9)
+                eta = (total_steps - global_step) * args.batch_size / max(rate, 1e-9)
+                mean_loss = float(np.mean(window_losses))
+                lr = float(schedule.learning_rate_at(global_step))
+                if chief:
+                    print(f"epoch {epoch} step {global_step}/{total_steps} | loss {mean_loss:.5f} | lr {lr:.6g} | "
+                          f"{rate:,.0f} samples/s | ETA {_hms(eta)}", flush=True)
+                logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr,
+                                                            "samples_per_s": rate})
+                window_losses, window_start, window_step = [], now, global_step
+            if manager is not None:
+                manager.maybe_save(global_step, epoch, batch_in_epoch)
+            if batch_in_epoch in points or global_step == total_steps:
+                result = evaluator.evaluate(test_data)
+                result.update(step=global_step, epoch=epoch)
+                evaluations.append(result)
+                if chief:
+                    print(f"eval at step {global_step}: auc {result['auc']:.5f} | exact auc "
+                          f"{result['auc_exact']:.5f} | loss {result['loss']:.5f} | "
+                          f"{result['throughput']:,.0f} samples/s", flush=True)
+                logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
+                                                            ("auc", "auc_exact", "loss", "throughput")})
+                window_start = time.perf_counter()  # eval time is not training throughput
+        epoch += 1
+    if profiling:
+        import tensorflow as tf
+        tf.profiler.experimental.stop()
+    if manager is not None:
+        manager.save(global_step, epoch if global_step < total_steps else epoch - 1,
+                     batch_in_epoch if global_step < total_steps else batch_in_epoch)
+    results: Dict[str, Any] = {"mode": "train", "global_step": global_step, "train_loss": last_loss,
+                               "throughput": timed_samples / train_time if train_time > 0 else float("nan"),
+                               "mean_step_time_ms": 1000.0 * train_time / max(1, timed_samples // args.batch_size),
+                               "precision": policy, "world_size": ctx.world_size, "evaluations": evaluations}
+    if evaluations:
+        last = evaluations[-1]
+        results.update(auc=last["auc"], auc_exact=last["auc_exact"], loss=last["loss"],
+                       eval_throughput=last["throughput"], best_auc=max(e["auc"] for e in evaluations))
+    if manager is not None and manager.last_path:
+        results["checkpoint"] = manager.last_path
+    if chief:
+        summary = ", ".join(f"{k} {v:.5f}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in results.items() if k not in ("evaluations",))
+        print(f"done: {summary}", flush=True)
+    logger.log_summary({k: v for k, v in results.items() if k != "evaluations"})
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> Dict[str, Any]:
+    """Run ``model`` ("dlrm" or "dcnv2") with command-line ``argv``; returns the results dict.
+
+    Raises ``UsageError`` (bad flags), data errors, ``FloatingPointError`` (diverged); always tears Horovod down.
+    """
+    import tensorflow as tf
+    from dlrm_dcnv2.distributed import hvd_utils
+    args = parse_args(argv, model)
+    previous_policy = tf.keras.mixed_precision.global_policy().name
+    try:
+        return run(args)
+    finally:
+        # A test (or notebook) calling main() again starts from a clean process state.
+        tf.keras.mixed_precision.set_global_policy(previous_policy)
+        hvd_utils.shutdown()
+
+
+def cli(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> int:
+    """Command-line wrapper: exit status 0, or a one-line error on stderr and 1 (2 for flag errors)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        main(argv, model)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (FloatingPointError, ValueError, OSError) as error:
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
