@@ -1,0 +1,111 @@
+"""The dataset tools under NVIDIA's names (dlrm_dcnv2.dataloading.gen_csv / transcode / generate_feature_spec /
+prepare_synthetic_dataset): thin layers over recsys_common, run through main(argv) and once as real commands."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import RECIPE_DIR, subprocess_env
+from dlrm_dcnv2.dataloading import gen_csv, generate_feature_spec, prepare_synthetic_dataset, transcode
+from recsys_common.datasets import read_columns
+
+SMALL_CSV = os.path.join(RECIPE_DIR, "tests", "transcoding", "small_csv.yaml")
+# Published model sizes (GiB) of NVIDIA's three variants at embedding dim 128, float32 (reference A.3 / B.2), and half
+# the last published digit: the sums of our cardinalities must round to them.
+VARIANT_GIB = {"criteo_t15_synthetic": (15.6, 0.05), "criteo_t3_synthetic": (84.9, 0.05),
+               "criteo_t0_synthetic": (421, 0.5)}
+
+
+def test_gen_csv_then_transcode_to_split_binary(tmp_path):
+    gen_csv.main(["--feature_spec_in", SMALL_CSV, "--output", str(tmp_path / "csv"), "--size", "500"])
+    lines = (tmp_path / "csv" / "train_data.csv").read_text().splitlines()
+    assert len(lines) == 500 and len(lines[0].split(",")) == 8
+    assert (tmp_path / "csv" / "test_data.csv").read_text().count("\n") == 50
+    spec = transcode.main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "binary")])
+    assert sorted(os.listdir(tmp_path / "binary" / "train")) == [
+        "cat_0.bin", "cat_1.bin", "cat_2.bin", "cat_3.bin", "label.bin", "numerical.bin"]
+    assert spec.cardinality("cat_1") == 40 and spec.cardinality("cat_2") == 300
+    # 'auto' became max(id) + 1 over both mappings of the CSV
+    ids = [int(line.split(",")[4]) for name in ("train_data.csv", "test_data.csv")
+           for line in (tmp_path / "csv" / name).read_text().splitlines()]
+    assert spec.cardinality("cat_0") == max(ids) + 1
+    columns = read_columns(spec, "train")
+    np.testing.assert_array_equal(columns["cat_0"].astype(np.int64), [int(line.split(",")[4]) for line in lines])
+    assert str(spec.numpy_dtype("num_0")) == "float16"    # split binary stores numericals as float16 (NVIDIA)
+
+
+def test_gen_csv_refuses_a_spec_without_csv_chunks(tmp_path):
+    binary_spec = generate_feature_spec.main(["--variant", "criteo_t15_synthetic", "--dst", str(tmp_path)])
+    with pytest.raises(ValueError, match="split_binary.*gen_csv writes csv chunks only"):
+        gen_csv.main(["--feature_spec_in", binary_spec.origin, "--output", str(tmp_path / "csv")])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_GIB))
+def test_generate_feature_spec_variants(tmp_path, variant):
+    dst = tmp_path / "spec.yaml"
+    spec = generate_feature_spec.main(["--variant", variant, "--dst", str(dst)])
+    from recsys_common.feature_spec import FeatureSpec
+    saved = FeatureSpec.from_yaml(str(dst))
+    cardinalities = [saved.cardinality(f) for f in saved.channel_spec["categorical"]]
+    assert len(cardinalities) == 26 and len(saved.channel_spec["numerical"]) == 13
+    assert cardinalities == [spec.cardinality(f) for f in spec.channel_spec["categorical"]]
+    assert sum(cardinalities) * 128 * 4 / 2 ** 30 == pytest.approx(VARIANT_GIB[variant][0],
+                                                                       abs=VARIANT_GIB[variant][1])
+    # dtypes as NVIDIA's layout: the smallest integer type that holds the cardinality
+    biggest = saved.channel_spec["categorical"][int(np.argmax(cardinalities))]
+    assert str(saved.numpy_dtype(biggest)) == "int32"
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        generate_feature_spec.main(["--variant", variant, "--dst", str(dst)])
+    generate_feature_spec.main(["--variant", variant, "--dst", str(dst), "--overwrite"])
+
+
+def test_generate_feature_spec_t15_cardinalities_from_the_reference(tmp_path):
+    spec = generate_feature_spec.main(["--variant", "criteo_t15_synthetic", "--dst", str(tmp_path)])
+    assert spec.origin == str(tmp_path / "feature_spec.yaml")
+    assert [spec.cardinality(f"cat_{i}.bin") for i in range(26)] == [
+        7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209, 10667, 104, 4, 968,
+        15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35]
+
+
+def test_prepare_synthetic_dataset_default_layout_and_refusal(tmp_path):
+    out = prepare_synthetic_dataset.main(["--synthetic_dataset_dir", str(tmp_path / "syn"),
+                                          "--synthetic_dataset_num_entries", "640",
+                                          "--synthetic_dataset_table_sizes", "7,300,70000"])
+    assert [out.cardinality(f"cat_{i}.bin") for i in range(3)] == [7, 300, 70000]
+    assert [str(out.numpy_dtype(f"cat_{i}.bin")) for i in range(3)] == ["int8", "int16", "int32"]
+    assert os.path.getsize(tmp_path / "syn" / "train" / "numerical.bin") == 640 * 13 * 2
+    assert os.path.getsize(tmp_path / "syn" / "test" / "label.bin") == 80
+    with pytest.raises(FileExistsError):
+        prepare_synthetic_dataset.main(["--synthetic_dataset_dir", str(tmp_path / "syn")])
+
+
+def test_prepare_synthetic_dataset_from_a_variant_spec(tmp_path):
+    generate_feature_spec.main(["--variant", "criteo_t3_synthetic", "--dst", str(tmp_path / "t3.yaml")])
+    out = prepare_synthetic_dataset.main(["--feature_spec", str(tmp_path / "t3.yaml"), "--synthetic_dataset_dir",
+                                          str(tmp_path / "syn"), "--synthetic_dataset_num_entries", "256",
+                                          "--synthetic_dataset_test_entries", "32"])
+    columns = read_columns(out, "test")
+    assert len(columns["label"]) == 32
+    for i in range(26):   # ids stay inside their (up to 48.9M-row) tables
+        ids = columns[f"cat_{i}.bin"].astype(np.int64)
+        assert ids.min() >= 0 and ids.max() < out.cardinality(f"cat_{i}.bin")
+
+
+def test_commands_exit_non_zero_with_one_clear_line(tmp_path):
+    env = subprocess_env()
+    ok = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.generate_feature_spec", "--variant",
+                         "criteo_t0_synthetic", "--dst", str(tmp_path)], cwd=RECIPE_DIR, env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "882,774,559 embedding rows" in ok.stdout, ok.stderr
+    again = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.generate_feature_spec", "--variant",
+                            "criteo_t0_synthetic", "--dst", str(tmp_path)], cwd=RECIPE_DIR, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"error: {tmp_path / 'feature_spec.yaml'}: exists; pass --overwrite to replace it"
+    bad = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.prepare_synthetic_dataset",
+                          "--synthetic_dataset_dir", str(tmp_path / "x"), "--synthetic_dataset_table_sizes", "10,abc"],
+                         cwd=RECIPE_DIR, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--synthetic_dataset_table_sizes" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "x").exists()
