@@ -1,1 +1,7 @@
-"""TensorFlow 2 DLRM and DCNv2 recipe."""
+"""Input pipelines of the recipe: ``create_input`` (tf_raw split-binary, synthetic, split_tfrecords multi-hot).
+
+See :mod:`.dataloader` for the batch layout every pipeline yields and :mod:`.transcribe` for converting datasets into
+``split_tfrecords``.
+"""
+from .dataloader import (DATASET_TYPES, BatchPipeline, DataError, DatasetMetadata, batch_layout,  # noqa: F401
+                         create_input)
