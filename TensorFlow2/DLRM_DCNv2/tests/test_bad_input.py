@@ -1,0 +1,132 @@
+"""Bad input data: every error names the file, the feature and (for values) the row."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from dlrm_dcnv2.dataloading import DataError, create_input
+
+from conftest import make_dataset
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    # tables: cat_0 int16 (1000), cat_1 int16 (500), cat_2 int8 (100)
+    return make_dataset(tmp_path_factory.mktemp("bad_input_src"), train_rows=2000, test_rows=64,
+                        table_sizes=[1000, 500, 100])
+
+
+@pytest.fixture
+def dataset(pristine, tmp_path):
+    path = str(tmp_path / "data")
+    shutil.copytree(pristine, path)
+    return path
+
+
+def _open(path, **kw):
+    return create_input("tf_raw", path, global_batch_size=kw.pop("global_batch_size", 256), **kw)
+
+
+def _iterate(data):
+    for _ in data:
+        pass
+
+
+def test_file_size_not_a_multiple_of_the_record_size(dataset):
+    with open(os.path.join(dataset, "train/numerical.bin"), "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(DataError, match=r"train/numerical\.bin: 52001 bytes is not a multiple of the record size 26 "
+                                        r"\(13 x float16\) of feature\(s\) \['num_0'.*truncated"):
+        _open(dataset)
+
+
+def test_files_disagreeing_on_rows_name_the_odd_file(dataset):
+    path = os.path.join(dataset, "train/cat_1.bin")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 2 * 10)   # 10 int16 rows short
+    with pytest.raises(DataError, match=r"disagree on the number of rows \(most hold 2000\); odd ones: "
+                                        r"cat_1\.bin: 1990 rows"):
+        _open(dataset)
+
+
+def test_spec_dtype_that_does_not_match_the_file(dataset):
+    spec_path = os.path.join(dataset, "feature_spec.yaml")
+    with open(spec_path) as f:
+        spec = yaml.safe_load(f)
+    spec["feature_spec"]["cat_0.bin"]["dtype"] = "int32"   # the file holds int16
+    with open(spec_path, "w") as f:
+        yaml.safe_dump(spec, f)
+    with pytest.raises(DataError, match=r"cat_0\.bin: 1000 rows \(cat_0\.bin\.\.\. as int32\)"):
+        _open(dataset)
+
+
+def test_missing_file_named_with_its_feature(dataset):
+    os.remove(os.path.join(dataset, "train/cat_2.bin"))
+    with pytest.raises(DataError, match=r"train/cat_2\.bin: file of feature\(s\) \['cat_2\.bin'\] .* not found"):
+        _open(dataset)
+
+
+def test_missing_feature_spec(tmp_path):
+    with pytest.raises(DataError, match=r"nowhere/feature_spec\.yaml: feature spec not found"):
+        _open(str(tmp_path / "nowhere"))
+
+
+def test_unknown_dataset_type(dataset):
+    with pytest.raises(ValueError, match="--dataset_type 'tfrecord' is not one of tf_raw, synthetic, split_tfrecords"):
+        create_input("tfrecord", dataset, global_batch_size=8)
+
+
+def _poke(path, dtype, row, value, width=1, col=0):
+    data = np.fromfile(path, dtype=dtype).reshape(-1, width)
+    data[row, col] = value
+    data.tofile(path)
+
+
+def test_out_of_range_id_names_value_row_feature_and_file(dataset):
+    _poke(os.path.join(dataset, "train/cat_2.bin"), np.int8, 1234, 100)
+    data = _open(dataset)
+    with pytest.raises(DataError, match=r"train/cat_2\.bin: categorical feature 'cat_2\.bin' row 1234 has id 100 "
+                                        r"outside \[0, cardinality=100\)"):
+        _iterate(data)
+
+
+def test_negative_id_seen_by_the_rank_that_reads_it(dataset):
+    _poke(os.path.join(dataset, "train/cat_0.bin"), np.int16, 300, -7)
+    rank0 = create_input("tf_raw", dataset, global_batch_size=256, rank=0, world_size=2,
+                         input_tables=[(0, False)], prefetch=0)
+    rank1 = create_input("tf_raw", dataset, global_batch_size=256, rank=1, world_size=2,
+                         input_tables=[(0, False)], prefetch=0)
+    _iterate(rank1)   # rank 1's slice of batch 1 is rows 384..511: clean
+    with pytest.raises(DataError, match=r"cat_0\.bin' row 300 has id -7"):
+        _iterate(rank0)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_numerical_names_file_feature_and_row(dataset, value):
+    _poke(os.path.join(dataset, "train/numerical.bin"), np.float16, 777, value, width=13, col=4)
+    with pytest.raises(DataError, match=r"train/numerical\.bin: numerical feature 'num_4' row 777 is "
+                                        r"(nan|inf|-inf) \(NaN/inf\)"):
+        _iterate(_open(dataset))
+    _iterate(_open(dataset, allow_nonfinite=True))   # the opt-out reads it
+
+
+def test_unreadable_file_fails_at_open_not_mid_epoch(dataset, monkeypatch):
+    from dlrm_dcnv2.dataloading import raw_binary_dataset
+
+    def refuse(path, flags):
+        if path.endswith("cat_1.bin"):
+            raise PermissionError(13, "Permission denied", path)
+        return os.open(path, flags)
+    monkeypatch.setattr(raw_binary_dataset, "_open_fd", refuse)
+    with pytest.raises(DataError, match=r"train/cat_1\.bin: cannot open for features \['cat_1\.bin'\]: "
+                                        r"Permission denied"):
+        _open(dataset)
+    _open(dataset, rank=0, world_size=2, input_tables=[(0, True), (2, True)])   # a rank without table 1 is fine
+
+
+def test_fewer_rows_than_ranks(tmp_path):
+    path = make_dataset(tmp_path / "d", train_rows=10, test_rows=1, table_sizes=[5])
+    with pytest.raises(DataError, match=r"d/test: 1 row\(s\) are fewer than the 2 ranks"):
+        create_input("tf_raw", path, mapping="test", global_batch_size=8, world_size=2, input_tables=[(0, True)])
