@@ -1,5 +1,6 @@
 """The dataset tools under NVIDIA's names (dlrm_dcnv2.dataloading.gen_csv / transcode / generate_feature_spec /
 prepare_synthetic_dataset): thin layers over recsys_common, run through main(argv) and once as real commands."""
+import json
 import os
 import subprocess
 import sys
@@ -109,3 +110,60 @@ def test_commands_exit_non_zero_with_one_clear_line(tmp_path):
                          cwd=RECIPE_DIR, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "--synthetic_dataset_table_sizes" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------------------------------------------------- preproc/prepare_dataset.sh
+PREPARE = os.path.join(RECIPE_DIR, "preproc", "prepare_dataset.sh")
+
+
+def _run_prepare(args, tmp_path, **env_overrides):
+    env = {k: v for k, v in subprocess_env().items()
+           if k not in ("INPUT_PATH", "OUTPUT_PATH", "BINARY_PATH", "SPARK_LOCAL_DIRS", "FREQUENCY_LIMIT",
+                        "SPARK_MASTER", "OVERWRITE", "SPARK_PREPROCESS_ARGS")}
+    env.update({"PYTHON": sys.executable, "INPUT_PATH": str(tmp_path / "criteo"),
+                "OUTPUT_PATH": str(tmp_path / "spark"), "BINARY_PATH": str(tmp_path / "binary"),
+                "SPARK_LOCAL_DIRS": str(tmp_path / "scratch"), "TOTAL_CORES": "1", "TOTAL_MEMORY": "1"})
+    env.update(env_overrides)
+    return subprocess.run(["bash", PREPARE, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["DGX2", "15"], "GPU Spark (NVIDIA's DGX2 configuration"),
+    (["TPU"], "first argument must be CPU"),
+    (["CPU", "fifteen"], "must be a non-negative integer, got 'fifteen'"),
+    (["CPU", "3", "extra"], "at most two arguments"),
+])
+def test_prepare_dataset_rejects_bad_arguments(tmp_path, args, message):
+    result = _run_prepare(args, tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "spark").exists() and not (tmp_path / "binary").exists()
+
+
+def _write_criteo_days(directory, rows=(120, 80), seed=3):
+    """Terabyte layout: day_0 train, day_1 split into test / validation halves; ids with repeats."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir()
+    for day, n in enumerate(rows):
+        lines = []
+        for _ in range(n):
+            ints = [str(v) if v >= 0 else "" for v in rng.integers(-1, 50, 13)]
+            cats = [f"{c:x}{v}" for c, v in enumerate(rng.zipf(1.6, 26) % 40)]
+            lines.append("\t".join([str(rng.integers(0, 2))] + ints + cats))
+        (directory / f"day_{day}").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow   # one real Spark job (~25 s on 2 cores)
+def test_prepare_dataset_runs_the_shared_spark_job_and_conversion(tmp_path):
+    _write_criteo_days(tmp_path / "criteo")
+    quick = "--spark_conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 --spark_conf spark.ui.enabled=false"
+    result = _run_prepare(["CPU", "2"], tmp_path, SPARK_PREPROCESS_ARGS=quick)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    from recsys_common.feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(str(tmp_path / "binary" / "feature_spec.yaml"))
+    report = json.loads((tmp_path / "spark" / "preprocess_report.json").read_text())
+    assert report["frequency_limit"] == 2 and report["rows_written"] == {"train": 120, "test": 40, "validation": 40}
+    assert [spec.cardinality(f"cat_{i}.bin") for i in range(26)] == report["cardinalities"]
+    assert len(read_columns(spec, "test")["label"]) == 40
+    # a second run refuses to replace the finished output unless OVERWRITE=1, before starting Spark
+    again = _run_prepare(["CPU", "2"], tmp_path)
+    assert again.returncode == 2 and "--overwrite" in again.stderr

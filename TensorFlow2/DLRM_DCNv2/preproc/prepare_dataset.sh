@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Criteo click logs -> the split-binary dataset dlrm.py / dcnv2.py train on (--dataset_type tf_raw).
+#
+#   cd preproc && ./prepare_dataset.sh [CPU] [FREQUENCY_THRESHOLD]       (NVIDIA's arguments: <DGX2|CPU> <threshold>)
+#
+# Two steps, both the shared implementation in common/recsys_common/criteo (the same job PyTorch/DLRM runs):
+#   1. python -m recsys_common.criteo.spark_preprocess   Spark: checks the input, dictionaries of the categorical
+#                                                        values seen >= FREQUENCY_THRESHOLD times, parquet splits
+#                                                        train (day_0..22) / test / validation (halves of day_23)
+#   2. python -m recsys_common.criteo.to_split_binary    parquet -> BINARY_PATH/{train,test,validation}/*.bin and
+#                                                        BINARY_PATH/feature_spec.yaml
+# Environment [default]:
+#   INPUT_PATH [/data/dlrm/criteo]              day_0 .. day_23 (plain or .gz), or a directory with Kaggle's train.txt
+#   OUTPUT_PATH [/data/dlrm/spark/output]       Spark output (dictionaries + parquet), intermediate
+#   BINARY_PATH [/data/dlrm/binary_dataset]     the dataset to train on
+#   SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]     Spark shuffle scratch (the most disk: ~2x the raw data)
+#   SPARK_MASTER [local[*]]                     or spark://host:7077, yarn, k8s://... (paths on a shared file system)
+#   TOTAL_CORES [all]  TOTAL_MEMORY [GiB, 80 % of RAM]  PYTHON [python3]  OVERWRITE [0: refuse non-empty outputs]
+#   SPARK_PREPROCESS_ARGS   more flags for spark_preprocess (python -m recsys_common.criteo.spark_preprocess --help)
+# Then: python dlrm.py --dataset_path $BINARY_PATH   (README.md, "Criteo").
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../../.." && pwd)"
+
+die() { echo "prepare_dataset.sh: error: $*" >&2; exit 2; }
+
+DEVICE="${1:-CPU}"
+FREQUENCY_THRESHOLD="${2:-${FREQUENCY_LIMIT:-15}}"
+case "$DEVICE" in
+    CPU) ;;
+    DGX2|GPU) die "GPU Spark (NVIDIA's DGX2 configuration, RAPIDS Accelerator) is not packaged by this recipe: run with
+    CPU, or add the RAPIDS jar to Spark and pass SPARK_PREPROCESS_ARGS='--spark_conf spark.plugins=com.nvidia.spark.SQLPlugin'" ;;
+    *) die "first argument must be CPU (or DGX2), got '$DEVICE'" ;;
+esac
+[[ "$FREQUENCY_THRESHOLD" =~ ^[0-9]+$ ]] || die "FREQUENCY_THRESHOLD (second argument) must be a non-negative integer, got '$FREQUENCY_THRESHOLD'"
+[[ $# -le 2 ]] || die "at most two arguments (CPU FREQUENCY_THRESHOLD), got $#"
+
+INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
+OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
+BINARY_PATH="${BINARY_PATH:-/data/dlrm/binary_dataset}"
+SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-/data/dlrm/spark/tmp}"
+SPARK_MASTER="${SPARK_MASTER:-local[*]}"
+TOTAL_CORES="${TOTAL_CORES:-$(nproc)}"
+if [[ -z "${TOTAL_MEMORY:-}" ]]; then
+    TOTAL_MEMORY=$(awk '/MemTotal/ {m = int($2 / 1048576 * 0.8); print (m < 1 ? 1 : m)}' /proc/meminfo)
+fi
+PYTHON="${PYTHON:-python3}"
+export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
+
+# recsys_common is installed by `make setup` and in the Docker image; otherwise use the checkout's copy.
+if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
+    export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
+fi
+command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
+
+overwrite=()
+[[ "${OVERWRITE:-0}" == "1" ]] && overwrite=(--overwrite)
+
+echo "[prepare_dataset] input=$INPUT_PATH spark_output=$OUTPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
+echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_MEMORY}g local_dirs=$SPARK_LOCAL_DIRS"
+mkdir -p "$SPARK_LOCAL_DIRS"
+# shellcheck disable=SC2086  # SPARK_PREPROCESS_ARGS is a list of flags
+"$PYTHON" -m recsys_common.criteo.spark_preprocess \
+    --input_path "$INPUT_PATH" --output_path "$OUTPUT_PATH" --frequency_limit "$FREQUENCY_THRESHOLD" \
+    --master "$SPARK_MASTER" --total_cores "$TOTAL_CORES" --total_memory "$TOTAL_MEMORY" \
+    --spark_local_dirs "$SPARK_LOCAL_DIRS" "${overwrite[@]}" ${SPARK_PREPROCESS_ARGS:-}
+"$PYTHON" -m recsys_common.criteo.to_split_binary --input "$OUTPUT_PATH" --output "$BINARY_PATH" "${overwrite[@]}"
+
+echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
+echo "[prepare_dataset] train with: python dlrm.py --dataset_path $BINARY_PATH   (or dcnv2.py)"
