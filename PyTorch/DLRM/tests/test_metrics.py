@@ -30,3 +30,12 @@ def test_auc_matches_sklearn_continuous_and_all_tied():
 
 def test_auc_single_class_is_nan():
     assert math.isnan(roc_auc_score(torch.ones(5), torch.rand(5)))
+
+
+def test_auc_is_the_shared_framework_free_implementation(monkeypatch):
+    """One implementation for every recipe: this module only converts tensors for recsys_common.metrics."""
+    from recsys_common import metrics as shared
+    calls = []
+    monkeypatch.setattr(shared, "roc_auc_score", lambda labels, scores: calls.append((labels, scores)) or 0.25)
+    assert roc_auc_score(torch.tensor([0, 1]), torch.tensor([0.5, 0.1], dtype=torch.float16)) == 0.25
+    assert [c[1].dtype for c in calls] == [np.float64]
