@@ -44,6 +44,8 @@ MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {
 INTERACTIONS = ("dot_custom_cuda", "dot_tensorflow", "cross")
 DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
 DIST_STRATEGIES = ("memory_balanced", "basic", "memory_optimized")
+# The synthetic dataset's hidden model when --seed is not given: fixed, so train and test always share it.
+SYNTHETIC_SEED = 12345
 
 
 class UsageError(ValueError):
@@ -114,13 +116,13 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     g.add_argument("--evals_per_epoch", type=int, default=1, help="evaluations of the test split per epoch")
     g.add_argument("--print_freq", type=int, default=100, help="training steps between progress lines")
     g.add_argument("--log_path", default="dlrm_tf_log.json",
-                   help="DLLogger-style JSON log (an existing log is kept as <path>.N unless --overwrite)")
+                   help="DLLogger-style JSON log, rank 0 (an existing log is kept as <path>.N; empty: no log)")
     g.add_argument("--profiler_start_step", type=int, default=None,
                    help="start the TensorFlow profiler at this step (10 steps, trace next to --log_path)")
     g.add_argument("--profiled_rank", type=int, default=1, help="the rank that runs the profiler")
     _add_bool(g, "overwrite", False,
-              "replace outputs of an earlier run (the log, checkpoints under --save_checkpoint_path) instead of "
-              "refusing / keeping them")
+              "replace the checkpoints of an earlier run under --save_checkpoint_path (refused otherwise; an "
+              "existing --log_path is always kept as <path>.N)")
 
     g = p.add_argument_group("data")
     g.add_argument("--dataset_path", default=None, help="directory of the dataset (split binary, split TFRecords)")
@@ -246,7 +248,7 @@ def parameter_table(model: str = "dlrm") -> str:
 def parse_embedding_dims(value: str, num_tables: int) -> List[int]:
     """``--embedding_dim``: one int, a comma list (one per table) or a JSON file with a list -> one dim per table."""
     text = str(value).strip()
-    source = "--embedding_dim"
+    source = f"--embedding_dim {text}"
     if not text.replace(",", "").replace(" ", "").isdigit():
         if not os.path.isfile(text):
             raise UsageError(f"--embedding_dim {value!r}: expected an integer, a comma-separated list of integers "
@@ -256,7 +258,6 @@ def parse_embedding_dims(value: str, num_tables: int) -> List[int]:
                 loaded = json.load(f)
         except (OSError, ValueError) as error:
             raise UsageError(f"--embedding_dim {text}: not a JSON list of integers ({error})") from None
-        source = f"--embedding_dim {text}"
         dims = [loaded] if isinstance(loaded, int) else loaded
         if not isinstance(dims, list) or not all(isinstance(v, int) for v in dims):
             raise UsageError(f"{source}: expected a JSON integer or list of integers")
@@ -367,7 +368,21 @@ class _ReaderInput:
 
 
 def open_data(args, ctx, sparse_model, mapping: str, global_batch_size: int):
-    """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()``."""
+    """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()`` (and ``iterate(start)``)."""
+    try:
+        from dlrm_dcnv2.dataloading import create_input
+    except ImportError:
+        create_input = None
+    if create_input is not None:
+        return create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=mapping,
+                            global_batch_size=global_batch_size, ctx=ctx, placement=sparse_model.placement,
+                            synthetic_train_batches=args.synthetic_dataset_train_batches,
+                            synthetic_valid_batches=args.synthetic_dataset_valid_batches,
+                            synthetic_cardinalities=args.synthetic_dataset_cardinalities,
+                            synthetic_hotness=args.synthetic_dataset_hotness,
+                            synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
+                            synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec,
+                            seed=SYNTHETIC_SEED if args.seed is None else args.seed)
     if ctx.world_size > 1 or args.dataset_type != "tf_raw":
         raise UsageError(f"--dataset_type {args.dataset_type} on {ctx.world_size} rank(s): needs "
                          f"dlrm_dcnv2.dataloading (not yet available)")
@@ -446,7 +461,7 @@ def run(args) -> Dict[str, Any]:
     """Everything after parsing (``args``: the namespace of :func:`parse_args`); returns the results."""
     import numpy as np
     import tensorflow as tf
-    from recsys_common.logger import Logger, keep_previous_log
+    from recsys_common.logger import Logger
     from dlrm_dcnv2.distributed import hvd_utils
     from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
     from dlrm_dcnv2.nn.evaluator import Evaluator
@@ -464,10 +479,7 @@ def run(args) -> Dict[str, Any]:
     # build_model picks the interaction (nn.interaction.select_interaction): it raises for --xla with NVIDIA's
     # custom CUDA op and logs when dot_custom_cuda falls back to dot_tensorflow.
 
-    if ctx.is_chief and args.log_path and not args.overwrite:
-        backup = keep_previous_log(args.log_path)
-        if backup:
-            LOG.warning("%s existed: kept as %s", args.log_path, backup)
+    # The Logger keeps an existing log as <path>.N (never overwritten).
     logger = Logger(args.log_path if args.log_path else None, rank=ctx.rank, stdout=False)
     try:
         params = {k: v for k, v in vars(args).items()}
@@ -501,6 +513,10 @@ def run(args) -> Dict[str, Any]:
             if args.mode == "eval":
                 test_data = open_data(args, ctx, model.sparse, "test", args.valid_batch_size)
                 results = evaluator.evaluate(test_data)
+                if ctx.is_chief:
+                    print(f"eval: auc {results['auc']:.5f} | exact auc {results['auc_exact']:.5f} | loss "
+                          f"{results['loss']:.5f} | {results['samples']} samples | {results['throughput']:,.0f} "
+                          f"samples/s", flush=True)
             else:
                 from dlrm_dcnv2.nn.inference import benchmark_inference
                 sizes = args.inference_batch_sizes or [args.valid_batch_size]
@@ -524,15 +540,6 @@ def run(args) -> Dict[str, Any]:
         logger.close()
 
 
-def _fallback_optimizers(name, schedule, beta1=0.9, beta2=0.999):
-    """TEMPORARY (until nn/optimizers.py lands): plain Keras SGD / Adam, one per variable group."""
-    import tensorflow as tf
-    if name == "sgd":
-        return tf.keras.optimizers.legacy.SGD(schedule), tf.keras.optimizers.legacy.SGD(schedule)
-    return (tf.keras.optimizers.legacy.Adam(schedule, beta1, beta2),
-            tf.keras.optimizers.legacy.Adam(schedule, beta1, beta2))
-
-
 def _flatten_inference(per_size: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {f"{k}_bs{size}": v for size, r in per_size.items() for k, v in r.items() if k != "latencies_ms"}
 
@@ -540,10 +547,7 @@ def _flatten_inference(per_size: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, broadcast_replicated_variables,
            checkpointing, Trainer, np, policy) -> Dict[str, Any]:
     from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
-    try:
-        from dlrm_dcnv2.nn.optimizers import create_optimizers
-    except ImportError:  # TEMPORARY until nn/optimizers.py lands (delete then)
-        create_optimizers = _fallback_optimizers
+    from dlrm_dcnv2.nn.optimizers import create_optimizers
 
     schedule = WarmupPolyDecay(args.learning_rate, args.warmup_steps, args.decay_start_step, args.decay_steps)
     dense_optimizer, embedding_optimizer = create_optimizers(args.optimizer, schedule, beta1=args.beta1,
@@ -595,9 +599,10 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
     window_start, window_step = time.perf_counter(), global_step
     profiling = False
     epoch = start_epoch
+    position = (start_epoch, start_batch)
     while global_step < total_steps and epoch < args.epochs:
         skip = start_batch if epoch == start_epoch else 0
-        batches = train_data.batches(epoch, skip) if hasattr(train_data, "batches") else iter(train_data)
+        batches = train_data.iterate(skip) if hasattr(train_data, "iterate") else iter(train_data)
         batch_in_epoch = skip
         for batch in batches:
             if global_step >= total_steps:
@@ -616,6 +621,7 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
             loss_value = float(loss)  # the mean over ranks: every rank sees the same value, and stops together
             global_step += 1
             batch_in_epoch += 1
+            position = (epoch, batch_in_epoch)
             if not math.isfinite(loss_value):
                 raise FloatingPointError(
                     f"training diverged: the loss is {loss_value} at step {global_step} (epoch {epoch}, batch "
@@ -657,8 +663,8 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
         import tensorflow as tf
         tf.profiler.experimental.stop()
     if manager is not None:
-        manager.save(global_step, epoch if global_step < total_steps else epoch - 1,
-                     batch_in_epoch if global_step < total_steps else batch_in_epoch)
+        # The position of the next batch: (epoch, batches done in it); a finished epoch resumes at its end.
+        manager.save(global_step, position[0], position[1])
     results: Dict[str, Any] = {"mode": "train", "global_step": global_step, "train_loss": last_loss,
                                "throughput": timed_samples / train_time if train_time > 0 else float("nan"),
                                "mean_step_time_ms": 1000.0 * train_time / max(1, timed_samples // args.batch_size),

@@ -38,3 +38,16 @@ def subprocess_env():
     env["TF_USE_LEGACY_KERAS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def tiny_model_flags(model):
+    """Flags of a small DLRM/DCNv2 (dim 16, MLPs 32-16 / 32-16-1) that trains in seconds on ``small_dataset``.
+
+    Learning rates measured on ``small_dataset`` (test_train_small.py): DLRM SGD 1.0, DCNv2 Adam 0.003.
+    """
+    flags = ["--batch_size", "256", "--valid_batch_size", "1024", "--embedding_dim", "16",
+             "--bottom_mlp_dims", "32,16", "--top_mlp_dims", "32,16,1", "--warmup_steps", "10",
+             "--print_freq", "1000", "--log_path", ""]
+    if model == "dlrm":
+        return flags + ["--learning_rate", "1.0"]
+    return flags + ["--learning_rate", "0.003", "--num_cross_layers", "2", "--cross_layer_projection_dim", "16"]
