@@ -302,12 +302,6 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------------ dataset
-def resolve_feature_spec_path(args) -> str:
-    if os.path.isabs(args.feature_spec) or not args.dataset_path:
-        return args.feature_spec
-    return os.path.join(args.dataset_path, args.feature_spec)
-
-
 def dataset_shape(args):
     """``(table_sizes, hotness, num_numerical_features)`` of the data the run reads (feature spec or synthetic flags)."""
     if args.dataset_type == "synthetic" and not args.synthetic_dataset_use_feature_spec:
@@ -319,74 +313,23 @@ def dataset_shape(args):
             raise UsageError(f"--synthetic_dataset_hotness has {len(hotness)} values for "
                              f"{len(sizes)} --synthetic_dataset_cardinalities")
         return sizes, hotness, int(args.synthetic_dataset_num_numerical_features)
-    from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
-    path = resolve_feature_spec_path(args)
-    if not os.path.isfile(path):
-        raise UsageError(f"--feature_spec {path}: no such file (give --dataset_path and/or --feature_spec)")
-    spec = FeatureSpec.from_yaml(path)
-    categorical = [f for ch, names in spec.channel_spec.items() if is_categorical_channel(ch) for f in names]
-    numerical = [f for ch, names in spec.channel_spec.items()
-                 if not is_categorical_channel(ch) and "label" not in ch.lower() for f in names]
-    return ([spec.cardinality(f) for f in categorical], [spec.max_hotness(f) for f in categorical], len(numerical))
-
-
-class _ReaderInput:
-    """TEMPORARY one-rank input over ``recsys_common.datasets`` until ``dlrm_dcnv2.dataloading`` lands (delete then).
-
-    Yields ``(numerical float32 [b, n], categorical tuple of int32 [b] / [b, h], labels float32 [b])``.
-    """
-
-    def __init__(self, spec_path: str, mapping: str, batch_size: int, input_tables):
-        from recsys_common.datasets import open_reader
-        from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
-        spec = FeatureSpec.from_yaml(spec_path)
-        self.reader = open_reader(spec, mapping, batch_size)
-        self.cat_channels = [ch for ch in spec.channel_spec if is_categorical_channel(ch)]
-        self.num_channels = [ch for ch in spec.channel_spec
-                             if not is_categorical_channel(ch) and "label" not in ch.lower()]
-        self.label_channel = [ch for ch in spec.channel_spec if "label" in ch.lower()][0]
-        self.input_tables = [t for t, _ in input_tables]
-
-    def __len__(self):
-        return len(self.reader)
-
-    def __iter__(self):
-        import numpy as np
-        import tensorflow as tf
-        for batch in self.reader:
-            cats = []
-            for ch in self.cat_channels:
-                value = batch[ch]
-                cats.extend(value if isinstance(value, list) else [value[:, i] for i in range(value.shape[1])])
-            nums = [np.asarray(batch[ch], np.float32).reshape(len(batch[self.label_channel]), -1)
-                    for ch in self.num_channels]
-            numerical = np.concatenate(nums, axis=1) if nums else np.zeros((len(batch[self.label_channel]), 0),
-                                                                             np.float32)
-            yield (tf.constant(numerical), tuple(tf.constant(np.asarray(cats[t], np.int32))
-                                                 for t in self.input_tables),
-                   tf.constant(np.asarray(batch[self.label_channel], np.float32).reshape(-1)))
+    from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
+    meta = metadata_from_spec(load_spec(args.dataset_path, args.feature_spec, "--feature_spec"))
+    return list(meta.table_sizes), list(meta.hotness), int(meta.num_numerical)
 
 
 def open_data(args, ctx, sparse_model, mapping: str, global_batch_size: int):
     """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()`` (and ``iterate(start)``)."""
-    try:
-        from dlrm_dcnv2.dataloading import create_input
-    except ImportError:
-        create_input = None
-    if create_input is not None:
-        return create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=mapping,
-                            global_batch_size=global_batch_size, ctx=ctx, placement=sparse_model.placement,
-                            synthetic_train_batches=args.synthetic_dataset_train_batches,
-                            synthetic_valid_batches=args.synthetic_dataset_valid_batches,
-                            synthetic_cardinalities=args.synthetic_dataset_cardinalities,
-                            synthetic_hotness=args.synthetic_dataset_hotness,
-                            synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
-                            synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec,
-                            seed=SYNTHETIC_SEED if args.seed is None else args.seed)
-    if ctx.world_size > 1 or args.dataset_type != "tf_raw":
-        raise UsageError(f"--dataset_type {args.dataset_type} on {ctx.world_size} rank(s): needs "
-                         f"dlrm_dcnv2.dataloading (not yet available)")
-    return _ReaderInput(resolve_feature_spec_path(args), mapping, global_batch_size, sparse_model.input_tables)
+    from dlrm_dcnv2.dataloading import create_input
+    return create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=mapping,
+                        global_batch_size=global_batch_size, ctx=ctx, placement=sparse_model.placement,
+                        synthetic_train_batches=args.synthetic_dataset_train_batches,
+                        synthetic_valid_batches=args.synthetic_dataset_valid_batches,
+                        synthetic_cardinalities=args.synthetic_dataset_cardinalities,
+                        synthetic_hotness=args.synthetic_dataset_hotness,
+                        synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
+                        synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec,
+                        seed=SYNTHETIC_SEED if args.seed is None else args.seed)
 
 
 # ------------------------------------------------------------------------------------------------------ running
@@ -602,7 +545,7 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
     position = (start_epoch, start_batch)
     while global_step < total_steps and epoch < args.epochs:
         skip = start_batch if epoch == start_epoch else 0
-        batches = train_data.iterate(skip) if hasattr(train_data, "iterate") else iter(train_data)
+        batches = train_data.iterate(skip)
         batch_in_epoch = skip
         for batch in batches:
             if global_step >= total_steps:
@@ -668,7 +611,8 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
     results: Dict[str, Any] = {"mode": "train", "global_step": global_step, "train_loss": last_loss,
                                "throughput": timed_samples / train_time if train_time > 0 else float("nan"),
                                "mean_step_time_ms": 1000.0 * train_time / max(1, timed_samples // args.batch_size),
-                               "precision": policy, "world_size": ctx.world_size, "evaluations": evaluations}
+                               "precision": policy, "xla_jit_compiled": trainer.jit_compiled,
+                               "world_size": ctx.world_size, "evaluations": evaluations}
     if evaluations:
         last = evaluations[-1]
         results.update(auc=last["auc"], auc_exact=last["auc_exact"], loss=last["loss"],

@@ -66,10 +66,7 @@ class Evaluator:
                 "labels": hvd_utils.allgather(local_labels, name="eval_labels").numpy()}
 
     def evaluate(self, batches: Iterable) -> Dict[str, Any]:
-        try:
-            from recsys_common.metrics import roc_auc_score
-        except ImportError:  # TEMPORARY until common/recsys_common/metrics.py lands (delete then)
-            from sklearn.metrics import roc_auc_score
+        from recsys_common.metrics import roc_auc_score
         begin = time.perf_counter()
         gathered = self.predict(batches)
         seconds = time.perf_counter() - begin

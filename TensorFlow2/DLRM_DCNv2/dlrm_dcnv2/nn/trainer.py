@@ -60,6 +60,11 @@ class Trainer:
         self.loss_scale = float(loss_scale) if loss_scale and loss_scale != 1 else None
         self._step = self._train_step if run_eagerly else hvd_utils.compile_step(self._train_step, xla)
 
+    @property
+    def jit_compiled(self) -> bool:
+        """Whether the step is one XLA program (``tf.function(jit_compile=True)``)."""
+        return bool(getattr(self._step, "_jit_compile", False))
+
     def train_step(self, numerical, categorical, labels):
         """One update on this rank's batch; returns the global-batch mean loss (float32 scalar tensor)."""
         return self._step(numerical, tuple(categorical), labels)
