@@ -1,11 +1,5 @@
 #!/usr/bin/env python3
-"""One-hot logistic regression: the floor a CTR model on the same dataset has to beat.
-
-Reads any dataset described by a FeatureSpec with ``categorical``, ``numerical`` and ``label`` channels (the
-MovieLens CTR dataset of ``movielens_ctr.py``, a preprocessed Criteo split-binary dataset, synthetic data) through
-``recsys_common.datasets``, one-hot encodes every categorical feature (ids never seen in training are ignored),
-standardizes the numerical features, fits scikit-learn's L2-regularized ``LogisticRegression`` on the training
-mapping and prints the ROC AUC on the test mapping.
+"""One-hot logistic regression floor: the shared ``recsys_common.logistic_baseline`` (one copy for every recipe).
 
     python preproc/logistic_baseline.py --dataset /data/ml-1m-ctr
 
@@ -13,106 +7,9 @@ mapping and prints the ROC AUC on the test mapping.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
-from typing import Dict, Optional, Sequence
 
-import numpy as np
-
-from recsys_common.datasets import read_columns
-from recsys_common.feature_spec import FeatureSpec
-from recsys_common.io import check_json_output, write_json_output
-
-
-def load_mapping(spec: FeatureSpec, mapping: str, max_rows: Optional[int]) -> Dict[str, np.ndarray]:
-    """Whole mapping in memory as ``categorical`` int64 [N, C], ``numerical`` float32 [N, D], ``label`` [N]."""
-    categorical = spec.channel_spec.get("categorical", [])
-    numerical = spec.channel_spec.get("numerical", [])
-    label = spec.channel_spec["label"]
-    if len(label) != 1:
-        raise ValueError(f"{spec.origin}: the baseline needs exactly one label feature, channel_spec.label is {label}")
-    columns = read_columns(spec, mapping, features=list(categorical) + list(numerical) + label)
-    rows = len(columns[label[0]]) if max_rows is None else min(max_rows, len(columns[label[0]]))
-    n = rows
-    return {
-        "categorical": (np.stack([columns[f][:n].astype(np.int64) for f in categorical], axis=1)
-                        if categorical else np.zeros((n, 0), np.int64)),
-        "numerical": (np.stack([columns[f][:n].astype(np.float32) for f in numerical], axis=1)
-                      if numerical else np.zeros((n, 0), np.float32)),
-        "label": columns[label[0]][:n].astype(np.float32),
-    }
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="dataset directory")
-    parser.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec file, relative to --dataset")
-    parser.add_argument("--train_mapping", default="train", help="source_spec mapping to fit on")
-    parser.add_argument("--test_mapping", default="test", help="source_spec mapping to evaluate on")
-    parser.add_argument("--C", type=float, default=1.0, help="inverse L2 regularization strength")
-    parser.add_argument("--max_iter", type=int, default=1000, help="solver iterations")
-    parser.add_argument("--max_train_rows", type=int, default=None, help="use only the first N training rows")
-    parser.add_argument("--max_test_rows", type=int, default=None, help="use only the first N test rows")
-    parser.add_argument("--output_json", default=None,
-                        help="also write the result here (atomically; an existing JSON result is replaced, any other "
-                             "file is refused)")
-    return parser
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> float:
-    """Fit on the train mapping, return the ROC AUC on the test mapping."""
-    from scipy import sparse
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss, roc_auc_score
-    from sklearn.preprocessing import OneHotEncoder, StandardScaler
-
-    args = parse_args(argv)
-    check_json_output(args.output_json)   # refuse a path that is not a JSON result before the work, not after
-    spec = FeatureSpec.from_yaml(os.path.join(args.dataset, args.feature_spec))
-    train = load_mapping(spec, args.train_mapping, args.max_train_rows)
-    test = load_mapping(spec, args.test_mapping, args.max_test_rows)
-    for name, part in (("train", train), ("test", test)):
-        if len(np.unique(part["label"])) < 2:
-            raise ValueError(f"{args.dataset}: the {name} mapping has only one label value; AUC is undefined")
-
-    start = time.perf_counter()
-    blocks_train, blocks_test = [], []
-    if train["categorical"].shape[1]:
-        encoder = OneHotEncoder(handle_unknown="ignore", dtype=np.float32)
-        blocks_train.append(encoder.fit_transform(train["categorical"]))
-        blocks_test.append(encoder.transform(test["categorical"]))
-    if train["numerical"].shape[1]:
-        scaler = StandardScaler()
-        blocks_train.append(sparse.csr_matrix(scaler.fit_transform(train["numerical"])))
-        blocks_test.append(sparse.csr_matrix(scaler.transform(test["numerical"])))
-    x_train = sparse.hstack(blocks_train, format="csr")
-    x_test = sparse.hstack(blocks_test, format="csr")
-
-    model = LogisticRegression(C=args.C, max_iter=args.max_iter, solver="lbfgs")
-    model.fit(x_train, train["label"])
-    fit_seconds = time.perf_counter() - start
-    probability = model.predict_proba(x_test)[:, 1]
-    auc = float(roc_auc_score(test["label"], probability))
-    result = {
-        "test_auc": round(auc, 6),
-        "test_logloss": round(float(log_loss(test["label"], probability)), 6),
-        "train_rows": int(len(train["label"])), "test_rows": int(len(test["label"])),
-        "one_hot_columns": int(x_train.shape[1]), "fit_seconds": round(fit_seconds, 2),
-        "C": args.C, "iterations": int(np.max(model.n_iter_)),
-    }
-    print(json.dumps(result))
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    return auc
-
+from recsys_common.logistic_baseline import build_parser, load_mapping, main, parse_args  # noqa: F401
 
 if __name__ == "__main__":
     main(sys.argv[1:])

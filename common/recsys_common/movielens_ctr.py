@@ -1,0 +1,405 @@
+"""MovieLens-1M -> a click-through-rate dataset (NVIDIA's split-binary layout, or parquet with multi-hot genres).
+
+A small, real CTR dataset that trains in minutes on a CPU, so that a recipe (PyTorch DLRM, TensorFlow2 DLRM/DCNv2)
+can be checked for accuracy without the Criteo Terabyte files. Framework-free (numpy; pyarrow for parquet). It goes
+through the bring-your-own (BYO) path: the features are described by a FeatureSpec (``feature_spec.yaml``) and
+written with ``recsys_common.datasets``, so a trainer reads it exactly as it reads the preprocessed Criteo dataset.
+
+Input (``--input_dir``, the GroupLens ml-1m directory):
+    ratings.dat (or ratings.dat.gz, or ratings.users-*.dat.gz)   UserID::MovieID::Rating::Timestamp
+    users.dat                                                     UserID::Gender::Age::Occupation::Zip-code
+    movies.dat (latin-1)                                          MovieID::Title (Year)::Genre|Genre|...
+
+Output (``--output``), ``--genres slots`` (default; the layout the PyTorch recipe trains on)::
+
+    feature_spec.yaml
+    train/{user_id,movie_id,gender,age,occupation,zip_prefix,genre_0,genre_1,genre_2}.bin  label.bin  numerical.bin
+    test/ (the same files)
+
+``--genres multi_hot``: the genres are ONE multi-hot categorical feature ``genres`` (ids 0..17 in the order of
+``GENRES``, ``max_hotness`` = the most genres any movie of movies.dat has: 6 in MovieLens-1M), which split-binary
+cannot hold, so every feature of a split goes into one parquet file (list column for ``genres``; numericals
+float32)::
+
+    feature_spec.yaml
+    train/data.parquet  test/data.parquet
+
+``recsys_common.datasets`` reads it back with ``genres`` as an int64 ``[B, max_hotness]`` array padded with -1.
+
+One row per rating:
+    label        rating >= --positive_threshold (default 4), stored as bool
+    categorical  user_id, movie_id (row of users.dat / movies.dat, ordered by id), gender, age (7 buckets),
+                 occupation (21), zip_prefix (first 3 characters of the zip code; 0 = unknown), genre_0..genre_2
+                 (the movie's first three genres, 1..18; 0 = none), or ``genres`` (multi-hot, see above). Each
+                 is stored in the smallest integer type that holds its cardinality.
+    numerical    movie_year (z-score over movies.dat), movie_age (rating year - release year, in decades,
+                 clipped at 0), genre_count / 6; float16, row-major in numerical.bin.
+Split: all ratings ordered by timestamp (ties by file order); the first 90 % are ``train`` (rows shuffled with
+``--seed`` unless ``--no_shuffle_train``), the last 10 % are ``test`` (time order kept). No statistic is
+computed from ratings, so nothing from the test period leaks into the features.
+
+Usage::
+
+    python -m recsys_common.movielens_ctr --input_dir /data/ml-1m --output /data/ml-1m-ctr
+    python -m recsys_common.movielens_ctr --input_dir /data/ml-1m --output /data/ml-1m-mh --genres multi_hot
+
+``main(argv)`` returns the written FeatureSpec; ``build_dataset(...)`` does the same from explicit arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import io
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .datasets import PAD, DatasetWriter
+from .feature_spec import FeatureSpec, smallest_int_dtype
+from .io import atomic_directory, check_output_directory
+
+GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
+          "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
+AGE_BUCKETS = (1, 18, 25, 35, 45, 50, 56)
+NUM_OCCUPATIONS = 21
+CATEGORICAL_FEATURES = ("user_id", "movie_id", "gender", "age", "occupation", "zip_prefix", "genre_0", "genre_1", "genre_2")
+NUMERICAL_FEATURES = ("movie_year", "movie_age", "genre_count")
+LABEL_FEATURE = "label"
+SPLITS = ("train", "test")
+GENRE_LAYOUTS = ("slots", "multi_hot")
+MULTI_HOT_GENRES = "genres"
+BASE_CATEGORICAL = ("user_id", "movie_id", "gender", "age", "occupation", "zip_prefix")
+_YEAR_RE = re.compile(r"\((\d{4})\)\s*$")
+
+
+class MovieLensFormatError(ValueError):
+    """A line of a MovieLens file that does not have the documented layout (names file, line and field)."""
+
+
+def _open_text(path: str, encoding: str):
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding)
+    return open(path, "r", encoding=encoding)
+
+
+def _split_line(path: str, line_number: int, line: str, expected_fields: int) -> List[str]:
+    fields = line.rstrip("\r\n").split("::")
+    if len(fields) != expected_fields:
+        raise MovieLensFormatError(f"{path}:{line_number}: expected {expected_fields} '::'-separated fields, "
+                                   f"found {len(fields)}: {line.rstrip()!r}")
+    return fields
+
+
+def _to_int(path: str, line_number: int, name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise MovieLensFormatError(f"{path}:{line_number}: field {name} must be an integer, got {text!r}") from None
+
+
+def find_ratings_file(input_dir: str) -> str:
+    """ratings.dat, ratings.dat.gz, or a partial ``ratings.*.dat.gz`` (as in the shared test data)."""
+    for name in ("ratings.dat", "ratings.dat.gz"):
+        path = os.path.join(input_dir, name)
+        if os.path.isfile(path):
+            return path
+    partial = sorted(glob.glob(os.path.join(input_dir, "ratings.*.dat.gz")))
+    if len(partial) == 1:
+        return partial[0]
+    if partial:
+        raise FileNotFoundError(f"{input_dir}: several partial ratings files {partial}; pass --ratings_file")
+    raise FileNotFoundError(f"{input_dir}: no ratings.dat, ratings.dat.gz or ratings.*.dat.gz")
+
+
+def read_users(path: str) -> Dict[str, np.ndarray]:
+    """users.dat -> arrays indexed by user row (users ordered by UserID), plus the id -> row lookup."""
+    ids, gender, age, occupation, zips = [], [], [], [], []
+    with _open_text(path, "latin-1") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            user, g, a, occ, zip_code = _split_line(path, n, line, 5)
+            ids.append(_to_int(path, n, "UserID", user))
+            if g not in ("F", "M"):
+                raise MovieLensFormatError(f"{path}:{n}: Gender must be 'F' or 'M', got {g!r}")
+            gender.append(0 if g == "F" else 1)
+            a = _to_int(path, n, "Age", a)
+            if a not in AGE_BUCKETS:
+                raise MovieLensFormatError(f"{path}:{n}: Age must be one of {AGE_BUCKETS}, got {a}")
+            age.append(AGE_BUCKETS.index(a))
+            occ = _to_int(path, n, "Occupation", occ)
+            if not 0 <= occ < NUM_OCCUPATIONS:
+                raise MovieLensFormatError(f"{path}:{n}: Occupation must be in [0, {NUM_OCCUPATIONS}), got {occ}")
+            occupation.append(occ)
+            zips.append(zip_code.strip())
+    order = np.argsort(np.asarray(ids), kind="stable")
+    ids = np.asarray(ids, dtype=np.int64)[order]
+    if len(np.unique(ids)) != len(ids):
+        raise MovieLensFormatError(f"{path}: duplicate UserID")
+    # zip prefix dictionary: 0 = unknown (not three leading digits), then the prefixes in sorted order.
+    prefixes = [z[:3] if len(z) >= 3 and z[:3].isdigit() else None for z in (zips[i] for i in order)]
+    vocabulary = sorted({p for p in prefixes if p is not None})
+    zip_index = {p: i + 1 for i, p in enumerate(vocabulary)}
+    return {
+        "ids": ids,
+        "gender": np.asarray(gender, dtype=np.int64)[order],
+        "age": np.asarray(age, dtype=np.int64)[order],
+        "occupation": np.asarray(occupation, dtype=np.int64)[order],
+        "zip_prefix": np.asarray([zip_index.get(p, 0) for p in prefixes], dtype=np.int64),
+        "zip_cardinality": np.int64(len(vocabulary) + 1),
+    }
+
+
+def read_movies(path: str, genre_slots: int) -> Dict[str, np.ndarray]:
+    """movies.dat (latin-1) -> arrays indexed by movie row (movies ordered by MovieID)."""
+    ids, years, genres = [], [], []
+    with _open_text(path, "latin-1") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            movie, title, genre_text = _split_line(path, n, line, 3)
+            ids.append(_to_int(path, n, "MovieID", movie))
+            match = _YEAR_RE.search(title)
+            years.append(float(match.group(1)) if match else np.nan)
+            names = [g for g in genre_text.strip().split("|") if g]
+            unknown = [g for g in names if g not in GENRES]
+            if unknown:
+                raise MovieLensFormatError(f"{path}:{n}: unknown genre(s) {unknown}; expected one of {GENRES}")
+            genres.append([GENRES.index(g) + 1 for g in names])
+    order = np.argsort(np.asarray(ids), kind="stable")
+    ids = np.asarray(ids, dtype=np.int64)[order]
+    if len(np.unique(ids)) != len(ids):
+        raise MovieLensFormatError(f"{path}: duplicate MovieID")
+    years = np.asarray(years, dtype=np.float64)[order]
+    genre_slots_array = np.zeros((len(ids), genre_slots), dtype=np.int64)
+    genre_count = np.zeros(len(ids), dtype=np.float64)
+    for row, source in enumerate(order):
+        names = genres[source]
+        genre_count[row] = len(names)
+        for slot, genre in enumerate(names[:genre_slots]):
+            genre_slots_array[row, slot] = genre
+    known = ~np.isnan(years)
+    mean, std = years[known].mean(), max(years[known].std(), 1e-6)
+    # Multi-hot: every genre of a movie, as 0-based ids padded with PAD to the widest movie.
+    max_hotness = max(1, int(genre_count.max()) if len(ids) else 1)
+    genre_lists = np.full((len(ids), max_hotness), PAD, dtype=np.int64)
+    for row, source in enumerate(order):
+        names = genres[source]
+        genre_lists[row, :len(names)] = np.asarray(names, dtype=np.int64) - 1
+    return {
+        "ids": ids,
+        "year": years,
+        "year_z": np.where(known, (years - mean) / std, 0.0),
+        "genres": genre_slots_array,
+        "genre_lists": genre_lists,
+        "genre_count": genre_count,
+    }
+
+
+def read_ratings(path: str) -> Dict[str, np.ndarray]:
+    """ratings.dat[.gz] -> int64 arrays user, movie, rating, timestamp in file order."""
+    with _open_text(path, "latin-1") as f:
+        text = f.read()
+    lines = text.splitlines()
+    # Fast path: parse all integers at once, then validate the shape; on any problem fall back to a
+    # line-by-line scan that names the offending line.
+    try:
+        values = np.array(text.replace("::", " ").split(), dtype=np.int64)
+        if values.size != 4 * sum(1 for line in lines if line.strip()):
+            raise ValueError
+        values = values.reshape(-1, 4)
+    except ValueError:
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            for name, field in zip(("UserID", "MovieID", "Rating", "Timestamp"), _split_line(path, n, line, 4)):
+                _to_int(path, n, name, field)
+        raise MovieLensFormatError(f"{path}: could not parse the ratings") from None
+    bad = np.flatnonzero((values[:, 2] < 1) | (values[:, 2] > 5))
+    if bad.size:
+        raise MovieLensFormatError(f"{path}:{bad[0] + 1}: Rating must be 1..5, got {values[bad[0], 2]}")
+    return {"user": values[:, 0], "movie": values[:, 1], "rating": values[:, 2], "timestamp": values[:, 3]}
+
+
+def _lookup(ids: np.ndarray, queries: np.ndarray, what: str, path: str) -> np.ndarray:
+    rows = np.searchsorted(ids, queries)
+    rows = np.minimum(rows, len(ids) - 1)
+    missing = np.flatnonzero(ids[rows] != queries)
+    if missing.size:
+        raise MovieLensFormatError(f"{path}:{missing[0] + 1}: {what} {queries[missing[0]]} is not in the "
+                                   f"{what.split('ID')[0].lower()}s file ({missing.size} rating(s) affected)")
+    return rows
+
+
+def build_columns(input_dir: str, ratings_file: Optional[str], positive_threshold: int,
+                  genre_slots: int = 3, genres: str = "slots") -> Dict[str, object]:
+    """Join ratings with users and movies; return per-feature arrays (file order), cardinalities and hotness.
+
+    ``genres``: ``slots`` -> ``genre_0..genre_<genre_slots-1>`` single-hot features; ``multi_hot`` -> one feature
+    ``genres`` (int64 ``[N, max_hotness]`` padded with -1).
+    """
+    if genres not in GENRE_LAYOUTS:
+        raise ValueError(f"genres must be one of {GENRE_LAYOUTS}, got {genres!r}")
+    ratings_path = ratings_file or find_ratings_file(input_dir)
+    users = read_users(os.path.join(input_dir, "users.dat"))
+    movies = read_movies(os.path.join(input_dir, "movies.dat"), genre_slots)
+    ratings = read_ratings(ratings_path)
+    user_row = _lookup(users["ids"], ratings["user"], "UserID", ratings_path)
+    movie_row = _lookup(movies["ids"], ratings["movie"], "MovieID", ratings_path)
+
+    rating_year = 1970.0 + ratings["timestamp"] / (365.2425 * 86400.0)
+    release_year = movies["year"][movie_row]
+    movie_age = np.where(np.isnan(release_year), 0.0, np.clip(rating_year - release_year, 0.0, None) / 10.0)
+    columns = {
+        "user_id": user_row,
+        "movie_id": movie_row,
+        "gender": users["gender"][user_row],
+        "age": users["age"][user_row],
+        "occupation": users["occupation"][user_row],
+        "zip_prefix": users["zip_prefix"][user_row],
+        "movie_year": movies["year_z"][movie_row],
+        "movie_age": movie_age,
+        "genre_count": movies["genre_count"][movie_row] / 6.0,
+        LABEL_FEATURE: ratings["rating"] >= positive_threshold,
+    }
+    cardinalities = {
+        "user_id": len(users["ids"]), "movie_id": len(movies["ids"]), "gender": 2, "age": len(AGE_BUCKETS),
+        "occupation": NUM_OCCUPATIONS, "zip_prefix": int(users["zip_cardinality"]),
+    }
+    hotness = {}
+    if genres == "slots":
+        for slot in range(genre_slots):
+            columns[f"genre_{slot}"] = movies["genres"][movie_row, slot]
+            cardinalities[f"genre_{slot}"] = len(GENRES) + 1
+    else:
+        columns[MULTI_HOT_GENRES] = movies["genre_lists"][movie_row]
+        cardinalities[MULTI_HOT_GENRES] = len(GENRES)
+        hotness[MULTI_HOT_GENRES] = int(movies["genre_lists"].shape[1])
+    return {"columns": columns, "timestamp": ratings["timestamp"], "cardinalities": cardinalities,
+            "hotness": hotness, "ratings_path": ratings_path}
+
+
+def make_feature_spec(cardinalities: Dict[str, int], categorical: Sequence[str], metadata: dict,
+                      hotness: Optional[Dict[str, int]] = None) -> dict:
+    """The FeatureSpec dict: split-binary files when every feature is single-hot, else one parquet file per split."""
+    hotness = hotness or {}
+    features = {name: {"dtype": smallest_int_dtype(cardinalities[name]), "cardinality": int(cardinalities[name])}
+                for name in categorical}
+    for name, hot in hotness.items():
+        features[name]["max_hotness"] = int(hot)
+    parquet = any(hot > 1 for hot in hotness.values())
+    # parquet has no float16 column type that every reader accepts; float32 costs 2 x 3 x 4 bytes a row more.
+    features.update({name: {"dtype": "float32" if parquet else "float16"} for name in NUMERICAL_FEATURES})
+    features[LABEL_FEATURE] = {"dtype": "bool"}
+    source_spec = {}
+    for split in SPLITS:
+        if parquet:
+            source_spec[split] = [{"type": "parquet", "files": [f"{split}/data.parquet"],
+                                   "features": list(categorical) + list(NUMERICAL_FEATURES) + [LABEL_FEATURE]}]
+            continue
+        chunks = [{"type": "split_binary", "features": [name], "files": [f"{split}/{name}.bin"]} for name in categorical]
+        chunks.append({"type": "split_binary", "features": list(NUMERICAL_FEATURES), "files": [f"{split}/numerical.bin"]})
+        chunks.append({"type": "split_binary", "features": [LABEL_FEATURE], "files": [f"{split}/label.bin"]})
+        source_spec[split] = chunks
+    return {
+        "feature_spec": features,
+        "source_spec": source_spec,
+        "channel_spec": {"categorical": list(categorical), "numerical": list(NUMERICAL_FEATURES),
+                         "label": [LABEL_FEATURE]},
+        "metadata": metadata,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--input_dir", required=True, help="MovieLens-1M directory (users.dat, movies.dat, ratings)")
+    parser.add_argument("--output", required=True, help="output dataset directory (must not exist, or be empty)")
+    parser.add_argument("--ratings_file", default=None,
+                        help="ratings file; default: ratings.dat, ratings.dat.gz or ratings.*.dat.gz in --input_dir")
+    parser.add_argument("--positive_threshold", type=int, default=4, help="label = rating >= this")
+    parser.add_argument("--test_fraction", type=float, default=0.1, help="latest fraction of ratings used as test")
+    parser.add_argument("--genres", choices=GENRE_LAYOUTS, default="slots",
+                        help="slots: the first --genre_slots genres as single-hot features genre_<i> (split-binary); "
+                             "multi_hot: all genres as one multi-hot feature 'genres' (parquet)")
+    parser.add_argument("--genre_slots", type=int, default=3,
+                        help="number of genre_<i> categorical features (--genres slots)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train-row shuffle")
+    parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in time order")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0.0 < args.test_fraction < 1.0:
+        parser.error(f"--test_fraction must be in (0, 1), got {args.test_fraction}")
+    if not 1 <= args.genre_slots <= 6:
+        parser.error(f"--genre_slots must be in [1, 6], got {args.genre_slots}")
+    return args
+
+
+def build_dataset(input_dir: str, output: str, ratings_file: Optional[str] = None, positive_threshold: int = 4,
+                  test_fraction: float = 0.1, genres: str = "slots", genre_slots: int = 3, seed: int = 0,
+                  shuffle_train: bool = True, tool: str = "recsys_common.movielens_ctr") -> FeatureSpec:
+    """Convert MovieLens-1M in ``input_dir`` into a CTR dataset in ``output``; returns the written FeatureSpec.
+
+    ``output`` must not exist or be empty (refused before any work); the files appear all at once (``feature_spec.yaml``
+    last). ``tool`` names the writer in the output manifest (``recsys_common.io.atomic_directory``).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    check_output_directory(output)   # a non-empty output is refused before the work, not after
+    built = build_columns(input_dir, ratings_file, positive_threshold, genre_slots, genres)
+    columns, timestamp = built["columns"], built["timestamp"]
+    num_rows = len(timestamp)
+    order = np.argsort(timestamp, kind="stable")          # time order; ties keep file order
+    num_train = int(round(num_rows * (1.0 - test_fraction)))
+    split_rows = {"train": order[:num_train], "test": order[num_train:]}
+    if shuffle_train:
+        split_rows["train"] = np.random.default_rng(seed).permutation(split_rows["train"])
+
+    categorical = list(BASE_CATEGORICAL) + ([f"genre_{slot}" for slot in range(genre_slots)] if genres == "slots"
+                                            else [MULTI_HOT_GENRES])
+    labels = columns[LABEL_FEATURE]
+    metadata = {
+        "dataset": "movielens-1m-ctr",
+        "source": os.path.basename(built["ratings_path"]),
+        "label": f"rating >= {positive_threshold}",
+        "genres": genres,
+        "split": f"time-ordered: first {1 - test_fraction:.0%} train, last {test_fraction:.0%} test",
+        "train_cutoff_timestamp": int(timestamp[order[num_train - 1]]),
+        "num_samples": {split: int(len(rows)) for split, rows in split_rows.items()},
+        "positive_rate": {split: round(float(labels[rows].mean()), 6) for split, rows in split_rows.items()},
+    }
+    spec_dict = make_feature_spec(built["cardinalities"], categorical, metadata, built["hotness"])
+    # A non-empty output is refused (other files are never touched); feature_spec.yaml is moved in last.
+    with atomic_directory(output, tool=tool, marker="feature_spec.yaml") as tmp_dir:
+        spec = FeatureSpec.from_dict(spec_dict, base_directory=tmp_dir)
+        for split, rows in split_rows.items():
+            with DatasetWriter(spec, split) as writer:
+                writer.write({name: np.asarray(columns[name])[rows] for name in
+                              categorical + list(NUMERICAL_FEATURES) + [LABEL_FEATURE]})
+        spec.to_yaml(os.path.join(tmp_dir, "feature_spec.yaml"))
+    spec = FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml"))
+    print(f"wrote {output}: train {metadata['num_samples']['train']} rows "
+          f"(positive rate {metadata['positive_rate']['train']:.4f}), test {metadata['num_samples']['test']} rows "
+          f"(positive rate {metadata['positive_rate']['test']:.4f})")
+    return spec
+
+
+def main(argv: Optional[Sequence[str]] = None, tool: str = "recsys_common.movielens_ctr") -> FeatureSpec:
+    """Convert; returns the written FeatureSpec (base_directory = --output)."""
+    args = parse_args(argv)
+    return build_dataset(args.input_dir, args.output, ratings_file=args.ratings_file,
+                         positive_threshold=args.positive_threshold, test_fraction=args.test_fraction,
+                         genres=args.genres, genre_slots=args.genre_slots, seed=args.seed,
+                         shuffle_train=not args.no_shuffle_train, tool=tool)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
