@@ -113,6 +113,7 @@ class BatchPipeline:
             for t, _ in self.input_tables:
                 if not 0 <= t < n_tables:
                     raise ValueError(f"input table {t} outside the dataset's {n_tables} categorical features")
+        self._group_tables()
         if self.num_rows == 0:
             raise DataError(f"{self.name}: the split is empty (0 rows); nothing to train or evaluate on")
         self._layout = batch_layout(self.num_rows, self.global_batch_size, self.world_size)
@@ -155,21 +156,62 @@ class BatchPipeline:
 
     def numpy_batch(self, index: int) -> tuple:
         """Batch ``index`` as numpy arrays (same layout as the tensors), checked."""
-        return self._numpy_batch(index)
+        numerical, groups, labels = self._numpy_batch(index)
+        categorical = [None] * len(self.input_tables)
+        for positions, array, stacked in groups:
+            for j, pos in enumerate(positions):
+                categorical[pos] = array[j] if stacked else array
+        return numerical, tuple(categorical), labels
 
     # ------------------------------------------------------------------------------------------------ batch
     def _numpy_batch(self, index: int) -> tuple:
+        """``(numerical, groups, labels)``; ``groups``: ``(positions in input_tables, array, stacked)``.
+
+        One-hot tables read for the same rows are stacked table-major into one int32 ``[k, rows]`` array: one
+        vectorised range check and one tensor conversion (then ``tf.unstack``) instead of ``k`` of each, which
+        is most of the per-batch cost at small batches.
+        """
         first, rows = self._layout[index]
         b = rows // self.world_size
         lo, hi = first + self.rank * b, first + (self.rank + 1) * b
         numerical = self._checked_numerical(self._read_numerical(lo, hi), lo)
         labels = np.asarray(self._read_labels(lo, hi), dtype=np.float32).reshape(-1)
-        categorical = []
-        for table, is_global in self.input_tables:
+        groups = []
+        for is_global, positions in self._one_hot_groups:
+            start, stop = (first, first + rows) if is_global else (lo, hi)
+            stacked = np.empty((len(positions), stop - start), dtype=np.int32)
+            for j, pos in enumerate(positions):
+                ids = self._read_categorical(self.input_tables[pos][0], start, stop)
+                if ids.dtype.itemsize > 4:   # int64 (csv/parquet) would wrap silently into int32: check first
+                    self._checked_ids(self.input_tables[pos][0], ids, start)
+                stacked[j] = ids
+            self._check_stacked(positions, stacked, start)
+            groups.append((positions, stacked, True))
+        for pos in self._multi_hot_positions:
+            table, is_global = self.input_tables[pos]
             start, stop = (first, first + rows) if is_global else (lo, hi)
             ids = self._read_categorical(table, start, stop)
-            categorical.append(self._checked_ids(table, ids, start))
-        return numerical, tuple(categorical), labels
+            groups.append(([pos], self._checked_ids(table, ids, start), False))
+        return numerical, groups, labels
+
+    def _group_tables(self) -> None:
+        """One-hot input tables grouped by row range (global batch first), and the multi-hot ones."""
+        hot = self.metadata.hotness
+        groups = {}
+        for pos, (table, is_global) in enumerate(self.input_tables):
+            if hot[table] == 1:
+                groups.setdefault(is_global, []).append(pos)
+        self._one_hot_groups = sorted(groups.items(), key=lambda kv: not kv[0])
+        self._multi_hot_positions = [p for p, (t, _) in enumerate(self.input_tables) if hot[t] > 1]
+
+    def _check_stacked(self, positions, stacked: np.ndarray, first_row: int) -> None:
+        if not self.check_values or not stacked.size:
+            return
+        cards = np.array([self.metadata.table_sizes[self.input_tables[p][0]] for p in positions])
+        bad = (stacked.min(axis=1) < 0) | (stacked.max(axis=1) >= cards)
+        if bad.any():
+            j = int(np.argmax(bad))
+            self._checked_ids(self.input_tables[positions[j]][0], stacked[j], first_row)
 
     def _checked_numerical(self, values: np.ndarray, first_row: int) -> np.ndarray:
         values = np.asarray(values)
@@ -199,12 +241,15 @@ class BatchPipeline:
                                 f"has id {value} outside [0, cardinality={card})")
         return ids.astype(np.int32, copy=False)
 
-    @staticmethod
-    def _to_tensors(batch: tuple) -> tuple:
+    def _to_tensors(self, batch: tuple) -> tuple:
         import tensorflow as tf
-        numerical, categorical, labels = batch
-        return (tf.convert_to_tensor(numerical), tuple(tf.convert_to_tensor(c) for c in categorical),
-                tf.convert_to_tensor(labels))
+        numerical, groups, labels = batch
+        categorical = [None] * len(self.input_tables)
+        for positions, array, stacked in groups:
+            tensors = tf.unstack(tf.convert_to_tensor(array)) if stacked else [tf.convert_to_tensor(array)]
+            for pos, tensor in zip(positions, tensors):
+                categorical[pos] = tensor
+        return tf.convert_to_tensor(numerical), tuple(categorical), tf.convert_to_tensor(labels)
 
     # ------------------------------------------------------------------------------------------------ abstract
     def _read_numerical(self, start: int, stop: int) -> np.ndarray:

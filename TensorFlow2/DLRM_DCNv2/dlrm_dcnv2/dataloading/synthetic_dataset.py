@@ -99,5 +99,11 @@ class SyntheticDataset(BatchPipeline):
         rows = len(labels)
         b = rows // self.world_size
         lo, hi = self.rank * b, (self.rank + 1) * b
-        categorical = tuple(ids[t] if is_global else ids[t][lo:hi] for t, is_global in self.input_tables)
-        return numerical[lo:hi], categorical, labels[lo:hi]
+        groups = []
+        for is_global, positions in self._one_hot_groups:
+            tables = [self.input_tables[p][0] for p in positions]
+            groups.append((positions, np.stack([ids[t] if is_global else ids[t][lo:hi] for t in tables]), True))
+        for pos in self._multi_hot_positions:
+            table, is_global = self.input_tables[pos]
+            groups.append(([pos], ids[table] if is_global else ids[table][lo:hi], False))
+        return numerical[lo:hi], groups, labels[lo:hi]
