@@ -5,8 +5,8 @@
 #   make test         setup, then every component's tests, each in its own pytest process
 #   make test-<c>     one component: test-common test-ci test-ncf test-pytorch-dlrm
 #                     test-wide-and-deep test-dlrm-dcnv2
-#   make quickstart   setup, then $(QUICKSTART): DLRM and NCF on generated data
-#   make quickstart-dlrm / quickstart-ncf   one of them
+#   make quickstart   setup, then $(QUICKSTART): DLRM, NCF, then TF2 DLRM and DCNv2 on generated data
+#   make quickstart-dlrm / quickstart-ncf / quickstart-dlrm-dcnv2   one of them
 #
 # PYTEST_ARGS="-x -k name" passes extra arguments to pytest.
 
@@ -22,10 +22,12 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 help the big-buffer benchmarks on these VMs
 # (see the recipes' benchmark scripts); they are not set for tests.
 
-# The main job on built-in defaults (synthetic data, CPU): DLRM, then NCF, each about a minute on 2 idle cores.
-QUICKSTART ?= bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart && bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart
+# The main job on built-in defaults (synthetic data, CPU): DLRM, then NCF (PyTorch), then DLRM and DCNv2 (TensorFlow 2),
+# each about a minute on 2 idle cores.
+QUICKSTART ?= bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart && bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart \
+              && bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart
 
-.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
+.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf quickstart-dlrm-dcnv2 test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
         test-dlrm-dcnv2 help
 
 help:
@@ -45,6 +47,9 @@ quickstart-dlrm: setup
 
 quickstart-ncf: setup
 	bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart
+
+quickstart-dlrm-dcnv2: setup
+	bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart
 
 test-common: setup
 	bash ci/run_tests.sh common

@@ -167,3 +167,64 @@ def test_prepare_dataset_runs_the_shared_spark_job_and_conversion(tmp_path):
     # a second run refuses to replace the finished output unless OVERWRITE=1, before starting Spark
     again = _run_prepare(["CPU", "2"], tmp_path)
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+# ------------------------------------------------------------------------------------------- slurm_multinode.sh
+SLURM = os.path.join(RECIPE_DIR, "slurm_multinode.sh")
+
+
+def _run_slurm(tmp_path, args, **env_overrides):
+    """The script with stand-ins for srun / scontrol / horovodrun that record their arguments (no Slurm here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("srun", "horovodrun"):
+        (bin_dir / tool).write_text(f"#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > {tmp_path / tool}.argv\n")
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\n[[ \"$1 $2\" == 'show hostnames' ]] && "
+                                      "printf 'gpu-node-a\\ngpu-node-b\\n'\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "SLURM_JOB_NODELIST": "gpu-node-[a-b]",
+                "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4(x2)"})
+    env.update(env_overrides)
+    result = subprocess.run(["bash", SLURM, *args], env=env, capture_output=True, text=True, timeout=60)
+    recorded = {tool: (tmp_path / f"{tool}.argv").read_text().splitlines()
+                for tool in ("srun", "horovodrun") if (tmp_path / f"{tool}.argv").exists()}
+    return result, recorded
+
+
+def test_slurm_multinode_parses():
+    subprocess.run(["bash", "-n", SLURM], check=True)
+
+
+def test_slurm_multinode_mpi_launch(tmp_path):
+    result, recorded = _run_slurm(tmp_path, ["dcnv2.py", "--amp", "--dataset_path", "/data/x y"],
+                                  CONTAINER_IMAGE="/images/dlrm.sqsh", CONTAINER_MOUNTS="/lustre:/data")
+    assert result.returncode == 0, result.stderr
+    argv = recorded["srun"]
+    assert argv[:2] == ["--mpi=pmix", "--nodes"] and argv[2] == "2"
+    assert argv[argv.index("--ntasks-per-node") + 1] == "4"
+    assert argv[argv.index("--container-image") + 1] == "/images/dlrm.sqsh"
+    assert argv[argv.index("--container-mounts") + 1] == "/lustre:/data"
+    assert argv[argv.index("--chdir") + 1] == "/workspace/dlrm_dcnv2"
+    assert argv[-5:] == ["-u", "dcnv2.py", "--amp", "--dataset_path", "/data/x y"]
+    assert "2 node(s) x 4 rank(s) = 8 ranks" in result.stdout
+
+
+def test_slurm_multinode_gloo_launch(tmp_path):
+    result, recorded = _run_slurm(tmp_path, ["dlrm.py", "--xla"], LAUNCHER="gloo")
+    assert result.returncode == 0, result.stderr
+    argv = recorded["horovodrun"]
+    assert argv[:5] == ["--gloo", "-np", "8", "-H", "gpu-node-a:4,gpu-node-b:4"]
+    assert argv[-2:] == [os.path.join(RECIPE_DIR, "dlrm.py"), "--xla"]
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["train.py"], {}, "first argument must be dlrm.py or dcnv2.py"),
+    (["dlrm.py"], {"SLURM_JOB_NODELIST": ""}, "not inside a Slurm allocation"),
+    (["dlrm.py"], {"LAUNCHER": "ssh"}, "LAUNCHER must be mpi or gloo"),
+    (["dlrm.py"], {"LAUNCHER": "gloo", "CONTAINER_IMAGE": "x.sqsh"}, "cannot use CONTAINER_IMAGE"),
+])
+def test_slurm_multinode_refuses(tmp_path, args, env, message):
+    result, recorded = _run_slurm(tmp_path, args, **env)
+    assert result.returncode == 2 and message in result.stderr and not recorded
