@@ -129,3 +129,24 @@ def test_empty_split_is_an_error_naming_the_directory(tmp_path):
     path = make_dataset(tmp_path / "d", train_rows=100, test_rows=0, table_sizes=[5])
     with pytest.raises(DataError, match=r"d/test: the split is empty"):
         create_input("tf_raw", path, mapping="test", global_batch_size=8)
+
+
+def test_placement_and_context_shortcuts_give_each_rank_its_tables(small_dataset):
+    """With C's real placement (2 ranks, one table data parallel), ctx/placement fill rank and input_tables."""
+    from dlrm_dcnv2.distributed.hvd_utils import Context
+    from dlrm_dcnv2.distributed.placement import plan_placement
+    placement = plan_placement(TABLE_SIZES, 4, world_size=2, data_parallel_threshold=60 * 4)
+    ref = list(open_reader(_spec(small_dataset), "train", batch_size=1024))
+    seen = set()
+    for rank in (0, 1):
+        data = create_input("tf_raw", small_dataset, global_batch_size=1024, ctx=Context(rank=rank, world_size=2),
+                            placement=placement)
+        assert data.input_tables == placement.input_tables(rank) and data.rank == rank
+        num, cat, lab = _np(next(iter(data)))
+        np.testing.assert_array_equal(lab, ref[0]["label"][rank * 512:(rank + 1) * 512])
+        for (table, is_global), ids in zip(placement.input_tables(rank), cat):
+            want = ref[0]["categorical"][:, table]
+            np.testing.assert_array_equal(ids, want if is_global else want[rank * 512:(rank + 1) * 512])
+            seen.add((table, is_global))
+    assert {t for t, g in seen if g} | {t for t, g in seen if not g} == set(range(len(TABLE_SIZES)))
+    assert {t for t, g in seen if not g} == {4, 5, 6, 7}   # tables under 60 rows x dim 4 are data parallel
