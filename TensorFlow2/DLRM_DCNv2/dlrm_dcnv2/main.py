@@ -632,9 +632,9 @@ def main(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> Dict[str,
 
     Raises ``UsageError`` (bad flags), data errors, ``FloatingPointError`` (diverged); always tears Horovod down.
     """
+    args = parse_args(argv, model)  # before TensorFlow is imported: a flag error costs no TF start-up
     import tensorflow as tf
     from dlrm_dcnv2.distributed import hvd_utils
-    args = parse_args(argv, model)
     previous_policy = tf.keras.mixed_precision.global_policy().name
     try:
         return run(args)

@@ -1,0 +1,107 @@
+"""--mode eval / inference from a checkpoint, a diverging run, impossible flag combinations, and the entry scripts."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import RECIPE_DIR, subprocess_env, tiny_model_flags
+from dlrm_dcnv2.main import UsageError, main
+from recsys_common.logger import read_log
+
+
+@pytest.fixture(scope="module")
+def trained(small_dataset, tmp_path_factory):
+    """A DCNv2 trained one epoch with a final checkpoint; returns (flags, results, checkpoint root, log path)."""
+    out = tmp_path_factory.mktemp("trained")
+    flags = tiny_model_flags("dcnv2") + ["--dataset_path", small_dataset, "--seed", "1"]
+    log = str(out / "log.json")
+    results = main(flags + ["--save_checkpoint_path", str(out / "ckpt"), "--log_path", log], model="dcnv2")
+    return flags, results, str(out / "ckpt"), log
+
+
+def test_train_logs_parameters_progress_and_summary(trained):
+    _, results, _, log = trained
+    records = read_log(log, kinds=("LOG",))
+    assert records[0]["step"] == "PARAMETER" and records[0]["data"]["learning_rate"] == 0.003
+    summary = [r for r in records if r["step"] == []]
+    assert len(summary) == 1
+    assert summary[0]["data"]["auc"] == pytest.approx(results["auc"])
+    assert summary[0]["data"]["global_step"] == 32
+    progress = [r for r in records if isinstance(r["step"], list) and r["step"] and "loss" in r["data"]]
+    assert [r["step"][1] for r in progress] == [32]  # --print_freq 1000: only the last step of the run
+
+
+def test_eval_mode_reproduces_the_final_evaluation(trained):
+    flags, results, ckpt, _ = trained
+    evaluated = main(flags + ["--mode", "eval", "--restore_checkpoint_path", ckpt], model="dcnv2")
+    assert evaluated["mode"] == "eval"
+    assert evaluated["auc"] == pytest.approx(results["auc"], abs=1e-6)
+    assert evaluated["auc_exact"] == pytest.approx(results["auc_exact"], abs=1e-6)
+    assert evaluated["loss"] == pytest.approx(results["loss"], abs=1e-6)
+    assert evaluated["samples"] == 2048
+
+
+def test_eval_mode_without_checkpoint_is_untrained(trained):
+    flags, results, _, _ = trained
+    untrained = main(flags + ["--mode", "eval"], model="dcnv2")
+    assert abs(untrained["auc"] - 0.5) < 0.1 < results["auc"] - 0.5
+
+
+def test_inference_mode_reports_every_batch_size(trained):
+    flags, _, ckpt, _ = trained
+    results = main(flags + ["--mode", "inference", "--restore_checkpoint_path", ckpt, "--inference_batch_sizes",
+                            "64,256", "--inference_steps", "20", "--inference_warmup_steps", "3"], model="dcnv2")
+    assert sorted(results["inference"]) == ["256", "64"]
+    for size, r in results["inference"].items():
+        assert r["batch_size"] == int(size) and r["steps"] == 20 and len(r["latencies_ms"]) == 20
+        assert 0 < r["latency_p90_ms"] <= r["latency_p95_ms"] <= r["latency_p99_ms"] <= max(r["latencies_ms"])
+        assert r["throughput"] == pytest.approx(int(size) / (r["latency_mean_ms"] / 1000.0))
+
+
+def test_diverging_run_stops_with_the_step(small_dataset):
+    flags = tiny_model_flags("dlrm") + ["--dataset_path", small_dataset, "--seed", "1", "--learning_rate", "1e20",
+                                        "--warmup_steps", "0"]
+    with pytest.raises(FloatingPointError, match=r"loss is nan at step \d+ \(epoch 0, batch \d+\).*--learning_rate"):
+        main(flags, model="dlrm")
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--embedding_dim", "16,16,16,16,16,16,16,8"], "--interaction dot_custom_cuda needs one embedding width"),
+    (["--embedding_dim", "8"], "--bottom_mlp_dims 32,16 ends with 16 but --embedding_dim is 8"),
+])
+def test_dlrm_flag_combinations_that_cannot_work(small_dataset, extra, match):
+    with pytest.raises(UsageError, match=match):
+        main(tiny_model_flags("dlrm") + ["--dataset_path", small_dataset] + extra, model="dlrm")
+
+
+def test_dcnv2_accepts_per_table_embedding_dims(small_dataset):
+    results = main(tiny_model_flags("dcnv2") + ["--dataset_path", small_dataset, "--max_steps", "3", "--seed", "1",
+                                                "--embedding_dim", "4,8,16,4,8,16,4,8"], model="dcnv2")
+    assert results["global_step"] == 3
+
+
+def _run(script, *argv):
+    return subprocess.run([sys.executable, os.path.join(RECIPE_DIR, script), *argv], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_entry_scripts_exit_non_zero_with_one_line_errors(small_dataset, tmp_path):
+    diverged = _run("dlrm.py", *tiny_model_flags("dlrm"), "--dataset_path", small_dataset, "--learning_rate",
+                    "1e20", "--warmup_steps", "0", "--seed", "1")
+    assert diverged.returncode == 1, diverged.stderr[-2000:]
+    assert "error: FloatingPointError: training diverged: the loss is nan at step" in diverged.stderr
+    no_model = _run("main.py", "--dataset_type", "synthetic")
+    assert no_model.returncode == 2 and "main.py needs --model" in no_model.stderr
+    bad_flag = _run("dcnv2.py", "--dataset_type", "synthetic", "--top_mlp_dims", "8,4")
+    assert bad_flag.returncode == 2 and "error: --top_mlp_dims 8,4: the last layer must have width 1" \
+        in bad_flag.stderr
+
+
+def test_main_py_with_model_trains(small_dataset, tmp_path):
+    done = _run("main.py", "--model", "dcnv2", *tiny_model_flags("dcnv2"), "--dataset_path", small_dataset,
+                "--max_steps", "4", "--print_freq", "2", "--xla", "--seed", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training dcnv2: 4 steps (32 per epoch, global batch 256, 1 rank(s), float32, XLA)" in done.stdout
+    assert "step 2/4 | loss" in done.stdout and "samples/s | ETA" in done.stdout
+    assert "eval at step 4: auc" in done.stdout
