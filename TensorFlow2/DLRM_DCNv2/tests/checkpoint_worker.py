@@ -70,14 +70,12 @@ class Model:
 
 
 def create_optimizers(name):
+    """SGD (one optimizer for everything), or the recipe's Keras Adam for the MLPs + LazyAdam for the tables."""
     if name == "sgd":
-        opt = tf.keras.optimizers.SGD(0.5)
+        opt = tf.keras.optimizers.legacy.SGD(0.5)
         return opt, opt
-    from dlrm_dcnv2.nn.optimizers import create_optimizers as recipe_optimizers  # helper A's LazyAdam
-    import inspect
-    params = inspect.signature(recipe_optimizers).parameters
-    kwargs = {k: v for k, v in {"name": "adam", "schedule": 0.05, "learning_rate": 0.05}.items() if k in params}
-    return recipe_optimizers(**kwargs)
+    from dlrm_dcnv2.nn.optimizers import create_optimizers as recipe_optimizers
+    return recipe_optimizers(name, 0.05)
 
 
 def main(argv):
