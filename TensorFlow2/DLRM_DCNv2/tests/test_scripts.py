@@ -37,6 +37,22 @@ def test_gen_csv_then_transcode_to_split_binary(tmp_path):
     assert str(spec.numpy_dtype("num_0")) == "float16"    # split binary stores numericals as float16 (NVIDIA)
 
 
+
+def test_bring_your_own_csv_trains(tmp_path):
+    """gen_csv -> transcode -> dcnv2 main: the bring-your-own path end to end on the transcoded split binary."""
+    from dlrm_dcnv2.main import main
+    gen_csv.main(["--feature_spec_in", SMALL_CSV, "--output", str(tmp_path / "csv"), "--size", "16384"])
+    transcode.main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "binary")])
+    result = main(["--dataset_path", str(tmp_path / "binary"), "--cpu", "--batch_size", "512", "--valid_batch_size",
+                   "1024", "--epochs", "2", "--learning_rate", "0.003", "--warmup_steps", "4", "--decay_start_step",
+                   "1000", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
+                   "--num_cross_layers", "2", "--cross_layer_projection_dim", "8", "--print_freq", "1000",
+                   "--log_path", "", "--seed", "1"], model="dcnv2")
+    assert result["global_step"] == 64
+    # Labels come from the generator's hidden logistic model; measured 0.837 after these 2 epochs (2026-11-24), 0.71
+    # after one; chance is 0.5.
+    assert result["auc_exact"] > 0.78
+
 def test_gen_csv_refuses_a_spec_without_csv_chunks(tmp_path):
     binary_spec = generate_feature_spec.main(["--variant", "criteo_t15_synthetic", "--dst", str(tmp_path)])
     with pytest.raises(ValueError, match="split_binary.*gen_csv writes csv chunks only"):
