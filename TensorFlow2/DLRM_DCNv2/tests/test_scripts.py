@@ -209,8 +209,9 @@ def _run_slurm(tmp_path, args, **env_overrides):
     return result, recorded
 
 
-def test_slurm_multinode_parses():
-    subprocess.run(["bash", "-n", SLURM], check=True)
+@pytest.mark.parametrize("script", ["slurm_multinode.sh", "quickstart.sh", "preproc/prepare_dataset.sh"])
+def test_shell_scripts_parse(script):
+    subprocess.run(["bash", "-n", os.path.join(RECIPE_DIR, script)], check=True)
 
 
 def test_slurm_multinode_mpi_launch(tmp_path):
