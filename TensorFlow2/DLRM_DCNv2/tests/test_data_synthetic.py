@@ -71,22 +71,22 @@ def test_skip_and_cache():
 
 
 def test_labels_follow_the_hidden_model():
-    """A logistic regression on one-hot ids beats chance on held-out synthetic batches (the data is learnable)."""
+    """A logistic regression on one-hot ids scores a high AUC on held-out synthetic batches (the data is learnable)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
-    kw = dict(KW, global_batch_size=2048, synthetic_hotness=[1, 1, 1])
+    kw = dict(KW, global_batch_size=2048, synthetic_hotness=[1, 1, 1], synthetic_cardinalities=[50, 7, 30])
     train = _all(create_input("synthetic", None, **kw))
     valid = _all(create_input("synthetic", None, mapping="test", **kw))
 
     def features(batches):
-        onehot = [np.concatenate([np.eye(s)[b[1][t]] for b in batches]) for t, s in enumerate([50, 7, 1000])]
+        onehot = [np.concatenate([np.eye(s)[b[1][t]] for b in batches]) for t, s in enumerate([50, 7, 30])]
         return np.concatenate([np.concatenate([b[0] for b in batches])] + onehot, axis=1), \
             np.concatenate([b[2] for b in batches])
 
     x, y = features(train)
     xv, yv = features(valid)
-    auc = roc_auc_score(yv, LogisticRegression(max_iter=300).fit(x, y).decision_function(xv))
-    assert auc > 0.65, auc
+    auc = roc_auc_score(yv, LogisticRegression(max_iter=200).fit(x, y).decision_function(xv))
+    assert auc > 0.75, auc   # 0.83 measured; numericals alone give 0.57
 
 
 def test_bad_synthetic_flags():
