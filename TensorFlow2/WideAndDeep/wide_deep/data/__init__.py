@@ -1,0 +1,1 @@
+"""Datasets of the Wide & Deep recipe. ``wide_deep.data.outbrain``: the Outbrain Click Prediction data."""

@@ -1,0 +1,170 @@
+"""The raw Outbrain Click Prediction CSVs (reference B.3): their columns, and the one reader every tool uses.
+
+Files (``<name>.csv``, with a header row) and columns, as Kaggle publishes them:
+
+    clicks_train          display_id, ad_id, clicked                      (one clicked ad per display)
+    events                display_id, uuid, document_id, timestamp, platform, geo_location
+    promoted_content      ad_id, document_id, campaign_id, advertiser_id  (document_id = the ad's landing page)
+    documents_meta        document_id, source_id, publisher_id, publish_time ("2016-06-05 00:00:00", \\N = missing)
+    documents_categories  document_id, category_id, confidence_level
+    documents_topics      document_id, topic_id, confidence_level
+    documents_entities    document_id, entity_id (32 hex characters), confidence_level
+
+``timestamp`` is milliseconds after ``features.TIMESTAMP_DELTA_MS``; ``platform`` is 1, 2, 3 (``\\N`` in a few
+rows); ``geo_location`` is ``country>state>DMA`` (or shorter, or ``--``). Extra columns are ignored.
+
+:func:`read_raw_table` reads one file; :func:`coerce_raw_frame` is the part that checks and types the columns, so
+frames from elsewhere (:func:`read_joined_sample`: the project's real clicks-joined-events rows) go through the same
+code. Both raise :class:`RawInputError` naming the file, the column and, for a bad value, the row.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+import numpy as np
+import pandas as pd
+
+from . import features as F
+
+# name -> {column: kind}; kinds: "int" (int64, required), "int?" (int64 that may be missing -> float64 NaN),
+# "float", "float?" (float64, may be missing), "str", "str?" (object; missing -> None).
+RAW_SCHEMAS: Dict[str, Dict[str, str]] = {
+    "clicks_train": {"display_id": "int", "ad_id": "int", "clicked": "int"},
+    "events": {"display_id": "int", "uuid": "str", "document_id": "int", "timestamp": "int", "platform": "float?",
+               "geo_location": "str?"},
+    "promoted_content": {"ad_id": "int", "document_id": "int", "campaign_id": "int", "advertiser_id": "int"},
+    "documents_meta": {"document_id": "int", "source_id": "int?", "publisher_id": "int?", "publish_time": "str?"},
+    "documents_categories": {"document_id": "int", "category_id": "int", "confidence_level": "float"},
+    "documents_topics": {"document_id": "int", "topic_id": "int", "confidence_level": "float"},
+    "documents_entities": {"document_id": "int", "entity_id": "str", "confidence_level": "float"},
+}
+RAW_FILES: List[str] = list(RAW_SCHEMAS)
+NA_VALUES = ["\\N", ""]
+
+
+class RawInputError(ValueError):
+    """A raw Outbrain file that is missing or does not have the expected columns and values."""
+
+
+def raw_path(input_dir: str, name: str) -> str:
+    return os.path.join(input_dir, f"{name}.csv")
+
+
+def check_raw_files(input_dir: str) -> None:
+    """Fail fast (before any work) on a missing file or column among the seven raw files."""
+    if not os.path.isdir(input_dir):
+        raise RawInputError(f"{input_dir}: raw Outbrain input directory not found")
+    for name, schema in RAW_SCHEMAS.items():
+        path = raw_path(input_dir, name)
+        if not os.path.isfile(path):
+            raise RawInputError(f"{path}: missing raw Outbrain file {name}.csv (expected columns: "
+                                f"{', '.join(schema)})")
+        try:
+            header = list(pd.read_csv(path, nrows=0).columns)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+            raise RawInputError(f"{path}: cannot read the header of {name}.csv ({e}); expected columns: "
+                                f"{', '.join(schema)}") from None
+        _check_columns(path, name, header)
+
+
+def _check_columns(origin: str, name: str, columns: List[str]) -> None:
+    missing = [c for c in RAW_SCHEMAS[name] if c not in columns]
+    if missing:
+        raise RawInputError(f"{origin}: {name} is missing column {missing[0]!r}"
+                            f"{' (and ' + ', '.join(map(repr, missing[1:])) + ')' if missing[1:] else ''}; "
+                            f"has {', '.join(map(repr, columns))}; expected {', '.join(RAW_SCHEMAS[name])}")
+
+
+def _first_bad_row(values: pd.Series, converted: pd.Series, allow_missing: bool) -> int:
+    bad = converted.isna() & ~(values.isna() if allow_missing else pd.Series(False, index=values.index))
+    return int(np.flatnonzero(bad.to_numpy())[0])
+
+
+def coerce_raw_frame(name: str, df: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """Check ``df`` against ``RAW_SCHEMAS[name]`` and return its schema columns, typed.
+
+    ``origin`` names the data in errors (a file path). A value that does not parse raises :class:`RawInputError`
+    with the column and the 1-based data row (the header is row 0).
+    """
+    if name not in RAW_SCHEMAS:
+        raise ValueError(f"unknown raw Outbrain table {name!r} (known: {', '.join(RAW_SCHEMAS)})")
+    _check_columns(origin, name, list(df.columns))
+    out = {}
+    for column, kind in RAW_SCHEMAS[name].items():
+        values = df[column]
+        allow_missing = kind.endswith("?")
+        base = kind.rstrip("?")
+        if base == "str":
+            col = values.astype(object).where(values.notna(), None)
+            if not allow_missing and col.isna().any():
+                row = int(np.flatnonzero(col.isna().to_numpy())[0]) + 1
+                raise RawInputError(f"{origin}: row {row}, column {column!r}: missing value ({name} requires one)")
+            out[column] = col.map(lambda v: v if v is None else str(v))
+            continue
+        converted = pd.to_numeric(values, errors="coerce")
+        bad = converted.isna() & (values.notna() if allow_missing else True)
+        if base == "int":
+            # A float such as 3.0 (pandas' spelling of an int column with gaps) is accepted; 3.5 is not.
+            frac = converted.notna() & (converted != np.floor(converted.fillna(0)))
+            bad = bad | frac
+        if bool(np.any(bad)):
+            row = int(np.flatnonzero(np.asarray(bad))[0])
+            raise RawInputError(f"{origin}: row {row + 1}, column {column!r}: cannot read {values.iloc[row]!r} as "
+                                f"{'an integer' if base == 'int' else 'a number'}"
+                                f"{' (or missing: ' + repr(NA_VALUES) + ')' if allow_missing else ''}")
+        if base == "int" and not allow_missing:
+            out[column] = converted.astype(np.int64)
+        else:
+            out[column] = converted.astype(np.float64)
+    return pd.DataFrame(out, index=df.index).reset_index(drop=True)
+
+
+def read_raw_table(input_dir: str, name: str) -> pd.DataFrame:
+    """Read ``<input_dir>/<name>.csv`` into a typed frame (see :func:`coerce_raw_frame`)."""
+    path = raw_path(input_dir, name)
+    if not os.path.isfile(path):
+        raise RawInputError(f"{path}: missing raw Outbrain file {name}.csv (expected columns: "
+                            f"{', '.join(RAW_SCHEMAS[name])})")
+    schema = RAW_SCHEMAS[name]
+    try:
+        header = list(pd.read_csv(path, nrows=0).columns)
+        _check_columns(path, name, header)
+        # Read as text, then type each column: a bad value is then reported with its column and row.
+        df = pd.read_csv(path, usecols=list(schema), dtype=str, na_values=NA_VALUES, keep_default_na=False)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise RawInputError(f"{path}: cannot parse {name}.csv: {e}") from None
+    return coerce_raw_frame(name, df, path)
+
+
+def read_raw_tables(input_dir: str) -> Dict[str, pd.DataFrame]:
+    """All seven raw tables, checked (missing file or column first, before reading any data)."""
+    check_raw_files(input_dir)
+    return {name: read_raw_table(input_dir, name) for name in RAW_FILES}
+
+
+def read_joined_sample(path: str) -> Dict[str, pd.DataFrame]:
+    """The real rows of ``clicks-joined-events-sample.csv`` as raw ``clicks_train`` and ``events`` frames.
+
+    That file is ``clicks_train`` joined with ``events``, with the timestamp written as a datetime
+    (``timestamp_view``) and platform as a float; this undoes both and passes the frames through
+    :func:`coerce_raw_frame`, so they are typed exactly like the CSVs.
+    """
+    try:
+        joined = pd.read_csv(path, dtype=str, na_values=NA_VALUES, keep_default_na=False)
+    except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise RawInputError(f"{path}: cannot read the joined Outbrain sample: {e}") from None
+    for column in ("display_id", "ad_id", "clicked", "uuid", "document_id", "timestamp_view", "platform",
+                   "geo_location"):
+        if column not in joined.columns:
+            raise RawInputError(f"{path}: joined sample is missing column {column!r}")
+    view = pd.to_datetime(joined["timestamp_view"], errors="coerce")
+    if view.isna().any():
+        row = int(np.flatnonzero(view.isna().to_numpy())[0]) + 1
+        raise RawInputError(f"{path}: row {row}, column 'timestamp_view': not a datetime")
+    epoch_ms = (view - pd.Timestamp("1970-01-01")) // pd.Timedelta(milliseconds=1)
+    events = joined.drop_duplicates("display_id").copy()
+    events["timestamp"] = (epoch_ms.loc[events.index] - F.TIMESTAMP_DELTA_MS).astype(str)
+    clicks = coerce_raw_frame("clicks_train", joined, path)
+    events = coerce_raw_frame("events", events, path)
+    return {"clicks_train": clicks, "events": events}
