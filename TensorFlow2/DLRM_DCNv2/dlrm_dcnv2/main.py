@@ -132,8 +132,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
                    help="tf_raw (NVIDIA split binary), synthetic (generated on the fly) or split_tfrecords "
                         "(prebatched multi-hot TFRecords)")
     _add_bool(g, "data_parallel_input", False,
-              "every rank reads its data-parallel slice of every feature (instead of whole-batch ids of its own "
-              "tables)")
+              "NVIDIA's fully data-parallel input; accepted for compatibility, without effect: each rank here "
+              "always reads whole-batch ids of its own tables plus its slice of the rest (logged when set)")
     _add_bool(g, "synthetic_dataset_use_feature_spec", False,
               "take the synthetic dataset's shape from --feature_spec instead of the --synthetic_dataset_* flags")
     g.add_argument("--synthetic_dataset_train_batches", type=int, default=64008,
@@ -166,7 +166,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     _add_bool(g, "embedding_zeros_initializer", False, "initialise the tables with zeros (testing)")
     _add_bool(g, "embedding_trainable", True, "train the embedding tables")
     _add_bool(g, "concat_embedding", False,
-              "NVIDIA's single-GPU concatenated-table optimisation (accepted; this recipe's lookups are per table)")
+              "NVIDIA's single-GPU concatenated-table optimisation; accepted for compatibility, without effect: "
+              "lookups here are per table (logged when set)")
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("sgd", "adam"), default=d["optimizer"],
@@ -416,6 +417,9 @@ def run(args) -> Dict[str, Any]:
     policy, on_gpu = _configure_tensorflow(args)
     if args.seed is not None:
         tf.keras.utils.set_random_seed(args.seed + ctx.rank * 0)  # same dense init on every rank (broadcast anyway)
+    for flag in ("data_parallel_input", "concat_embedding"):
+        if getattr(args, flag) and ctx.is_chief:
+            LOG.warning("--%s is accepted for compatibility with NVIDIA's recipe and has no effect here", flag)
     table_sizes, hotness, num_numerical = dataset_shape(args)
     embedding_dims = parse_embedding_dims(args.embedding_dim, len(table_sizes))
     _check_model_flags(args, embedding_dims)
