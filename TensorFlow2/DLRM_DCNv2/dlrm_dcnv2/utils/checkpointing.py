@@ -563,7 +563,7 @@ def restore_checkpoint(path: str, model, optimizers=None, ctx=None, config: Opti
         for optimizer, key in ((dense_optimizer, "dense"), (embedding_optimizer, "embedding")):
             if optimizer is not None and iterations.get(key) is not None and hasattr(optimizer, "iterations"):
                 optimizer.iterations.assign(int(iterations[key]))
-    if state.get("world_size") != world_size:
+    if state.get("world_size") != world_size and (ctx is None or ctx.rank == 0):
         LOG.info("%s: saved by %s rank(s), restored on %d (each rank read its own shards)", path,
                  state.get("world_size"), world_size)
     state["path"] = path
@@ -664,5 +664,6 @@ class CheckpointManager:
                                          epoch, batch_in_epoch, self.training, self.keep)
         self.last_step = global_step
         self._last_time = time.monotonic()
-        LOG.info("checkpoint saved: %s", self.last_path)
+        if self.ctx.rank == 0:
+            LOG.info("checkpoint saved: %s", self.last_path)
         return self.last_path
