@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
+from dlrm_dcnv2.distributed.placement import plan_placement
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 VENV_BIN = os.path.dirname(sys.executable)
@@ -91,3 +92,103 @@ def test_sliced_configs_really_slice(worker_results):
     assert "cols 0:4" in rank0["column_sliced"]["placement"]
     assert "rows 0:30" in rank0["row_sliced"]["placement"] and "rows 30:60" in rank0["row_sliced"]["placement"]
     assert "data-parallel (replicated) tables: [4, 5]" in rank0["data_parallel"]["placement"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real entry points: horovodrun -np 2 python dlrm.py / dcnv2.py against one process, on split-binary files.
+# ---------------------------------------------------------------------------------------------------------------
+ENTRY_TOLERANCE = 1e-5  # measured: see the module docstring
+EMBEDDING_DIM = 8
+SLICED = ["--column_slice_threshold", "1000", "--row_slice_threshold", "5000"]   # table 0 by rows, 1-2 by columns
+DATA_PARALLEL = ["--data_parallel_threshold", "100"]                             # the 40- and 80-element tables
+
+
+def entry_flags(model, dataset, log_path):
+    flags = ["--dataset_type", "tf_raw", "--dataset_path", dataset, "--batch_size", "256",
+             "--valid_batch_size", "1024", "--embedding_dim", str(EMBEDDING_DIM), "--bottom_mlp_dims", "16,8",
+             "--top_mlp_dims", "16,1", "--warmup_steps", "4", "--max_steps", "12", "--print_freq", "1", "--cpu",
+             "--seed", "3", "--log_path", log_path]
+    if model == "dlrm":
+        return flags + ["--learning_rate", "0.5"]
+    return flags + ["--learning_rate", "0.003", "--num_cross_layers", "2", "--cross_layer_projection_dim", "8"]
+
+
+def logged_results(log_path):
+    """Per-step training losses, the evaluation (BCE, approximate and exact AUC) and the summary of a run's log."""
+    from recsys_common.logger import read_log
+    records = read_log(log_path)
+    losses = [r["data"]["loss"] for r in records if isinstance(r["step"], list) and r["step"] and "loss" in r["data"]]
+    evals = [r["data"] for r in records if "eval_auc" in r["data"]]
+    summary = [r["data"] for r in records if r["step"] == []]
+    assert evals and summary, f"{log_path} has no evaluation or summary: {records[-3:]}"
+    return {"losses": losses, "eval": evals[-1], "summary": summary[-1]}
+
+
+@pytest.fixture(scope="module")
+def entry_dataset(tmp_path_factory):
+    from conftest import make_dataset
+    return make_dataset(tmp_path_factory.mktemp("hybrid_data"), train_rows=4096, test_rows=2048)
+
+
+@pytest.fixture(scope="module")
+def one_rank(entry_dataset, tmp_path_factory):
+    """The one-process reference run of each model (plain python: hvd_utils' no-launcher path)."""
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            log = str(tmp_path_factory.mktemp(f"{model}_np1") / "log.json")
+            run_process_group([sys.executable, f"{model}.py"] + entry_flags(model, entry_dataset, log))
+            cache[model] = logged_results(log)
+            assert cache[model]["summary"]["world_size"] == 1
+        return cache[model]
+    return get
+
+
+def corrupt_other_ranks_tables(dataset, out_dir, placement, world_size):
+    """A copy of ``dataset`` per rank in which every table the rank does not read is garbage of the right size.
+
+    The reader only ``stat``s the files of other ranks' tables; were it to read one, it would get ids far out of
+    range (bytes 0x7F: 127 as int8, 32639 as int16, above every cardinality here) and stop with a data error.
+    """
+    import shutil
+    for rank in range(world_size):
+        own = {t for t, _ in placement.input_tables(rank)}
+        target = os.path.join(out_dir, f"rank_{rank}")
+        shutil.copytree(dataset, target)
+        for split in ("train", "test"):
+            for name in os.listdir(os.path.join(target, split)):
+                if name.startswith("cat_") and int(name[4:-4]) not in own:
+                    path = os.path.join(target, split, name)
+                    size = os.path.getsize(path)
+                    with open(path, "wb") as f:
+                        f.write(b"\x7f" * size)
+    return os.path.join(out_dir, "rank_{rank}")
+
+
+def assert_same_training(two, one, what):
+    assert two["summary"]["world_size"] == 2 and len(two["losses"]) == len(one["losses"]) == 12, what
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=ENTRY_TOLERANCE, err_msg=what)
+    for key in ("eval_loss", "eval_auc", "eval_auc_exact"):
+        np.testing.assert_allclose(two["eval"][key], one["eval"][key], rtol=0, atol=ENTRY_TOLERANCE,
+                                   err_msg=f"{what}: {key}")
+    assert one["losses"][-1] < one["losses"][0]
+
+
+def test_dlrm_two_ranks_read_only_their_tables_and_train_like_one(entry_dataset, one_rank, tmp_path):
+    from conftest import TABLE_SIZES
+    placement = plan_placement(TABLE_SIZES, EMBEDDING_DIM, 2)
+    per_rank = corrupt_other_ranks_tables(entry_dataset, str(tmp_path), placement, 2)
+    assert {t for t, _ in placement.input_tables(0)}.isdisjoint({t for t, _ in placement.input_tables(1)})
+    log = str(tmp_path / "log.json")
+    horovodrun(2, [sys.executable, os.path.join(TESTS_DIR, "per_rank_entry.py"), "dlrm"]
+               + entry_flags("dlrm", per_rank, log))
+    assert_same_training(logged_results(log), one_rank("dlrm"), "dlrm, table-wise, per-rank files")
+
+
+@pytest.mark.parametrize("model,placement_flags", [("dlrm", SLICED), ("dcnv2", DATA_PARALLEL), ("dcnv2", SLICED)],
+                         ids=["dlrm-sliced", "dcnv2-data_parallel", "dcnv2-sliced"])
+def test_two_ranks_of_the_entry_point_train_like_one(entry_dataset, one_rank, tmp_path, model, placement_flags):
+    log = str(tmp_path / "log.json")
+    horovodrun(2, [sys.executable, f"{model}.py"] + entry_flags(model, entry_dataset, log) + placement_flags)
+    assert_same_training(logged_results(log), one_rank(model), f"{model} {' '.join(placement_flags)}")

@@ -23,7 +23,7 @@ def test_hvd_utils_single_process_is_identity():
     x = tf.constant([[1.0, 2.0], [3.0, 4.0]])
     np.testing.assert_array_equal(hvd_utils.allreduce(x).numpy(), x.numpy())
     np.testing.assert_array_equal(hvd_utils.allgather(x).numpy(), x.numpy())
-    np.testing.assert_array_equal(hvd_utils.alltoall(x, [2]).numpy(), x.numpy())
+    np.testing.assert_array_equal(hvd_utils.alltoall(x, [2], name="t").numpy(), x.numpy())
     assert hvd_utils.broadcast_value(17) == 17
     hvd_utils.barrier()
     hvd_utils.shutdown()

@@ -16,6 +16,7 @@ With one rank both are the identity. Usage::
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -41,13 +42,19 @@ def reduce_gradients(grads: Sequence, variables: Sequence[tf.Variable],
         return list(grads)
     model_parallel = {v.ref() for v in model_parallel_variables}
     reduced: List[Optional[tf.Tensor]] = []
+    replicated = 0
     for grad, var in zip(grads, variables):
+        if var.ref() in model_parallel:
+            reduced.append(None if grad is None else _scale(grad, 1.0 / ctx.world_size))
+            continue
+        # Horovod pairs the ranks' allreduces by name: the replicated variables come in the same order on every
+        # rank (only the model-parallel ones differ), so their position and name identify them everywhere.
+        name = f"grad_{replicated}_{re.sub('[^A-Za-z0-9_]', '_', var.name)}"
+        replicated += 1
         if grad is None:
             reduced.append(None)
-        elif var.ref() in model_parallel:
-            reduced.append(_scale(grad, 1.0 / ctx.world_size))
         else:
-            reduced.append(hvd_utils.allreduce(grad, average=True))
+            reduced.append(hvd_utils.allreduce(grad, average=True, name=name))
     return reduced
 
 

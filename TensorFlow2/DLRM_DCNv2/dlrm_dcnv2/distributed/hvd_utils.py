@@ -96,6 +96,8 @@ def _distributed() -> bool:
 def allreduce(tensor, average: bool = True, name: Optional[str] = None):
     """Sum (``average=False``) or mean of ``tensor`` over ranks; identity on one rank.
 
+    Inside a ``tf.function`` pass a ``name`` that is the same on every rank (see :func:`alltoall`).
+
     ``tf.IndexedSlices`` (sparse gradients of data-parallel embedding tables) are allgathered, not densified:
     the result holds every rank's rows (duplicates sum when applied), values divided by the world size for a mean.
     """
@@ -118,17 +120,32 @@ def allgather(tensor, name: Optional[str] = None):
     return _hvd.allgather(tensor, name=name)
 
 
-def alltoall(tensor, splits: Sequence[int], name: Optional[str] = None):
+def alltoall(tensor, splits: Sequence[int], name: str):
     """Send ``tensor[sum(splits[:r]) : sum(splits[:r+1])]`` (axis 0) to rank ``r``; return what every rank sent here.
 
     The result concatenates, in rank order, the piece each rank addressed to this one (its first dimension is the
     sum of those pieces; the other dimensions must agree on all ranks). Differentiable: the gradient is the
     all-to-all back. One rank: ``tensor`` itself (``splits`` must then be ``[len(tensor)]``).
+
+    ``name`` must be the same on every rank. Horovod pairs the ranks' collectives by name, and the names it
+    derives itself come from graph tensor names, which differ between ranks whose graphs differ (each rank owns
+    other shards): so both directions are named here, the backward one ``<name>_grad``.
     """
     if not _distributed():
         return tensor
-    output, _received_splits = _hvd.alltoall(tensor, splits=tf.convert_to_tensor(splits, dtype=tf.int32), name=name)
-    return output
+    splits = tf.convert_to_tensor(splits, dtype=tf.int32)
+
+    @tf.custom_gradient
+    def exchange(value):
+        output, received_splits = _hvd.alltoall(value, splits=splits, name=name)
+
+        def backward(upstream):
+            grad, _ = _hvd.alltoall(upstream, splits=received_splits, name=name + "_grad")
+            return grad
+
+        return output, backward
+
+    return exchange(tensor)
 
 
 def broadcast_variables(variables: Iterable[tf.Variable], root: int = 0) -> None:
