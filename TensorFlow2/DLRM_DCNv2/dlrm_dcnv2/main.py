@@ -110,7 +110,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     _add_bool(g, "run_eagerly", False, "run the steps eagerly, without tf.function (debugging)")
     _add_bool(g, "tfdata_debug", False, "tf.data debug mode (tf.data.experimental.enable_debug_mode)")
     g.add_argument("--seed", type=int, default=None,
-                   help="random seed of the weights, the data order and TensorFlow (None: drawn at random)")
+                   help="random seed of the weights, TensorFlow and the synthetic dataset (None: weights drawn at random, "
+                        "synthetic data from seed 12345)")
     g.add_argument("--epochs", type=int, default=1, help="passes over the training split")
     g.add_argument("--max_steps", type=int, default=-1, help="stop after this many training steps (-1: no limit)")
     g.add_argument("--evals_per_epoch", type=int, default=1, help="evaluations of the test split per epoch")
@@ -242,7 +243,8 @@ def parameter_table(model: str = "dlrm") -> str:
             help_text = f"{{{','.join(action.choices)}}} {action.help}"
         else:
             help_text = action.help
-        rows.append(f"| `{action.option_strings[0]}` | {default} | {help_text.replace('|', '/')} |")
+        help_text = help_text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")  # markdown-safe
+        rows.append(f"| `{action.option_strings[0]}` | {default} | {help_text} |")
     return "\n".join(rows) + "\n"
 
 
@@ -416,7 +418,7 @@ def run(args) -> Dict[str, Any]:
     ctx = hvd_utils.init()
     policy, on_gpu = _configure_tensorflow(args)
     if args.seed is not None:
-        tf.keras.utils.set_random_seed(args.seed + ctx.rank * 0)  # same dense init on every rank (broadcast anyway)
+        tf.keras.utils.set_random_seed(args.seed)  # the same on every rank (replicated weights are broadcast anyway)
     for flag in ("data_parallel_input", "concat_embedding"):
         if getattr(args, flag) and ctx.is_chief:
             LOG.warning("--%s is accepted for compatibility with NVIDIA's recipe and has no effect here", flag)
