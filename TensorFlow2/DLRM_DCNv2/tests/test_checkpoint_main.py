@@ -137,3 +137,23 @@ def test_sigkill_then_resume_equals_uninterrupted(small_dataset, tmp_path, model
         assert any("OPTIMIZER_SLOT" in name for name in dense_a), sorted(dense_a)[:10]
     for name in dense_a:
         np.testing.assert_array_equal(dense_b[name], dense_a[name], err_msg=name)
+
+
+def test_mismatch_and_foreign_checkpoints_are_refused(small_dataset, tmp_path):
+    """In-process ``main``: a checkpoint of another model is refused naming the flag; a save directory holding
+    another run's checkpoints is refused unless resumed from it or ``--overwrite``."""
+    from dlrm_dcnv2.main import main
+    from dlrm_dcnv2.utils.checkpointing import CheckpointError
+    ckpt = str(tmp_path / "ckpt")
+    args = ["--dataset_path", small_dataset, *COMMON, *MODELS["dlrm"][1], "--max_steps", "3",
+            "--log_path", str(tmp_path / "log.json"), "--overwrite"]
+    main(args + ["--save_checkpoint_path", ckpt])
+    assert [s for s, _ in list_checkpoints(ckpt)] == [3]
+    with pytest.raises(CheckpointError, match=r"top_mlp_dims: checkpoint \[16, 1\], flags \[32, 1\].*--top_mlp_dims"):
+        main(args + ["--top_mlp_dims", "32,1", "--restore_checkpoint_path", ckpt])
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints of another run.*--overwrite"):
+        main([a for a in args if a != "--overwrite"] + ["--save_checkpoint_path", ckpt])
+    result = main(args + ["--max_steps", "5", "--save_checkpoint_path", ckpt, "--restore_checkpoint_path", ckpt])
+    assert result["global_step"] == 5 and [s for s, _ in list_checkpoints(ckpt)] == [3, 5]
+    main(args + ["--max_steps", "2", "--save_checkpoint_path", ckpt])  # --overwrite: a new run replaces them
+    assert [s for s, _ in list_checkpoints(ckpt)] == [2]
