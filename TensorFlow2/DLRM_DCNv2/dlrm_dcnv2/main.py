@@ -110,8 +110,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     _add_bool(g, "run_eagerly", False, "run the steps eagerly, without tf.function (debugging)")
     _add_bool(g, "tfdata_debug", False, "tf.data debug mode (tf.data.experimental.enable_debug_mode)")
     g.add_argument("--seed", type=int, default=None,
-                   help="random seed of the weights, TensorFlow and the synthetic dataset (None: weights drawn at random, "
-                        "synthetic data from seed 12345)")
+                   help="random seed of the weights, TensorFlow and the synthetic dataset (None: weights drawn at "
+                        "random, synthetic data from seed 12345)")
     g.add_argument("--epochs", type=int, default=1, help="passes over the training split")
     g.add_argument("--max_steps", type=int, default=-1, help="stop after this many training steps (-1: no limit)")
     g.add_argument("--evals_per_epoch", type=int, default=1, help="evaluations of the test split per epoch")
@@ -306,7 +306,7 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
 
 # ------------------------------------------------------------------------------------------------------ dataset
 def dataset_shape(args):
-    """``(table_sizes, hotness, num_numerical_features)`` of the data the run reads (feature spec or synthetic flags)."""
+    """``(table_sizes, hotness, num_numerical_features)`` of the data (feature spec, or the synthetic flags)."""
     if args.dataset_type == "synthetic" and not args.synthetic_dataset_use_feature_spec:
         sizes = list(args.synthetic_dataset_cardinalities)
         hotness = list(args.synthetic_dataset_hotness)
@@ -543,9 +543,11 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
 
     evaluations: List[Dict[str, Any]] = []
     global_step = start_step
-    train_time, timed_samples, last_loss = 0.0, 0, float("nan")
+    # Throughput counts whole loop iterations (waiting for the batch + the step) but not evaluations or checkpoint
+    # saves; the first step of a run (tracing / XLA compilation) is left out of the totals.
+    train_time, timed_samples, timed_steps, last_loss = 0.0, 0, 0, float("nan")
     window_losses: List[float] = []
-    window_start, window_step = time.perf_counter(), global_step
+    window_time, window_samples = 0.0, 0
     profiling = False
     epoch = start_epoch
     position = (start_epoch, start_batch)
@@ -553,6 +555,7 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
         skip = start_batch if epoch == start_epoch else 0
         batches = train_data.iterate(skip)
         batch_in_epoch = skip
+        tick = time.perf_counter()
         for batch in batches:
             if global_step >= total_steps:
                 break
@@ -565,7 +568,6 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
                     import tensorflow as tf
                     tf.profiler.experimental.stop()
                     profiling = False
-            begin = time.perf_counter()
             loss = trainer.train_step(*batch)
             loss_value = float(loss)  # the mean over ranks: every rank sees the same value, and stops together
             global_step += 1
@@ -576,15 +578,19 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
                     f"training diverged: the loss is {loss_value} at step {global_step} (epoch {epoch}, batch "
                     f"{batch_in_epoch}); lower --learning_rate (now {args.learning_rate}), raise --warmup_steps, "
                     f"or check the data for NaN/inf")
-            elapsed = time.perf_counter() - begin
+            now = time.perf_counter()
+            elapsed, tick = now - tick, now
+            rows = int(batch[2].shape[0]) * ctx.world_size  # this step's global batch (the last may be short)
             if global_step > start_step + 1:  # the first step traces/compiles
                 train_time += elapsed
-                timed_samples += args.batch_size
+                timed_samples += rows
+                timed_steps += 1
+            window_time += elapsed
+            window_samples += rows
             last_loss = loss_value
             window_losses.append(loss_value)
             if global_step % args.print_freq == 0 or global_step == total_steps:
-                now = time.perf_counter()
-                rate = (global_step - window_step) * args.batch_size / max(now - window_start, 1e-9)
+                rate = window_samples / max(window_time, 1e-9)
                 eta = (total_steps - global_step) * args.batch_size / max(rate, 1e-9)
                 mean_loss = float(np.mean(window_losses))
                 lr = float(schedule.learning_rate_at(global_step))
@@ -593,9 +599,10 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
                           f"{rate:,.0f} samples/s | ETA {_hms(eta)}", flush=True)
                 logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr,
                                                             "samples_per_s": rate})
-                window_losses, window_start, window_step = [], now, global_step
+                window_losses, window_time, window_samples = [], 0.0, 0
             if manager is not None:
                 manager.maybe_save(global_step, epoch, batch_in_epoch)
+                tick = time.perf_counter()  # a save is not training time
             if batch_in_epoch in points or global_step == total_steps:
                 result = evaluator.evaluate(test_data)
                 result.update(step=global_step, epoch=epoch)
@@ -606,7 +613,7 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
                           f"{result['throughput']:,.0f} samples/s", flush=True)
                 logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
                                                             ("auc", "auc_exact", "loss", "throughput")})
-                window_start = time.perf_counter()  # eval time is not training throughput
+                tick = time.perf_counter()  # evaluation time is not training time
         epoch += 1
     if profiling:
         import tensorflow as tf
@@ -616,7 +623,8 @@ def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, bro
         manager.save(global_step, position[0], position[1])
     results: Dict[str, Any] = {"mode": "train", "global_step": global_step, "train_loss": last_loss,
                                "throughput": timed_samples / train_time if train_time > 0 else float("nan"),
-                               "mean_step_time_ms": 1000.0 * train_time / max(1, timed_samples // args.batch_size),
+                               "mean_step_time_ms": (1000.0 * train_time / timed_steps if timed_steps
+                                                     else float("nan")),
                                "precision": policy, "xla_jit_compiled": trainer.jit_compiled,
                                "world_size": ctx.world_size, "evaluations": evaluations}
     if evaluations:
