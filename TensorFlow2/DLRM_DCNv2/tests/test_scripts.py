@@ -1,6 +1,5 @@
 """The dataset tools under NVIDIA's names (dlrm_dcnv2.dataloading.gen_csv / transcode / generate_feature_spec /
 prepare_synthetic_dataset): thin layers over recsys_common, run through main(argv) and once as real commands."""
-import json
 import os
 import subprocess
 import sys
@@ -155,34 +154,43 @@ def test_prepare_dataset_rejects_bad_arguments(tmp_path, args, message):
     assert not (tmp_path / "spark").exists() and not (tmp_path / "binary").exists()
 
 
-def _write_criteo_days(directory, rows=(120, 80), seed=3):
-    """Terabyte layout: day_0 train, day_1 split into test / validation halves; ids with repeats."""
-    rng = np.random.default_rng(seed)
-    directory.mkdir()
-    for day, n in enumerate(rows):
-        lines = []
-        for _ in range(n):
-            ints = [str(v) if v >= 0 else "" for v in rng.integers(-1, 50, 13)]
-            cats = [f"{c:x}{v}" for c, v in enumerate(rng.zipf(1.6, 26) % 40)]
-            lines.append("\t".join([str(rng.integers(0, 2))] + ints + cats))
-        (directory / f"day_{day}").write_text("\n".join(lines) + "\n")
+def test_prepare_dataset_calls_the_shared_job_then_the_conversion(tmp_path):
+    """The script's two steps, with the arguments and environment it was given: a stand-in interpreter records
+    each call (the Spark job and the conversion themselves are tested in common/tests: test_criteo_spark.py,
+    test_spark_cluster.py)."""
+    (tmp_path / "criteo").mkdir()
+    calls = tmp_path / "calls.txt"
+    shim = tmp_path / "python"
+    shim.write_text(f"""#!/usr/bin/env bash
+if [[ "${{1:-}}" == -m ]]; then {{ printf '%s\\n' "$@"; echo ----; }} >> {calls}; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    result = _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), OVERWRITE="1", SPARK_MASTER="spark://head:7077",
+                          SPARK_PREPROCESS_ARGS="--header yes --delimiter comma")
+    assert result.returncode == 0, result.stderr
+    spark, convert = [c.strip("\n").split("\n") for c in calls.read_text().split("----") if c.strip()]
+    assert spark[:2] == ["-m", "recsys_common.criteo.spark_preprocess"]
+    value = lambda argv, flag: argv[argv.index(flag) + 1]   # noqa: E731
+    assert value(spark, "--input_path") == str(tmp_path / "criteo")
+    assert value(spark, "--output_path") == str(tmp_path / "spark")
+    assert value(spark, "--frequency_limit") == "3" and value(spark, "--master") == "spark://head:7077"
+    assert value(spark, "--total_cores") == "1" and value(spark, "--total_memory") == "1"
+    assert value(spark, "--header") == "yes" and value(spark, "--delimiter") == "comma" and "--overwrite" in spark
+    assert convert == ["-m", "recsys_common.criteo.to_split_binary", "--input", str(tmp_path / "spark"),
+                       "--output", str(tmp_path / "binary"), "--overwrite"]
+    assert (tmp_path / "scratch").is_dir()    # SPARK_LOCAL_DIRS made for Spark's shuffle files
+    # without OVERWRITE the tools get no --overwrite (they then refuse a non-empty output themselves)
+    calls.unlink()
+    assert _run_prepare([], tmp_path, PYTHON=str(shim)).returncode == 0
+    assert "--overwrite" not in calls.read_text() and "--frequency_limit\n15\n" in calls.read_text()
 
 
-@pytest.mark.slow   # one real Spark job (~25 s on 2 cores)
-def test_prepare_dataset_runs_the_shared_spark_job_and_conversion(tmp_path):
-    _write_criteo_days(tmp_path / "criteo")
-    quick = "--spark_conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 --spark_conf spark.ui.enabled=false"
-    result = _run_prepare(["CPU", "2"], tmp_path, SPARK_PREPROCESS_ARGS=quick)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    from recsys_common.feature_spec import FeatureSpec
-    spec = FeatureSpec.from_yaml(str(tmp_path / "binary" / "feature_spec.yaml"))
-    report = json.loads((tmp_path / "spark" / "preprocess_report.json").read_text())
-    assert report["frequency_limit"] == 2 and report["rows_written"] == {"train": 120, "test": 40, "validation": 40}
-    assert [spec.cardinality(f"cat_{i}.bin") for i in range(26)] == report["cardinalities"]
-    assert len(read_columns(spec, "test")["label"]) == 40
-    # a second run refuses to replace the finished output unless OVERWRITE=1, before starting Spark
-    again = _run_prepare(["CPU", "2"], tmp_path)
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+def test_prepare_dataset_stops_at_the_first_failing_step(tmp_path):
+    (tmp_path / "criteo").mkdir()     # no day files: the Spark job's input check fails before Spark starts
+    result = _run_prepare(["CPU", "3"], tmp_path)
+    assert result.returncode == 2 and str(tmp_path / "criteo") in result.stderr
+    assert not (tmp_path / "spark").exists() and not (tmp_path / "binary").exists()
 
 
 # ------------------------------------------------------------------------------------------- slurm_multinode.sh
