@@ -1,0 +1,107 @@
+"""Input pipeline throughput: ``python -m dlrm_dcnv2.dataloading.dataloader_benchmark`` prints samples/s as JSON.
+
+Iterates the batches one rank would get (tf tensors, as training sees them) without a model, so the figure is the
+ceiling the input puts on training. ``--world_size N --rank r`` simulates rank ``r`` of ``N`` with table-wise
+placement (``--dist_strategy basic``): it reads its own tables for the whole global batch and its slice of the rest.
+The first ``--warmup_batches`` (TensorFlow's first ops, page cache) are not timed.
+
+    python -m dlrm_dcnv2.dataloading.dataloader_benchmark --dataset_type tf_raw --dataset_path /data/dlrm \\
+        --batch_size 65536 --max_batches 200
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from typing import Iterable, Optional
+
+from .dataloader import DATASET_TYPES, create_input
+from .transcribe import parse_int_list
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dlrm_dcnv2.dataloading.dataloader_benchmark",
+                                description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset_type", choices=DATASET_TYPES, default="tf_raw")
+    p.add_argument("--dataset_path", default=None)
+    p.add_argument("--feature_spec", default="feature_spec.yaml")
+    p.add_argument("--mapping", default="train", help="split to read (train / test)")
+    p.add_argument("--batch_size", type=int, default=65536, help="global batch size")
+    p.add_argument("--max_batches", type=int, default=-1, help="timed batches (-1: the whole split)")
+    p.add_argument("--warmup_batches", type=int, default=2)
+    p.add_argument("--world_size", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead in a background thread")
+    p.add_argument("--synthetic_dataset_train_batches", type=int, default=64008)
+    p.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350)
+    p.add_argument("--synthetic_dataset_cardinalities", type=parse_int_list, default="26x1000")
+    p.add_argument("--synthetic_dataset_hotness", type=parse_int_list, default="26x20")
+    p.add_argument("--synthetic_dataset_num_numerical_features", type=int, default=13)
+    p.add_argument("--synthetic_dataset_use_feature_spec", action="store_true")
+    p.add_argument("--output_json", default=None, help="also write the result here (atomically)")
+    return p
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: Optional[Iterable[str]] = None) -> dict:
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    from recsys_common.io import check_json_output, write_json_output
+    check_json_output(args.output_json)
+    kw = dict(synthetic_train_batches=args.synthetic_dataset_train_batches,
+              synthetic_valid_batches=args.synthetic_dataset_valid_batches,
+              synthetic_cardinalities=args.synthetic_dataset_cardinalities,
+              synthetic_hotness=args.synthetic_dataset_hotness,
+              synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
+              synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec)
+    input_tables = None
+    if args.world_size > 1:
+        from dlrm_dcnv2.distributed.placement import plan_placement
+        probe = create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=args.mapping,
+                             global_batch_size=args.batch_size, **kw)
+        placement = plan_placement(probe.metadata.table_sizes, 1, args.world_size, strategy="basic")
+        input_tables = placement.input_tables(args.rank)
+    data = create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=args.mapping,
+                        global_batch_size=args.batch_size, rank=args.rank, world_size=args.world_size,
+                        input_tables=input_tables, prefetch=args.prefetch, **kw)
+    total = len(data) if args.max_batches < 0 else min(len(data), args.max_batches + args.warmup_batches)
+    batches = samples = 0
+    it = data.iterate(0)
+    warm = max(0, min(args.warmup_batches, total - 1))
+    for _ in range(warm):
+        next(it)
+    start = time.perf_counter()
+    for _, (_, _, labels) in zip(range(total - warm), it):
+        batches += 1
+        samples += int(labels.shape[0])
+    elapsed = time.perf_counter() - start
+    result = {"dataset_type": args.dataset_type, "mapping": args.mapping, "global_batch_size": args.batch_size,
+              "rank": args.rank, "world_size": args.world_size, "prefetch": args.prefetch,
+              "batches": batches, "local_samples": samples, "seconds": round(elapsed, 4),
+              "local_samples_per_s": round(samples / max(elapsed, 1e-9), 1),
+              "global_samples_per_s": round(samples * args.world_size / max(elapsed, 1e-9), 1),
+              "cpu": cpu_model()}
+    print(json.dumps(result, indent=2))
+    if args.output_json:
+        write_json_output(args.output_json, result)
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileExistsError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
