@@ -271,7 +271,10 @@ def embedding_slots(optimizer, variable) -> Dict[str, Any]:
     slots = getattr(optimizer, "slot_variables", None)
     if slots is None:
         return {}
-    return dict(slots(variable) or {})
+    try:
+        return dict(slots(variable) or {})
+    except KeyError:  # no state for it yet (a legacy Keras optimizer creates slots on its first update): zeros
+        return {}
 
 
 def _shard_items(sparse_model, embedding_optimizer) -> List[Tuple[str, Tuple[int, int], Any, Any]]:
@@ -417,9 +420,8 @@ def save_checkpoint(root: str, global_step: int, model, optimizers, ctx, config:
                 "batch_in_epoch": None if batch_in_epoch is None else int(batch_in_epoch),
                 "optimizer_iterations": {"dense": _iterations(dense_optimizer),
                                          "embedding": _iterations(embedding_optimizer)},
-                "embedding_slots": sorted(embedding_slots(embedding_optimizer,
-                                                          sparse_model.shard_variables[0][1]).keys())
-                if sparse_model.shard_variables else [],
+                "embedding_slots": sorted({name for _, v in sparse_model.shard_variables
+                                           for name in embedding_slots(embedding_optimizer, v)}),
                 "tables": [{"rows": int(r), "dim": int(d)}
                            for r, d in zip(sparse_model.table_sizes, sparse_model.embedding_dims)],
                 "config": dict(config or {}),
@@ -574,10 +576,7 @@ def _slots_for_restore(optimizer, variable, sparse_model) -> Dict[str, Any]:
     """The embedding optimizer's slots of ``variable``, creating them (``optimizer.build``) when not there yet."""
     if optimizer is None or getattr(optimizer, "slot_variables", None) is None:
         return {}
-    try:
-        slots = embedding_slots(optimizer, variable)
-    except (KeyError, ValueError, AttributeError):
-        slots = {}
+    slots = embedding_slots(optimizer, variable)
     if not slots and hasattr(optimizer, "build"):
         optimizer.build([v for _, v in sparse_model.shard_variables])
         slots = embedding_slots(optimizer, variable)
