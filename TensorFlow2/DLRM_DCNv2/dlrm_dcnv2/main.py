@@ -405,14 +405,11 @@ def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
 
 def run(args) -> Dict[str, Any]:
     """Everything after parsing (``args``: the namespace of :func:`parse_args`); returns the results."""
-    import numpy as np
     import tensorflow as tf
     from recsys_common.logger import Logger
     from dlrm_dcnv2.distributed import hvd_utils
-    from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
     from dlrm_dcnv2.nn.evaluator import Evaluator
     from dlrm_dcnv2.nn.model import build_model
-    from dlrm_dcnv2.nn.trainer import Trainer
     from dlrm_dcnv2.utils import checkpointing
 
     ctx = hvd_utils.init()
@@ -483,8 +480,7 @@ def run(args) -> Dict[str, Any]:
                                else _flatten_inference(results["inference"]))
             return results
 
-        return _train(args, ctx, model, evaluator, config, training, logger, hvd_utils,
-                      broadcast_replicated_variables, checkpointing, Trainer, np, policy)
+        return _train(args, ctx, model, evaluator, config, training, logger, policy)
     finally:
         logger.close()
 
@@ -493,10 +489,14 @@ def _flatten_inference(per_size: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {f"{k}_bs{size}": v for size, r in per_size.items() for k, v in r.items() if k != "latencies_ms"}
 
 
-def _train(args, ctx, model, evaluator, config, training, logger, hvd_utils, broadcast_replicated_variables,
-           checkpointing, Trainer, np, policy) -> Dict[str, Any]:
+def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dict[str, Any]:
+    """The training loop of ``--mode train`` (see the module docstring); returns the results."""
+    import numpy as np
+    from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
     from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
     from dlrm_dcnv2.nn.optimizers import create_optimizers
+    from dlrm_dcnv2.nn.trainer import Trainer
+    from dlrm_dcnv2.utils import checkpointing
 
     schedule = WarmupPolyDecay(args.learning_rate, args.warmup_steps, args.decay_start_step, args.decay_steps)
     dense_optimizer, embedding_optimizer = create_optimizers(args.optimizer, schedule, beta1=args.beta1,
