@@ -130,3 +130,42 @@ def test_fewer_rows_than_ranks(tmp_path):
     path = make_dataset(tmp_path / "d", train_rows=10, test_rows=1, table_sizes=[5])
     with pytest.raises(DataError, match=r"d/test: 1 row\(s\) are fewer than the 2 ranks"):
         create_input("tf_raw", path, mapping="test", global_batch_size=8, world_size=2, input_tables=[(0, True)])
+
+
+def _tfrecords(tmp_path, ids, max_hotness_in_spec):
+    from dlrm_dcnv2.dataloading.dataloader import DatasetMetadata
+    from dlrm_dcnv2.dataloading.split_tfrecords_dataset import SplitWriter, tfrecords_spec
+    meta = DatasetMetadata([10], [ids.shape[1]], 1, ["cat_0.bin"], ["num_0"])
+    spec = tfrecords_spec(meta, ["train"])
+    writer = SplitWriter(spec, str(tmp_path), "train", prebatch_size=2)
+    writer.write(np.zeros((len(ids), 1), np.float32), [ids], np.zeros(len(ids), np.float32))
+    writer.close()
+    spec.feature_spec["cat_0.bin"]["max_hotness"] = max_hotness_in_spec
+    spec.base_directory = str(tmp_path)
+    spec.to_yaml(str(tmp_path / "feature_spec.yaml"))
+    return str(tmp_path)
+
+
+def test_split_tfrecords_missing_directory(tmp_path):
+    path = _tfrecords(tmp_path, np.array([[1, 2, -1], [3, -1, -1], [4, 5, 6]]), 3)
+    shutil.rmtree(os.path.join(path, "train", "label"))
+    with pytest.raises(DataError, match=r"train/label: directory of feature\(s\) \['label'\] not found"):
+        create_input("split_tfrecords", path, global_batch_size=3)
+
+
+def test_split_tfrecords_more_ids_than_the_spec_max_hotness(tmp_path):
+    path = _tfrecords(tmp_path, np.array([[1, 2, -1], [3, -1, -1], [4, 5, 6]]), 2)
+    with pytest.raises(DataError, match=r"train/cat_0/data_0\.tfrecords: multi-hot feature 'cat_0\.bin' row 2 has 3 "
+                                        r"ids, more than max_hotness=2 of the spec"):
+        list(create_input("split_tfrecords", path, global_batch_size=3))
+
+
+def test_split_tfrecords_length_json_disagreeing_with_the_files(tmp_path):
+    import json
+    path = _tfrecords(tmp_path, np.array([[1, 2], [3, -1], [4, 5]]), 2)
+    meta_path = os.path.join(path, "train", "numerical", "length.json")
+    meta = json.load(open(meta_path))
+    meta["num_records"] = 3
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(DataError, match=r"train/numerical: holds 2 records, length\.json says 3"):
+        create_input("split_tfrecords", path, global_batch_size=3)
