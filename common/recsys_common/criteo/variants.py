@@ -13,9 +13,10 @@ criteo_t3_synthetic       177,944,291  22.8 B               84.9 GiB ("large")
 criteo_t0_synthetic       882,774,559  113 B                421 GiB ("extra large")
 ========================  ===========  ==================  =======================
 
-``criteo_t3`` is listed in the order NVIDIA's file writes it (which is not C1..C26). The reference gives only the two
-largest ``t0`` tables (292,775,614 and 227,605,432); the other 24 are the unthresholded day 0-23 counts MLPerf
-publishes for the same data (mlcommons/training ``recommendation_v2``), whose sum gives exactly the 421 GiB above.
+``criteo_t3`` is listed in the order NVIDIA's file writes it (which is not C1..C26). Our reference gives only the two
+largest ``t0`` tables (292,775,614 and 227,605,432); the list below is the unthresholded Criteo 1TB table sizes as
+other public DLRM implementations publish them (e.g. as a ``column_size_array`` for "criteo1t"), which holds those
+two and whose sum gives exactly the 421 GiB above.
 """
 from __future__ import annotations
 
