@@ -436,3 +436,15 @@ def test_sparse_model_without_shards_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="--use_mde_embeddings"):
         checkpointing.save_checkpoint(str(tmp_path / "ckpt"), 1, model, None, Context(), CONFIG)
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_step_directory_of_someone_else_is_refused_not_deleted(tmp_path):
+    model, _ = make_rank(1, 0, whole_tables(1))
+    root = tmp_path / "ckpt"
+    (root / "step_000000004").mkdir(parents=True)
+    (root / "step_000000004" / "state.json").write_text("{}")  # not ours: no manifest lists it
+    with pytest.raises(FileExistsError, match=r"state\.json: exists and was not written by this tool"):
+        checkpointing.save_checkpoint(str(root), 4, model, None, Context(), CONFIG)
+    assert (root / "step_000000004" / "state.json").read_text() == "{}"
+    assert sorted(os.listdir(root)) == ["step_000000004"]  # no staging directory left either
+    assert sorted(os.listdir(root / "step_000000004")) == ["state.json"]

@@ -398,6 +398,8 @@ def save_checkpoint(root: str, global_step: int, model, optimizers, ctx, config:
             _create_table_files(staging, sparse_model, embedding_optimizer)
         except BaseException as e:  # tell the other ranks, so they fail too instead of waiting in a barrier
             error = e
+            if context is not None and staging is not None:
+                context.__exit__(type(e), e, e.__traceback__)  # removes the staging directory
             staging = None
     staging = _broadcast_text(staging or "", ctx)
     if not staging:
