@@ -169,3 +169,17 @@ def test_split_tfrecords_length_json_disagreeing_with_the_files(tmp_path):
     json.dump(meta, open(meta_path, "w"))
     with pytest.raises(DataError, match=r"train/numerical: holds 2 records, length\.json says 3"):
         create_input("split_tfrecords", path, global_batch_size=3)
+
+
+def test_training_on_bad_data_exits_1_naming_the_file_and_writes_no_checkpoint(dataset, tmp_path, capsys):
+    """Through the entry point: a bad id mid-epoch ends the run with status 1 and one line naming file and row."""
+    from conftest import tiny_model_flags
+    from dlrm_dcnv2.main import cli
+    _poke(os.path.join(dataset, "train/cat_1.bin"), np.int16, 300, 600)   # cardinality 500; batch 1
+    save = tmp_path / "ckpt"
+    status = cli(tiny_model_flags("dlrm") + ["--dataset_path", dataset, "--seed", "1", "--batch_size", "256",
+                                             "--save_checkpoint_path", str(save)], model="dlrm")
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "train/cat_1.bin: categorical feature 'cat_1.bin' row 300 has id 600 outside [0, cardinality=500)" in err
+    assert not save.exists() or not any(p.name.startswith("step_") for p in save.iterdir())
