@@ -162,3 +162,11 @@ def test_multi_hot_out_of_range_names_directory_feature_and_row(tmp_path):
     with pytest.raises(DataError, match=r"train/cat_0: categorical feature 'cat_0\.bin' row 3 has id 12 "
                                         r"outside \[0, cardinality=10\)"):
         list(create_input("split_tfrecords", str(tmp_path), global_batch_size=5))
+
+
+def test_re_prebatch_split_tfrecords(converted, tmp_path):
+    dst = str(tmp_path / "re")
+    transcribe("split_tfrecords", converted, dst, src_batch_size=1000, dst_prebatch_size=2048, train_only=True)
+    assert not os.path.exists(os.path.join(dst, "test"))
+    _same(_all(create_input("split_tfrecords", dst, global_batch_size=1500)),
+          _all(create_input("split_tfrecords", converted, global_batch_size=1500)))

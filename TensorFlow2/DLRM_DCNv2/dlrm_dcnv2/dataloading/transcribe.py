@@ -3,7 +3,9 @@
 Sources (``--src_dataset_type``): ``tf_raw`` (split-binary), ``parquet`` / ``csv`` (a FeatureSpec with parquet or csv
 chunks; parquet list columns are multi-hot features, ``max_hotness`` in the spec), ``synthetic`` (the
 ``--synthetic_dataset_*`` flags) and ``split_tfrecords`` (re-prebatch). Flags follow NVIDIA's ``transcribe.py``
-(``--src_batch_size``, ``--dst_prebatch_size``, ``--max_batches_train/test``, ``--train_only``).
+(``--src_batch_size``, ``--dst_prebatch_size``, ``--max_batches_train/test``, ``--train_only``); NVIDIA's
+``binary_multihot``, ``tfrecords_multihot`` and ``nvt`` sources are not offered (write parquet with list columns, e.g.
+with NVTabular, and use ``parquet``).
 
 The source is read through the same pipelines training uses, so its checks (ids in range, finite numericals)
 apply on the way; the output is written through ``recsys_common.io.atomic_directory``: a non-empty destination is
