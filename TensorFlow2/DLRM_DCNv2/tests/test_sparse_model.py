@@ -140,3 +140,16 @@ def test_compile_step_with_xla_matches_eager_on_one_process():
     assert hvd_utils.compile_step(lambda: model(ids), xla=False)._jit_compile is None
     for a, b in zip(compiled(), model(ids)):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_variables_are_filled_with_the_slices_of_the_one_rank_tables():
+    rows = INIT_BLOCK_ROWS + 300
+    shards = (ShardSpec(0, 0, (0, INIT_BLOCK_ROWS - 5), (0, 3)), ShardSpec(0, 0, (INIT_BLOCK_ROWS - 5, rows), (0, 3)),
+              ShardSpec(1, 0, (0, 7), (0, 1)), ShardSpec(1, 0, (0, 7), (1, 3)))
+    plan = Placement((rows, 7), (3, 3), 1, "basic", shards)
+    model = SparseModel([rows, 7], 3, placement=plan, seed=12)
+    for shard, variable in model.shard_variables:
+        full = initial_values((rows, 7)[shard.table], 3, seed=12, table=shard.table)
+        np.testing.assert_array_equal(variable.numpy(), full[shard.rows[0]:shard.rows[1], shard.cols[0]:shard.cols[1]])
+    zeros = SparseModel([rows, 7], 3, placement=plan, seed=12, zeros_initializer=True)
+    assert not any(v.numpy().any() for v in zeros.model_parallel_variables)

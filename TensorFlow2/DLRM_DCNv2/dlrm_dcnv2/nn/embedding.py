@@ -16,7 +16,7 @@ a ``tf.IndexedSlices`` (only the rows looked up), which the lazy Adam optimizer 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -24,10 +24,12 @@ import tensorflow as tf
 INIT_BLOCK_ROWS = 65536
 
 
-def initial_values(table_rows: int, dim: int, seed: int, table: int, rows=None, cols=None,
-                   zeros: bool = False) -> np.ndarray:
-    """Initial float32 values of rows ``rows=(start, stop)`` and columns ``cols`` of table ``table``.
+def initial_value_blocks(table_rows: int, dim: int, seed: int, table: int, rows=None,
+                         cols=None) -> Iterator[Tuple[int, np.ndarray]]:
+    """Initial float32 values of rows ``rows=(start, stop)`` and columns ``cols`` of table ``table``, in pieces.
 
+    Yields ``(offset, values)``: ``values`` are rows ``start + offset ...`` of the slice, at most
+    :data:`INIT_BLOCK_ROWS` of them, so a caller filling a variable never holds a second copy of a large table.
     ``table_rows``/``dim``: the whole table's shape (the scale sqrt(1/table_rows) is the whole table's).
     Deterministic in ``(seed, table)``; independent of how the table is sliced.
     """
@@ -36,19 +38,29 @@ def initial_values(table_rows: int, dim: int, seed: int, table: int, rows=None, 
     if not (0 <= start <= stop <= table_rows and 0 <= col_start <= col_stop <= dim):
         raise ValueError(f"slice rows {start}:{stop} cols {col_start}:{col_stop} is outside table {table} "
                          f"of shape [{table_rows}, {dim}]")
-    out = np.empty((stop - start, col_stop - col_start), dtype=np.float32)
-    if zeros:
-        out.fill(0.0)
-        return out
     bound = np.float32(math.sqrt(1.0 / table_rows))
-    for block in range(start // INIT_BLOCK_ROWS, (stop - 1) // INIT_BLOCK_ROWS + 1 if stop > start else 0):
+    first, last = start // INIT_BLOCK_ROWS, (stop - 1) // INIT_BLOCK_ROWS
+    for block in range(first, last + 1 if stop > start else first):
         block_start = block * INIT_BLOCK_ROWS
         block_rows = min(INIT_BLOCK_ROWS, table_rows - block_start)
         rng = np.random.Generator(np.random.PCG64([int(seed), int(table), int(block)]))
         values = rng.random((block_rows, dim), dtype=np.float32)
         values = values * (2 * bound) - bound
         lo, hi = max(start, block_start), min(stop, block_start + block_rows)
-        out[lo - start:hi - start] = values[lo - block_start:hi - block_start, col_start:col_stop]
+        yield lo - start, values[lo - block_start:hi - block_start, col_start:col_stop]
+
+
+def initial_values(table_rows: int, dim: int, seed: int, table: int, rows=None, cols=None,
+                   zeros: bool = False) -> np.ndarray:
+    """The whole slice of :func:`initial_value_blocks` as one array (``zeros``: NVIDIA's
+    ``--embedding_zeros_initializer``)."""
+    start, stop = rows if rows is not None else (0, table_rows)
+    col_start, col_stop = cols if cols is not None else (0, dim)
+    out = np.zeros((stop - start, col_stop - col_start), dtype=np.float32)
+    if zeros:
+        return out
+    for offset, values in initial_value_blocks(table_rows, dim, seed, table, rows, cols):
+        out[offset:offset + len(values)] = values
     return out
 
 

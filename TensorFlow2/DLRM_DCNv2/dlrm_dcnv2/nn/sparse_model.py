@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from dlrm_dcnv2.distributed import hvd_utils
 from dlrm_dcnv2.distributed.placement import Placement, ShardSpec, plan_placement, variable_name
-from dlrm_dcnv2.nn.embedding import embedding_lookup, initial_values
+from dlrm_dcnv2.nn.embedding import embedding_lookup, initial_value_blocks
 
 LOG = logging.getLogger(__name__)
 
@@ -90,14 +90,16 @@ class SparseModel(tf.keras.layers.Layer):
 
     def _create_variable(self, shard: ShardSpec, zeros: bool) -> tf.Variable:
         rows, dim = self.table_sizes[shard.table], self.embedding_dims[shard.table]
-
-        def init(shape, dtype=None):
-            return initial_values(rows, dim, self.seed, shard.table, shard.rows, shard.cols, zeros=zeros)
-
         device = "/CPU:0" if shard.offload_to_cpu else None
         with tf.device(device):
-            return self.add_weight(name=variable_name(shard, rows, dim), shape=(shard.num_rows, shard.num_cols),
-                                   dtype=tf.float32, initializer=init, trainable=self.trainable)
+            variable = self.add_weight(name=variable_name(shard, rows, dim), shape=(shard.num_rows, shard.num_cols),
+                                       dtype=tf.float32, initializer="zeros", trainable=self.trainable)
+            if not zeros:
+                # Filled block by block: a table of several GiB never exists twice in host memory.
+                for offset, values in initial_value_blocks(rows, dim, self.seed, shard.table, shard.rows,
+                                                           shard.cols):
+                    variable[offset:offset + len(values)].assign(values)
+        return variable
 
     # ---- what the trainer, the checkpoints and the tests need ----
     @property
