@@ -8,7 +8,7 @@ Tolerance, measured (pytest -s prints the differences): on the tiny model of hyb
 2-rank losses and logits matched the 1-rank ones to 6e-8 and 1.2e-7; through dlrm.py/dcnv2.py (12 steps, then an
 evaluation) the per-step losses to 6e-8, the evaluation BCE to 1.4e-9 and both AUCs exactly (float32 summation
 order of the allreduce). We assert 1e-5. A wrong gradient rule (model-parallel gradients not divided by the world
-size) moved the losses by 2.8e-3 and failed every configuration.
+size) moved the losses by 2.8e-3 and failed every configuration of the worker test.
 """
 import json
 import os
