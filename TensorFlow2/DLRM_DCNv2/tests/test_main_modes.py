@@ -100,8 +100,16 @@ def test_entry_scripts_exit_non_zero_with_one_line_errors(small_dataset, tmp_pat
 
 def test_main_py_with_model_trains(small_dataset, tmp_path):
     done = _run("main.py", "--model", "dcnv2", *tiny_model_flags("dcnv2"), "--dataset_path", small_dataset,
-                "--max_steps", "4", "--print_freq", "2", "--xla", "--seed", "1")
+                "--max_steps", "4", "--print_freq", "2", "--seed", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "training dcnv2: 4 steps (32 per epoch, global batch 256, 1 rank(s), float32, XLA)" in done.stdout
+    assert "training dcnv2: 4 steps (32 per epoch, global batch 256, 1 rank(s), float32)" in done.stdout
     assert "step 2/4 | loss" in done.stdout and "samples/s | ETA" in done.stdout
     assert "eval at step 4: auc" in done.stdout
+
+
+def test_xla_with_nvidias_custom_dot_op_is_refused(small_dataset, monkeypatch):
+    """With tensorflow_dot_based_interact installed (NGC image), --xla cannot compile it: a clear error, no run."""
+    from dlrm_dcnv2.nn import interaction
+    monkeypatch.setattr(interaction, "custom_dot_op", lambda: (lambda features, bottom: bottom))
+    with pytest.raises(ValueError, match="--interaction dot_custom_cuda with --xla"):
+        main(tiny_model_flags("dlrm") + ["--dataset_path", small_dataset, "--xla"], model="dlrm")

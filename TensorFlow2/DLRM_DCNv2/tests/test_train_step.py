@@ -80,3 +80,19 @@ def test_evaluator_metrics_over_several_batches():
 def test_evaluator_refuses_an_empty_split():
     with pytest.raises(ValueError, match="evaluation split produced no rows"):
         Evaluator(_model(), Context()).evaluate([])
+
+
+def test_float16_policy_with_static_loss_scale_trains():
+    """The GPU --amp path (mixed_float16 + --loss_scale), run on CPU: float32 weights and logits, finite losses."""
+    previous = tf.keras.mixed_precision.global_policy().name
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model()
+        dense_opt, emb_opt = create_optimizers("sgd", 0.05)
+        trainer = Trainer(model, dense_opt, emb_opt, Context(), loss_scale=65536.0)
+        losses = [float(trainer.train_step(*_batch(i))) for i in range(3)]
+        assert model((_batch(0)[0], _batch(0)[1])).dtype == tf.float32
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous)
+    assert all(np.isfinite(losses))
+    assert all(w.dtype == tf.float32 for w in model.weights)
