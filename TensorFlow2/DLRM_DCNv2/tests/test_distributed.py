@@ -2,7 +2,7 @@
 
 Launches ``horovodrun -np 2 -H localhost:2 --gloo`` (Horovod's launcher binds its own free rendezvous port;
 gloo stays on loopback) in a session of its own, killed as a whole on timeout. The one-rank reference runs the
-same program as a plain ``python`` process (hvd_utils' no-launcher path).
+same program in the test process (hvd_utils' no-launcher path).
 
 Tolerance, measured (pytest -s prints the differences): on the tiny model of hybrid_parallel_worker.py the
 2-rank losses and logits matched the 1-rank ones to 6e-8 and 1.2e-7; through dlrm.py/dcnv2.py (12 steps, then an
@@ -72,7 +72,8 @@ def read_ranks(out_dir, world_size):
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
     one, two = tmp_path_factory.mktemp("one_rank"), tmp_path_factory.mktemp("two_ranks")
-    run_process_group([sys.executable, WORKER, str(one)])
+    import hybrid_parallel_worker  # the one-rank reference in this process (no second TensorFlow start-up)
+    assert hybrid_parallel_worker.main([str(one)]) == 0
     horovodrun(2, [sys.executable, WORKER, str(two)])
     return read_ranks(str(one), 1)[0], read_ranks(str(two), 2)
 
