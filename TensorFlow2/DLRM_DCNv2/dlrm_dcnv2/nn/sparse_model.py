@@ -52,7 +52,8 @@ class SparseModel(tf.keras.layers.Layer):
     """Embedding tables of one rank; ``call(categorical) -> list of [b, dim_t]`` (see the module docstring).
 
     ``table_sizes``: rows per table; ``embedding_dims``: one dim or one per table; ``hotness``: 1 (one-hot) or the
-    max ids per sample, one value or one per table (only used to check the inputs); ``placement``: the plan for
+    max ids per sample, one value or one per table (recorded in the config; each lookup follows the shape of its
+    ids: ``[B]`` one-hot, ``[B, h]`` summed); ``placement``: the plan for
     ``ctx.world_size`` ranks (``None``: one rank holds everything); ``zeros_initializer`` /``trainable``: NVIDIA's
     ``--embedding_zeros_initializer`` / ``--embedding_trainable``.
     """
