@@ -22,6 +22,8 @@ import pytest
 from conftest import RECIPE_DIR, subprocess_env
 from dlrm_dcnv2.distributed.placement import plan_placement
 
+pytestmark = pytest.mark.slow  # every test here launches horovodrun (tens of seconds on 2 cores)
+
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 VENV_BIN = os.path.dirname(sys.executable)
 WORKER = os.path.join(TESTS_DIR, "hybrid_parallel_worker.py")
