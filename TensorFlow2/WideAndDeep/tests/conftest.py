@@ -31,3 +31,15 @@ def raw_outbrain(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("outbrain_raw") / "orig")
     generate(path, num_displays=600, seed=3)
     return path
+
+
+ETL_OPTIONS = dict(num_partitions=2, num_train_files=2, num_valid_files=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def etl_single(raw_outbrain, tmp_path_factory):
+    """The ETL output of ``raw_outbrain`` in one process (local threaded Dask scheduler, CPU)."""
+    from wide_deep.data.outbrain.preproc import run_etl
+    out = str(tmp_path_factory.mktemp("outbrain_etl") / "single")
+    run_etl(raw_outbrain, out, cpu=True, **ETL_OPTIONS)
+    return out

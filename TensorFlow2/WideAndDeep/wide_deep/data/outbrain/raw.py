@@ -47,6 +47,10 @@ class RawInputError(ValueError):
     """A raw Outbrain file that is missing or does not have the expected columns and values."""
 
 
+class EmptySplitError(RawInputError):
+    """The raw data leave the training or the validation set without rows."""
+
+
 def raw_path(input_dir: str, name: str) -> str:
     return os.path.join(input_dir, f"{name}.csv")
 

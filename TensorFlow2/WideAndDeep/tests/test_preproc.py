@@ -1,0 +1,227 @@
+"""The Outbrain ETL (NVTabular on CPU): output schema = feature_spec, reloadable workflow, and feature values checked
+against pandas on a tiny hand-made input (CTR with thresholds, days since published, list slicing)."""
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ETL_OPTIONS
+from recsys_common.datasets import open_reader
+from recsys_common.feature_spec import FeatureSpec
+from wide_deep.data.outbrain import features as F
+from wide_deep.data.outbrain import raw
+from wide_deep.data.outbrain.generator import write_tables
+from wide_deep.data.outbrain.preproc import run_etl
+
+
+def read_mapping(spec, mapping):
+    """All rows of a mapping, files in spec order (= row order)."""
+    chunk = spec.source_spec[mapping][0]
+    return pd.concat([pd.read_parquet(spec.resolve_file(f)) for f in chunk["files"]], ignore_index=True)
+
+
+def test_output_schema_is_the_feature_spec(etl_single, raw_outbrain):
+    spec = FeatureSpec.from_yaml(os.path.join(etl_single, "feature_spec.yaml"), check_files=True)
+    assert set(spec.source_spec) == {"train", "test"}
+    assert spec.channel_spec["onehot_categorical"] == F.ONEHOT_FEATURES
+    assert spec.channel_spec["multihot_categorical"] == F.MULTIHOT_FEATURES
+    assert spec.channel_spec["numerical"] == F.NUMERICAL_FEATURES
+    assert spec.channel_spec["label"] == ["clicked"] and spec.channel_spec["map"] == ["display_id"]
+    arrow_type = {"int32": "int32", "int64": "int64", "float32": "float"}
+    rows = 0
+    for mapping in ("train", "test"):
+        chunk = spec.source_spec[mapping][0]
+        assert chunk["type"] == "parquet" and len(chunk["files"]) == 2
+        for f in chunk["files"]:
+            schema = pq.read_schema(spec.resolve_file(f))
+            assert sorted(schema.names) == sorted(chunk["features"]) == sorted(F.OUTPUT_COLUMNS)
+            for name in schema.names:
+                want = arrow_type[str(spec.numpy_dtype(name))]
+                got = str(schema.field(name).type)
+                assert got == (f"list<item: {want}>" if spec.max_hotness(name) > 1 else want), name
+        df = read_mapping(spec, mapping)
+        assert len(df) == spec.metadata["rows"][mapping]
+        rows += len(df)
+        for name in F.ONEHOT_FEATURES:
+            assert df[name].between(0, spec.cardinality(name) - 1).all(), name
+        for name in F.MULTIHOT_FEATURES:
+            lengths = df[name].map(len)
+            assert lengths.max() <= spec.max_hotness(name) == 3, name
+            values = np.concatenate(df[name].to_list())
+            assert values.min() >= 0 and values.max() < spec.cardinality(name), name
+        assert df["topic_id_list"].map(len).max() == 3   # pages have up to 5 topics: sliced
+        assert df[F.NUMERICAL_FEATURES].notna().all().all()
+        assert set(df["clicked"]) == {0, 1}
+    assert rows == len(raw.read_raw_table(raw_outbrain, "clicks_train"))
+    valid = read_mapping(spec, "test")
+    assert valid["display_id"].is_monotonic_increasing
+    # Each display lies wholly in train or in valid, and keeps its one click.
+    train = read_mapping(spec, "train")
+    assert not set(train["display_id"]) & set(valid["display_id"])
+    assert (valid.groupby("display_id")["clicked"].sum() == 1).all()
+    # The project's FeatureSpec reader reads it, multi-hot padded with -1 to max_hotness.
+    batch = next(iter(open_reader(spec, "test", batch_size=64)))
+    assert [a.shape for a in batch["multihot_categorical"]] == [(64, 3)] * 3
+    assert batch["numerical"].shape == (64, 13) and batch["onehot_categorical"].shape == (64, 13)
+
+
+def test_saved_workflow_reloads_and_reproduces(etl_single, raw_outbrain):
+    import nvtabular as nvt
+    from merlin.io import Dataset
+    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    workflow = nvt.Workflow.load(os.path.join(etl_single, "workflow"))
+    assert set(workflow.output_schema.column_names) == set(F.OUTPUT_COLUMNS)
+    _, valid = join_and_split(raw.read_raw_tables(raw_outbrain), seed=ETL_OPTIONS["seed"])
+    again = workflow.transform(Dataset(valid.iloc[:200], cpu=True)).to_ddf().compute().reset_index(drop=True)
+    spec = FeatureSpec.from_yaml(os.path.join(etl_single, "feature_spec.yaml"))
+    written = read_mapping(spec, "test").iloc[:200]
+    for name in F.ONEHOT_FEATURES + ["display_id", "clicked"]:
+        np.testing.assert_array_equal(again[name].to_numpy(), written[name].to_numpy(), err_msg=name)
+    np.testing.assert_allclose(again[F.NUMERICAL_FEATURES].to_numpy(), written[F.NUMERICAL_FEATURES].to_numpy(),
+                               rtol=1e-6)
+    for name in F.MULTIHOT_FEATURES:
+        assert [list(v) for v in again[name]] == [list(v) for v in written[name]], name
+
+
+# ------------------------------------------------------------------------------------------ hand-made tiny input
+DAY = F.MS_PER_DAY
+
+
+def hand_made_tables():
+    """40 displays of 3 ads over 8 ads; ad 1 in every display (CTR over threshold), ad 8 in 3 (under it)."""
+    displays, clicks = [], []
+    for d in range(1, 41):
+        ads = [1, 2 + d % 6, 8] if d <= 3 else [1, 2 + d % 6, 2 + (d + 3) % 6]
+        clicked = ads[d % 3]
+        clicks += [(d, a, int(a == clicked)) for a in ads]
+        day = d % 13          # days 11 and 12 are validation only
+        displays.append((d, f"{d:014x}", 100 + d % 4, day * DAY + 3_600_000 * (d % 20), 1 + d % 3,
+                         ["US>CA>803", "US>NY>501", "GB>H9", "--"][d % 4]))
+    clicks = pd.DataFrame(clicks, columns=["display_id", "ad_id", "clicked"])
+    events = pd.DataFrame(displays, columns=["display_id", "uuid", "document_id", "timestamp", "platform",
+                                             "geo_location"])
+    promoted = pd.DataFrame({"ad_id": range(1, 9), "document_id": [200 + a % 3 for a in range(1, 9)],
+                             "campaign_id": [10 + a % 2 for a in range(1, 9)], "advertiser_id": 7})
+    docs = [100, 101, 102, 103, 200, 201, 202]
+    publish = {100: "2016-06-01 00:00:00", 101: "\\N", 102: "2030-01-01 00:00:00",   # future: negative -> 0
+               103: "1990-01-01 00:00:00", 200: "2016-05-14 12:00:00", 201: "2016-06-13 00:00:00",
+               202: "2015-06-14 00:00:00"}
+    meta = pd.DataFrame({"document_id": docs, "source_id": [5, 5, 6, 6, 7, 8, 8],
+                         "publisher_id": [1, "", 2, 2, 3, 3, 4], "publish_time": [publish[d] for d in docs]})
+    topics = pd.DataFrame([(100, t, c) for t, c in [(11, 0.1), (12, 0.9), (13, 0.5), (14, 0.7), (15, 0.3)]]
+                          + [(101, 12, 0.4), (101, 16, 0.8)] + [(200, 12, 0.9), (201, 13, 0.2)],
+                          columns=["document_id", "topic_id", "confidence_level"])
+    categories = pd.DataFrame([(100, 1403, 0.9), (101, 1403, 0.5), (200, 1403, 0.7), (202, 1702, 0.9)],
+                              columns=["document_id", "category_id", "confidence_level"])
+    entities = pd.DataFrame([(100, "a" * 32, 0.5), (200, "a" * 32, 0.5), (201, "b" * 32, 0.6)],
+                            columns=["document_id", "entity_id", "confidence_level"])
+    return {"clicks_train": clicks, "events": events, "promoted_content": promoted, "documents_meta": meta,
+            "documents_categories": categories, "documents_topics": topics, "documents_entities": entities}
+
+
+@pytest.fixture(scope="module")
+def hand_made(tmp_path_factory):
+    raw_dir = str(tmp_path_factory.mktemp("hand_made_raw"))
+    write_tables(hand_made_tables(), raw_dir)
+    out = str(tmp_path_factory.mktemp("hand_made_etl") / "out")
+    run_etl(raw_dir, out, cpu=True, **ETL_OPTIONS)
+    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    train, valid = join_and_split(raw.read_raw_tables(raw_dir), seed=ETL_OPTIONS["seed"])
+    spec = FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"))
+    outputs = {"train": read_mapping(spec, "train"), "test": read_mapping(spec, "test")}
+    # Output rows are the joined rows in order (same display ids and labels): compare row by row.
+    for joined, mapping in ((train, "train"), (valid, "test")):
+        np.testing.assert_array_equal(outputs[mapping]["display_id"], joined["display_id"])
+        np.testing.assert_array_equal(outputs[mapping]["clicked"], joined["clicked"])
+    return {"train": train, "test": valid}, outputs
+
+
+def test_ctr_with_thresholds_matches_pandas(hand_made):
+    joined, outputs = hand_made
+    assert 0 < len(joined["test"]) < len(joined["train"])
+    for column in ("ad_id", "campaign_id", "document_id_promo", "advertiser_id"):
+        stats = joined["train"].groupby(column)["clicked"].agg(["sum", "count"])
+        ctr = (stats["sum"] / stats["count"]).where(stats["count"] >= F.CTR_THRESHOLDS[column], 0.0)
+        for mapping in ("train", "test"):
+            want = joined[mapping][column].map(ctr).fillna(0.0).to_numpy()
+            np.testing.assert_allclose(outputs[mapping][f"{column}_ctr"], want, rtol=1e-6, err_msg=column)
+    # The cases the thresholds make: ad 1 is in every display (a real CTR), ad 8 in 3 (under 5: CTR 0).
+    ad = joined["train"]["ad_id"].to_numpy()
+    assert (outputs["train"]["ad_id_ctr"][ad == 1] > 0).all()
+    assert (outputs["train"]["ad_id_ctr"][ad == 8] == 0).all()
+    assert (joined["train"]["clicked"][ad == 8] == 1).any() or (ad == 8).sum() > 0
+
+
+def test_days_since_published_matches_pandas(hand_made):
+    joined, outputs = hand_made
+    for suffix in ("", "_promo"):
+        column = f"publish_time{suffix}"
+        feature = f"{column}_days_since_published"
+        train_days = None
+        for mapping in ("train", "test"):
+            j = joined[mapping]
+            days = np.floor((j["timestamp"] + F.TIMESTAMP_DELTA_MS - j[column]) / DAY)
+            days = days.where(days.isna() | days.between(0, 3650), 0.0)
+            got = outputs[mapping][feature].to_numpy()
+            known = days.notna().to_numpy()
+            np.testing.assert_allclose(got[known], np.log1p(days[known]), rtol=1e-6, err_msg=feature)
+            if mapping == "train":
+                train_days = days.dropna()
+            if (~known).any():   # missing publish time: the training median (FillMedian), then log
+                fill = np.expm1(got[~known])
+                assert np.allclose(fill, fill[0]) and train_days.min() <= fill[0] <= train_days.max()
+    # The hand-made cases: document 102 is published in the future and 103 over ten years before: both 0.
+    for mapping in ("train", "test"):
+        doc = joined[mapping]["document_id"].to_numpy()
+        assert (outputs[mapping]["publish_time_days_since_published"][np.isin(doc, [102, 103])] == 0).all()
+
+
+def test_lists_sliced_to_three_by_confidence(hand_made):
+    joined, outputs = hand_made
+    t = hand_made_tables()
+    for list_name, (source, column) in F.LIST_SOURCES.items():
+        table = t[source].sort_values(["document_id", "confidence_level"], ascending=[True, False])
+        expected_raw = table.groupby("document_id")[column].agg(lambda s: list(s)[:3])
+        code_of = {}
+        for mapping in ("train", "test"):
+            for doc, got in zip(joined[mapping]["document_id"], outputs[mapping][list_name]):
+                want = expected_raw.get(doc, [])
+                assert len(got) == len(want), (list_name, doc)
+                for raw_id, code in zip(want, got):  # one code per raw id, the same everywhere
+                    assert code_of.setdefault(raw_id, code) == code, (list_name, raw_id)
+        assert len(set(code_of.values())) == len(code_of), list_name
+    doc = joined["train"]["document_id"].to_numpy()
+    first_100 = outputs["train"]["topic_id_list"][doc == 100].iloc[0]
+    assert len(first_100) == 3   # five topics, the three most confident kept (12, 14, 13)
+
+
+def test_geo_splits_and_platform(hand_made):
+    joined, outputs = hand_made
+    j, o = joined["train"], outputs["train"]
+    # Same country <-> same hashed country id; US>CA>803 and US>NY>501 share the country but not the state.
+    by_country = pd.Series(o["geo_location_country"].to_numpy()).groupby(j["geo_location"].str[:2].to_numpy())
+    assert (by_country.nunique() == 1).all()
+    us = o["geo_location_country"][j["geo_location"].str.startswith("US").to_numpy()]
+    gb = o["geo_location_country"][j["geo_location"].str.startswith("GB").to_numpy()]
+    assert us.nunique() == 1 and gb.nunique() == 1 and us.iloc[0] != gb.iloc[0]
+    assert set(j["platform"]) == {0, 1, 2}
+    # Hash buckets are a function of the value: equal raw ids, equal bucket (NVTabular 23.8's CPU HashBucket
+    # also hashes the row index; ValueHashBucket does not).
+    for column in ("ad_id", "document_id", "geo_location", "platform", "campaign_id"):
+        for mapping in ("train", "test"):
+            groups = pd.Series(outputs[mapping][column].to_numpy()).groupby(joined[mapping][column].to_numpy())
+            assert (groups.nunique() == 1).all(), column
+
+
+def test_value_hash_bucket_ignores_row_position():
+    from merlin.io import Dataset
+    import nvtabular as nvt
+    from wide_deep.data.outbrain.nvtabular.workflow import ValueHashBucket
+    df = pd.DataFrame({"g": ["US>CA", "GB>H9", "--"] * 4, "i": [7, 8, 9] * 4})
+    out = nvt.Workflow(["g", "i"] >> ValueHashBucket({"g": 50, "i": 1000})).fit_transform(
+        Dataset(df, cpu=True, npartitions=3)).to_ddf().compute()
+    assert out.groupby(df["g"].to_numpy())["g"].nunique().max() == 1
+    assert out.groupby(df["i"].to_numpy())["i"].nunique().max() == 1
+    assert out["g"].nunique() == 3 and out["i"].between(0, 999).all() and out["i"].dtype == np.int32

@@ -1,0 +1,277 @@
+"""The Outbrain feature engineering: joins and split (pandas), then one NVTabular workflow (the 29 features).
+
+Reference B.4, in two stages:
+
+1. :func:`join_and_split` (pandas; NVIDIA did this with cuDF): ``clicks_train`` ⋈ ``events`` (display_id) ⋈
+   ``promoted_content`` (ad_id; its document_id becomes ``document_id_promo``) ⋈ ``documents_meta`` on
+   ``document_id`` and again on ``document_id_promo`` (suffix ``_promo``). ``publisher_id`` missing in
+   ``documents_meta`` gets a new unique id per document; ids still missing after the joins (a page absent from
+   ``documents_meta``) become -1. ``platform``: missing -> 1, then minus 1. Split per display: train if its day
+   (``timestamp // 86,400,000``) is <= 10 and its U(0,1) draw is > 0.2, else valid. The draws come from
+   ``numpy.random.default_rng(seed)`` over the sorted display ids (not cupy's stream as in NVIDIA's code), so the
+   split is the same whatever the partitioning. Both sets are sorted by display_id (valid must be: MAP@12 groups
+   a display's ads).
+   :func:`document_tables` builds, from ``documents_{topics,entities,categories}``, the per-document id lists
+   (ordered by confidence, highest first) and the sparse document x term confidence matrices of the similarities.
+
+2. :func:`build_workflow` (NVTabular; fitted on train, applied to train and valid):
+   - ``geo_location`` -> ``geo_location_country`` (first 2 characters), ``geo_location_state`` (first 5);
+   - ``publish_time[_promo]`` -> days between event and publication (0 outside [0, 3650]) -> ``FillMedian`` ->
+     ``LogOp``: ``publish_time[_promo]_days_since_published``;
+   - ``JoinGroupby(cont_cols=[clicked], stats=[sum, count])`` over ``CTR_INPUTS`` -> ``<col>_ctr`` = sum / count,
+     0 where count < ``CTR_THRESHOLDS[col]`` or the value was not in train (:class:`ClickThroughRate`);
+     ``ad_id_count``, ``document_id_promo_count`` -> ``FillMissing(0)`` -> ``LogOp`` -> ``Normalize``;
+   - ``ColumnSimilarity(metric="tfidf", on_device=False)`` between ``document_id`` and ``document_id_promo`` over
+     the categories, topics and entities matrices: ``document_id_document_id_promo_sim_<categories|topics|entities>``;
+   - ``JoinExternal`` of the page's topic / entity / category lists -> ``Categorify(max_size=cardinality)`` ->
+     ``ListSlice(3)``: ``topic_id_list``, ``entity_id_list``, ``category_id_list``;
+   - the 13 one-hot categoricals -> ``HashBucket(HASH_BUCKET_SIZES)`` (int32 ids in ``[0, buckets)``; our
+     :class:`ValueHashBucket`, because NVTabular 23.8's CPU hash also hashes the row index);
+   - numericals cast to float32, ``clicked`` to int32, ``display_id`` kept (int64) for MAP@12.
+
+Where NVIDIA used ``HashBucket`` on the lists too, we use ``Categorify``'s ``max_size`` cap: on CPU NVTabular 23.8's
+``HashBucket`` cannot hash list columns. Every operator here runs on CPU (``Dataset(..., cpu=True)``) and GPU.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+import nvtabular as nvt
+import pandas as pd
+import scipy.sparse
+from nvtabular import ops
+from nvtabular.ops import join_groupby as _join_groupby
+
+from .. import features as F
+from ..raw import EmptySplitError
+
+# NVTabular 23.8 casts JoinGroupby's joined ``count`` to int32. On CPU (pandas) a value unseen in training joins as
+# NaN and that cast raises IntCastingNaNError (cuDF keeps a null instead). Counts stay float64 here, NaN until
+# FillMissing; they end as float32 features either way. Set on import, so Dask workers that unpickle this
+# workflow (and import this module) get it too.
+_join_groupby.AGG_DTYPES["count"] = np.float64
+
+# Columns of the joined, split tables that the workflow reads (written as parquet between the two stages).
+JOINED_COLUMNS = ["display_id", "clicked", "ad_id", "document_id", "platform", "geo_location", "timestamp",
+                  "document_id_promo", "campaign_id", "advertiser_id", "source_id", "publisher_id", "publish_time",
+                  "source_id_promo", "publisher_id_promo", "publish_time_promo"]
+_ID_COLUMNS = ["ad_id", "document_id", "document_id_promo", "campaign_id", "advertiser_id", "source_id",
+               "publisher_id", "source_id_promo", "publisher_id_promo"]
+
+
+# ------------------------------------------------------------------------------------------------ stage 1: pandas
+def _publish_ms(meta: pd.DataFrame) -> pd.Series:
+    """``publish_time`` strings -> epoch milliseconds (float, NaN when missing or unparsable)."""
+    t = pd.to_datetime(meta["publish_time"], errors="coerce", format="%Y-%m-%d %H:%M:%S")
+    ms = (t - pd.Timestamp("1970-01-01")) // pd.Timedelta(milliseconds=1)
+    return ms.astype("float64")
+
+
+def _documents_meta(meta: pd.DataFrame) -> pd.DataFrame:
+    meta = meta.drop_duplicates("document_id").reset_index(drop=True)
+    publisher = meta["publisher_id"].copy()
+    missing = publisher.isna().to_numpy()
+    # A page without a publisher gets its own new id (reference: "publisher_id nulls filled with new unique ids"),
+    # so unrelated unknown publishers do not share one embedding row.
+    start = (np.nanmax(publisher.to_numpy()) if (~missing).any() else 0) + 1
+    publisher[missing] = start + np.arange(int(missing.sum()))
+    return pd.DataFrame({"document_id": meta["document_id"], "source_id": meta["source_id"],
+                         "publisher_id": publisher, "publish_time": _publish_ms(meta)})
+
+
+def join_and_split(tables: Dict[str, pd.DataFrame], seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Stage 1: the joined training and validation tables (columns ``JOINED_COLUMNS``), sorted by display_id.
+
+    ``tables`` are the typed raw tables of :mod:`wide_deep.data.outbrain.raw`. Raises :class:`EmptySplitError` when
+    either set would be empty.
+    """
+    clicks = tables["clicks_train"][["display_id", "ad_id", "clicked"]]
+    events = tables["events"].drop_duplicates("display_id")
+    promoted = tables["promoted_content"].drop_duplicates("ad_id").rename(
+        columns={"document_id": "document_id_promo"})
+    meta = _documents_meta(tables["documents_meta"])
+    df = clicks.merge(events[["display_id", "document_id", "timestamp", "platform", "geo_location"]],
+                      on="display_id", how="inner")
+    df = df.merge(promoted, on="ad_id", how="left")
+    df = df.merge(meta, on="document_id", how="left")
+    df = df.merge(meta.rename(columns={c: f"{c}_promo" for c in meta.columns}), on="document_id_promo", how="left")
+    for column in _ID_COLUMNS:
+        df[column] = df[column].fillna(-1).astype(np.int64)
+    df["platform"] = (df["platform"].fillna(1) - 1).astype(np.int64)
+    df["geo_location"] = df["geo_location"].fillna("").astype(str)
+    df["clicked"] = df["clicked"].astype(np.int64)
+
+    displays = np.sort(df["display_id"].unique())
+    draw = pd.Series(np.random.default_rng(seed).random(len(displays)), index=displays)
+    day = df["timestamp"] // F.MS_PER_DAY
+    is_train = (day <= F.TRAIN_LAST_DAY).to_numpy() & \
+               (draw.reindex(df["display_id"]).to_numpy() > F.VALID_FRACTION_OF_TRAIN_DAYS)
+    df = df[JOINED_COLUMNS]
+    train = df[is_train].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
+    valid = df[~is_train].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
+    for name, part in (("training", train), ("validation", valid)):
+        if len(part) == 0:
+            raise EmptySplitError(
+                f"the {name} set is empty after the split ({len(df)} joined rows; train = day <= "
+                f"{F.TRAIN_LAST_DAY} and draw > {F.VALID_FRACTION_OF_TRAIN_DAYS}, valid = the rest): check "
+                f"events.csv timestamps (ms after {F.TIMESTAMP_DELTA_MS}) and that clicks_train.csv display_ids "
+                f"appear in events.csv")
+    return train, valid
+
+
+def document_tables(tables: Dict[str, pd.DataFrame], document_ids: np.ndarray
+                    ) -> Tuple[Dict[str, pd.DataFrame], Dict[str, scipy.sparse.csr_matrix]]:
+    """Per-document id lists (``LIST_SOURCES``) and document x term matrices (``SIMILARITY_SOURCES``).
+
+    ``document_ids``: every document the workflow will look up; each gets a row in every list table (an empty
+    list when it has no topics, say), because ``Categorify`` cannot take a missing list. Matrix rows are document
+    ids; the matrix has two spare rows at the end, so id -1 (an ad without ``promoted_content``) indexes an empty
+    row and gets similarity 0.
+    """
+    document_ids = np.unique(np.asarray(document_ids, dtype=np.int64))
+    document_ids = document_ids[document_ids >= 0]
+    num_rows = int(max(document_ids.max(initial=0), max(
+        (int(tables[src]["document_id"].max()) for src, _ in F.LIST_SOURCES.values() if len(tables[src])),
+        default=0))) + 2
+    lists, matrices = {}, {}
+    term_codes = {}
+    for source, column in {v for v in F.LIST_SOURCES.values()}:
+        t = tables[source]
+        # Term ids as integers (entity ids are hex strings): codes in sorted order, so they do not depend on row order.
+        terms = np.sort(t[column].astype(str).unique()) if column == "entity_id" else None
+        codes = (np.searchsorted(terms, t[column].astype(str)) if terms is not None
+                 else t[column].to_numpy(np.int64))
+        term_codes[source] = (t["document_id"].to_numpy(np.int64), codes, t["confidence_level"].to_numpy(float))
+    for list_name, (source, _) in F.LIST_SOURCES.items():
+        docs, codes, conf = term_codes[source]
+        order = np.lexsort((codes, -conf, docs))   # per document: highest confidence first, ties by id
+        grouped = pd.Series(codes[order]).groupby(docs[order]).agg(list)
+        lists[list_name] = pd.DataFrame({
+            "document_id": document_ids,
+            list_name: [np.asarray(grouped.get(d, []), dtype=np.int64) for d in document_ids]})
+    for suffix, (source, _) in F.SIMILARITY_SOURCES.items():
+        docs, codes, conf = term_codes[source]
+        keep = docs < num_rows
+        # Columns = the terms that occur (every column has a document frequency > 0, as TF-IDF's idf needs).
+        _, columns = np.unique(codes[keep], return_inverse=True)
+        matrices[suffix] = scipy.sparse.csr_matrix(
+            (conf[keep], (docs[keep], columns)), shape=(num_rows, int(columns.max(initial=0)) + 1))
+    return lists, matrices
+
+
+# ------------------------------------------------------------------------------------------------ stage 2: NVTabular
+def country(col):
+    """``US>CA>803`` -> ``US``."""
+    return col.str.slice(0, 2)
+
+
+def state(col):
+    """``US>CA>803`` -> ``US>CA``."""
+    return col.str.slice(0, 5)
+
+
+def days_since_published(col, df):
+    """Whole days from publication (``col``, epoch ms) to the event; 0 outside [0, 3650]; NaN stays NaN."""
+    event_ms = df["timestamp"].astype("float64") + F.TIMESTAMP_DELTA_MS
+    days = np.floor((event_ms - col.astype("float64")) / F.MS_PER_DAY)
+    return days.where(days.isna() | ((days >= 0) & (days <= F.MAX_DAYS_SINCE_PUBLISHED)), 0.0)
+
+
+def to_float32(col):
+    return col.astype("float32")
+
+
+def to_int32(col):
+    return col.astype("int32")
+
+
+class ClickThroughRate(ops.Operator):
+    """``<col>_clicked_sum``, ``<col>_count`` (from ``JoinGroupby``) -> ``<col>_ctr`` (float32).
+
+    CTR = sum / count where count >= ``thresholds[col]``, else 0 (too few impressions to trust; a value unseen in
+    training has no count and gets 0 too).
+    """
+
+    def __init__(self, thresholds: Dict[str, int]):
+        super().__init__()
+        self.thresholds = dict(thresholds)
+
+    def transform(self, col_selector, df):
+        out = {}
+        for column, threshold in self.thresholds.items():
+            clicks = df[f"{column}_clicked_sum"].astype("float64")
+            count = df[f"{column}_count"].astype("float64")
+            out[f"{column}_ctr"] = (clicks / count).where(count >= threshold, 0.0).fillna(0.0).astype("float32")
+        return type(df)(out, index=df.index)
+
+    def column_mapping(self, col_selector):
+        return {f"{c}_ctr": [f"{c}_clicked_sum", f"{c}_count"] for c in self.thresholds}
+
+    @property
+    def output_dtype(self):
+        return np.float32
+
+
+class ValueHashBucket(ops.HashBucket):
+    """``HashBucket`` whose CPU path hashes values only.
+
+    merlin-core 23.8 hashes a pandas column with ``pandas.util.hash_pandas_object(index=True)``, so on CPU equal
+    values in different rows (or partitions) land in different buckets. Here a pandas column is hashed with
+    ``index=False``; a cuDF column goes to NVTabular's own (value) hash. CPU and GPU bucket ids differ, as
+    NVTabular's CPU and GPU hashes always did.
+    """
+
+    def transform(self, col_selector, df):
+        if not isinstance(df, pd.DataFrame):
+            return super().transform(col_selector, df)
+        buckets = (self.num_buckets if isinstance(self.num_buckets, dict)
+                   else {name: self.num_buckets for name in col_selector.names})
+        for column, count in buckets.items():
+            hashed = pd.util.hash_pandas_object(df[column], index=False).to_numpy()
+            df[column] = (hashed % np.uint64(count)).astype(self.output_dtype)
+        return df
+
+
+def build_workflow(list_tables: Dict[str, pd.DataFrame], matrices: Dict[str, scipy.sparse.csr_matrix],
+                   stats_path: str, client=None):
+    """Stage 2: the NVTabular ``Workflow`` producing ``features.OUTPUT_COLUMNS`` from ``JOINED_COLUMNS``.
+
+    ``stats_path``: where ``Categorify`` and ``JoinGroupby`` write their fitted statistics (``Workflow.save`` copies
+    them into the saved workflow). ``client``: a ``distributed.Client`` to fit and transform on, or None.
+    """
+    geo = ["geo_location"]
+    geo_country = geo >> ops.LambdaOp(country) >> ops.Rename(postfix="_country")
+    geo_state = geo >> ops.LambdaOp(state) >> ops.Rename(postfix="_state")
+    onehot_inputs = [c for c in F.ONEHOT_FEATURES if c not in ("geo_location_country", "geo_location_state")]
+    onehot = (onehot_inputs + geo_country + geo_state) >> ValueHashBucket(F.HASH_BUCKET_SIZES)
+
+    days = (["publish_time", "publish_time_promo"]
+            >> ops.LambdaOp(days_since_published, dependency=["timestamp"])
+            >> ops.Rename(postfix="_days_since_published")
+            >> ops.FillMedian() >> ops.LogOp() >> ops.LambdaOp(to_float32))
+
+    stats = F.CTR_INPUTS >> ops.JoinGroupby(cont_cols=[F.LABEL], stats=["sum", "count"], out_path=stats_path)
+    ctr = stats >> ClickThroughRate(F.CTR_THRESHOLDS)
+    counts = (stats[F.COUNT_FEATURES] >> ops.FillMissing(0) >> ops.LogOp() >> ops.Normalize()
+              >> ops.LambdaOp(to_float32))
+
+    similarities = []
+    for suffix, matrix in matrices.items():
+        similarities.append([["document_id", "document_id_promo"]]
+                            >> ops.ColumnSimilarity(matrix, metric="tfidf", on_device=False)
+                            >> ops.Rename(postfix=f"_{suffix}") >> ops.LambdaOp(to_float32))
+
+    multihot = []
+    for list_name, table in list_tables.items():
+        joined = ["document_id"] >> ops.JoinExternal(table, on="document_id", columns_ext=["document_id", list_name])
+        multihot.append(joined[list_name]
+                        >> ops.Categorify(max_size=F.FEATURE_BY_NAME[list_name].cardinality,
+                                         dtype=np.int32, out_path=stats_path)
+                        >> ops.ListSlice(F.MAX_HOTNESS))
+
+    label = [F.LABEL] >> ops.LambdaOp(to_int32)
+    output = label + [F.DISPLAY_ID] + onehot + ctr + counts + days
+    for node in similarities + multihot:
+        output = output + node
+    return nvt.Workflow(output, client=client)
