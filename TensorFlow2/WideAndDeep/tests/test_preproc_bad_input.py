@@ -1,0 +1,101 @@
+"""Bad raw input to the ETL: a clear error naming the file and column, exit status 2, and no output written."""
+import os
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+
+from conftest import RECIPE_DIR, subprocess_env
+from wide_deep.data.outbrain import preproc, raw
+
+
+@pytest.fixture
+def raw_copy(raw_outbrain, tmp_path):
+    path = tmp_path / "raw"
+    shutil.copytree(raw_outbrain, path)
+    return path
+
+
+def _run(raw_dir, out, capsys, *extra):
+    rc = preproc.main(["--input_dir", str(raw_dir), "--output_dir", str(out), "--cpu", *extra])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", raw.RAW_FILES)
+def test_missing_file(raw_copy, tmp_path, capsys, name):
+    os.remove(raw_copy / f"{name}.csv")
+    rc, err = _run(raw_copy, tmp_path / "out", capsys)
+    assert rc == 2 and f"{name}.csv: missing raw Outbrain file {name}.csv" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name,column", [("clicks_train", "clicked"), ("events", "geo_location"),
+                                         ("promoted_content", "campaign_id"), ("documents_meta", "publish_time"),
+                                         ("documents_entities", "entity_id")])
+def test_missing_column(raw_copy, tmp_path, capsys, name, column):
+    path = raw_copy / f"{name}.csv"
+    pd.read_csv(path, dtype=str, keep_default_na=False).drop(columns=[column]).to_csv(path, index=False)
+    rc, err = _run(raw_copy, tmp_path / "out", capsys)
+    assert rc == 2 and f"{name}.csv: {name} is missing column '{column}'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_value_names_row_and_column(raw_copy, tmp_path, capsys):
+    path = raw_copy / "events.csv"
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    df.loc[9, "timestamp"] = "yesterday"
+    df.to_csv(path, index=False)
+    rc, err = _run(raw_copy, tmp_path / "out", capsys)
+    assert rc == 2 and "events.csv: row 10, column 'timestamp': cannot read 'yesterday' as an integer" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_training_set(raw_copy, tmp_path, capsys):
+    # Every display on the last day: all validation, nothing to fit on.
+    path = raw_copy / "events.csv"
+    df = pd.read_csv(path)
+    df["timestamp"] = 12 * 86_400_000 + df["timestamp"] % 86_400_000
+    df.to_csv(path, index=False)
+    rc, err = _run(raw_copy, tmp_path / "out", capsys)
+    assert rc == 2 and "the training set is empty after the split" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_failure_mid_run_leaves_nothing(raw_copy, tmp_path, monkeypatch):
+    from wide_deep.data.outbrain.nvtabular import workflow
+    out = tmp_path / "out"
+    calls = []
+
+    def broken(*args, **kwargs):   # fails after the joined data and scratch files were written
+        calls.append(1)
+        raise RuntimeError("simulated crash in the workflow")
+
+    monkeypatch.setattr(workflow, "build_workflow", broken)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        preproc.run_etl(str(raw_copy), str(out), cpu=True, num_partitions=1)
+    assert calls and not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    # An existing output directory is left exactly as it was.
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        preproc.run_etl(str(raw_copy), str(out), cpu=True, num_partitions=1, overwrite=True)
+    assert sorted(os.listdir(out)) == ["keep.txt"]
+
+
+def test_non_empty_output_needs_overwrite(raw_copy, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    rc, err = _run(raw_copy, out, capsys)
+    assert rc == 2 and "not empty" in err and "--overwrite" in err
+    assert sorted(os.listdir(out)) == ["old.txt"]
+
+
+def test_script_reports_a_missing_file(raw_copy, tmp_path):
+    os.remove(raw_copy / "documents_topics.csv")
+    run = subprocess.run(["bash", os.path.join(RECIPE_DIR, "scripts", "preproc.sh"), str(raw_copy),
+                          str(tmp_path / "out"), "--cpu"], env=subprocess_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 2 and "documents_topics.csv: missing raw Outbrain file" in run.stderr
+    assert not (tmp_path / "out").exists()
