@@ -14,9 +14,10 @@ export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 OUT="${1:-/tmp/dlrm_dcnv2_quickstart}"; shift || true
 TABLES="100000,50000,20000,10000,5000,2000,1000,500,200,100,100,50,50,20,20,10,10,10,5,5,5,4,4,3,3,2"
 
+# QUICKSTART_TRAIN_ROWS / QUICKSTART_TEST_ROWS shrink the dataset (the tests run a tiny quickstart).
 "$PY" -m dlrm_dcnv2.dataloading.prepare_synthetic_dataset --synthetic_dataset_dir "$OUT/data" --overwrite \
-    --synthetic_dataset_num_entries 262144 --synthetic_dataset_test_entries 32768 \
-    --synthetic_dataset_table_sizes "$TABLES"
+    --synthetic_dataset_num_entries "${QUICKSTART_TRAIN_ROWS:-262144}" \
+    --synthetic_dataset_test_entries "${QUICKSTART_TEST_ROWS:-32768}" --synthetic_dataset_table_sizes "$TABLES"
 
 # 128 steps of batch 2048 each; the schedule (warmup, constant, poly-2 decay to 0) is scaled down to that length.
 COMMON=(--dataset_path "$OUT/data" --cpu --batch_size 2048 --valid_batch_size 8192 --warmup_steps 20

@@ -253,3 +253,25 @@ def test_slurm_multinode_gloo_launch(tmp_path):
 def test_slurm_multinode_refuses(tmp_path, args, env, message):
     result, recorded = _run_slurm(tmp_path, args, **env)
     assert result.returncode == 2 and message in result.stderr and not recorded
+
+
+# ------------------------------------------------------------------------------------------- quickstart.sh
+@pytest.mark.slow   # two short trainings (~30 s on 2 cores)
+def test_quickstart_prints_both_aucs_and_keeps_the_previous_run(tmp_path):
+    out = tmp_path / "qs"
+    (out / "dlrm_checkpoint" / "step_000000001").mkdir(parents=True)      # "a previous run's" checkpoint
+    (out / "log_dlrm.json").parent.mkdir(exist_ok=True)
+    (out / "log_dlrm.json").write_text("previous run\n")
+    env = dict(subprocess_env(), PYTHON=sys.executable, QUICKSTART_TRAIN_ROWS="8192", QUICKSTART_TEST_ROWS="4096")
+    result = subprocess.run(["bash", os.path.join(RECIPE_DIR, "quickstart.sh"), str(out), "--max_steps", "3"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("quickstart: ")]
+    import re
+    for model in ("dlrm", "dcnv2"):
+        assert any(re.fullmatch(rf"quickstart: {model}: test AUC 0\.\d{{4}} \(exact 0\.\d{{4}}\), [\d,]+ training "
+                                r"samples/s", line) for line in lines), lines
+        assert (out / f"{model}_checkpoint").is_dir()
+    assert (out / "dlrm_checkpoint.previous" / "step_000000001").is_dir()
+    assert (out / "log_dlrm.json.1").read_text() == "previous run\n"
+    assert "global_step 3," in result.stdout
