@@ -1,6 +1,7 @@
 """The dataset tools under NVIDIA's names (dlrm_dcnv2.dataloading.gen_csv / transcode / generate_feature_spec /
 prepare_synthetic_dataset): thin layers over recsys_common, run through main(argv) and once as real commands."""
 import os
+import re
 import subprocess
 import sys
 
@@ -267,7 +268,6 @@ def test_quickstart_prints_both_aucs_and_keeps_the_previous_run(tmp_path):
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("quickstart: ")]
-    import re
     for model in ("dlrm", "dcnv2"):
         assert any(re.fullmatch(rf"quickstart: {model}: test AUC 0\.\d{{4}} \(exact 0\.\d{{4}}\), [\d,]+ training "
                                 r"samples/s", line) for line in lines), lines
