@@ -43,7 +43,7 @@ NUM_DAYS = 13
 NUM_THEMES = 16
 NUM_TOPICS = 300
 NUM_CATEGORIES = 97
-MATCH_BONUS = 1.5
+MATCH_BONUS = 2.0
 COUNTRIES = ["US", "CA", "GB", "AU", "IN", "DE", "FR", "SG", "PH", "ZA"]
 
 
@@ -103,7 +103,7 @@ def _document_tables(rng: np.random.Generator, num_docs: int, doc_ids: np.ndarra
     def topics(i, k):  # mostly from the document's theme block, sometimes any topic
         own = doc_theme[i] * topics_per_theme + rng.integers(0, topics_per_theme, size=k)
         other = rng.integers(0, NUM_TOPICS, size=k)
-        return np.unique(np.where(rng.random(k) < 0.8, own, other))
+        return np.unique(np.where(rng.random(k) < 0.9, own, other))
 
     def categories(i, k):  # Kaggle category ids look like 1403, 2100: 1000 + 100 * block + offset
         block = doc_theme[i] * cats_per_theme + rng.integers(0, cats_per_theme, size=k)
@@ -169,28 +169,37 @@ def generate_tables(num_displays: int, seed: int) -> Dict[str, pd.DataFrame]:
                                      "document_id": doc_ids[display_doc], "timestamp": timestamps,
                                      "platform": platform, "geo_location": user_geo[display_user]})
 
-    affinity_platform = rng.normal(0, 1.0, size=(NUM_THEMES, 4))
+    affinity_platform = rng.normal(0, 1.5, size=(NUM_THEMES, 4))
     country_index = {c: i for i, c in enumerate(["--"] + COUNTRIES)}
-    affinity_country = rng.normal(0, 0.8, size=(NUM_THEMES, len(country_index)))
+    affinity_country = rng.normal(0, 1.2, size=(NUM_THEMES, len(country_index)))
     display_country = np.array([country_index.get(g[:2], 0) for g in user_geo[display_user]])
 
-    ad_popularity = _zipf_weights(num_ads, 0.9)[np.argsort(rng.permutation(num_ads))]
+    # Ads of each display: Zipf-popular, distinct within the display (candidates drawn in one go, then deduplicated).
+    ad_cdf = np.cumsum(_zipf_weights(num_ads, 0.9)[np.argsort(rng.permutation(num_ads))])
     sizes = rng.choice(np.arange(2, 13), size=num_displays, p=_zipf_weights(11, 1.2))
-    clicks_display, clicks_ad, clicks_label = [], [], []
+    candidates = np.minimum(np.searchsorted(ad_cdf, rng.random((num_displays, 24))), num_ads - 1)
+    shown = []
     for d in range(num_displays):
-        ads = rng.choice(num_ads, size=sizes[d], replace=False, p=ad_popularity)
-        theme = doc_theme[ad_landing[ads]]
-        score = (quality[ads] + affinity_platform[theme, user_platform[display_user[d]]]
-                 + affinity_country[theme, display_country[d]]
-                 + MATCH_BONUS * (theme == doc_theme[display_doc[d]]))
-        p = np.exp(score - score.max())
-        clicked = rng.choice(len(ads), p=p / p.sum())
-        clicks_display.append(np.full(len(ads), d + 1))
-        clicks_ad.append(ad_ids[ads])
-        clicks_label.append((np.arange(len(ads)) == clicked).astype(np.int64))
-    tables["clicks_train"] = pd.DataFrame({"display_id": np.concatenate(clicks_display),
-                                           "ad_id": np.concatenate(clicks_ad),
-                                           "clicked": np.concatenate(clicks_label)})
+        _, first = np.unique(candidates[d], return_index=True)
+        ads = candidates[d][np.sort(first)][:sizes[d]]
+        while len(ads) < sizes[d]:  # rare: the 24 candidates held fewer distinct ads than needed
+            extra = int(rng.integers(0, num_ads))
+            if extra not in ads:
+                ads = np.append(ads, extra)
+        shown.append(ads)
+    row_display = np.repeat(np.arange(num_displays), sizes)
+    row_ad = np.concatenate(shown)
+    theme = doc_theme[ad_landing[row_ad]]
+    score = (quality[row_ad] + affinity_platform[theme, user_platform[display_user[row_display]]]
+             + affinity_country[theme, display_country[row_display]]
+             + MATCH_BONUS * (theme == doc_theme[display_doc[row_display]]))
+    # One click per display, drawn from softmax(score) over its ads (Gumbel-max: argmax of score + Gumbel noise).
+    noisy = score + rng.gumbel(size=len(score))
+    clicked_row = pd.Series(noisy).groupby(row_display).idxmax().to_numpy()
+    clicked = np.zeros(len(score), dtype=np.int64)
+    clicked[clicked_row] = 1
+    tables["clicks_train"] = pd.DataFrame({"display_id": row_display + 1, "ad_id": ad_ids[row_ad],
+                                           "clicked": clicked})
     return {name: tables[name][list(RAW_SCHEMAS[name])] for name in RAW_SCHEMAS}
 
 
