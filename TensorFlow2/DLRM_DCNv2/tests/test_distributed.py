@@ -38,8 +38,11 @@ def launch_env():
     return env
 
 
-def run_process_group(cmd, timeout=LAUNCH_TIMEOUT_S, cwd=RECIPE_DIR):
-    """Run ``cmd`` in its own session; on timeout kill the whole group (launcher and ranks). Returns the output."""
+def run_process_group(cmd, timeout=LAUNCH_TIMEOUT_S, cwd=RECIPE_DIR, expect_success=True):
+    """Run ``cmd`` in its own session; on timeout kill the whole group (launcher and ranks).
+
+    Returns the output (``expect_success``: the exit status must be 0), or ``(exit status, output)``.
+    """
     proc = subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -52,13 +55,15 @@ def run_process_group(cmd, timeout=LAUNCH_TIMEOUT_S, cwd=RECIPE_DIR):
         if proc.poll() is None:  # an exception (KeyboardInterrupt) while waiting: leave nothing behind
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    if not expect_success:
+        return proc.returncode, output
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{output[-8000:]}"
     return output
 
 
-def horovodrun(np_, program):
+def horovodrun(np_, program, expect_success=True):
     return run_process_group([os.path.join(VENV_BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
-                              "--gloo", "--network-interface", "lo"] + program)
+                              "--gloo", "--network-interface", "lo"] + program, expect_success=expect_success)
 
 
 def read_ranks(out_dir, world_size):
@@ -202,3 +207,17 @@ def test_two_ranks_of_the_entry_point_train_like_one(entry_dataset, one_rank, tm
     log = str(tmp_path / "log.json")
     horovodrun(2, [sys.executable, f"{model}.py"] + entry_flags(model, entry_dataset, log) + placement_flags)
     assert_same_training(logged_results(log), one_rank(model), f"{model} {' '.join(placement_flags)}")
+
+
+def test_more_ranks_than_tables_fails_on_every_rank_naming_the_flags():
+    """3 ranks, 2 tables, table-wise only: every rank stops before any collective, exit status non-zero."""
+    status, output = horovodrun(3, [sys.executable, "dlrm.py", "--dataset_type", "synthetic", "--cpu",
+                                    "--synthetic_dataset_cardinalities", "10,20", "--synthetic_dataset_hotness", "1,1",
+                                    "--synthetic_dataset_train_batches", "2", "--synthetic_dataset_valid_batches", "1",
+                                    "--batch_size", "48", "--embedding_dim", "4", "--bottom_mlp_dims", "8,4",
+                                    "--top_mlp_dims", "8,1", "--log_path", ""], expect_success=False)
+    assert status != 0, output[-3000:]
+    assert "3 ranks but only 2 model-parallel embedding piece(s)" in output, output[-3000:]
+    assert "--column_slice_threshold" in output, output[-3000:]
+    # A one-line error per rank, no traceback from a rank (horovodrun itself then prints one of its own).
+    assert "<stderr>:Traceback" not in output, output[-3000:]
