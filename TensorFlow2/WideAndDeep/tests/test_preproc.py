@@ -225,3 +225,23 @@ def test_value_hash_bucket_ignores_row_position():
     assert out.groupby(df["g"].to_numpy())["g"].nunique().max() == 1
     assert out.groupby(df["i"].to_numpy())["i"].nunique().max() == 1
     assert out["g"].nunique() == 3 and out["i"].between(0, 999).all() and out["i"].dtype == np.int32
+
+
+def test_real_clicks_and_events_through_the_joins_and_split():
+    """The project's real Outbrain rows (clicks joined with events, all on 14 June) through stage 1."""
+    from recsys_common.testing import shared_data_path
+    from wide_deep.data.outbrain.generator import metadata_for
+    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    tables = raw.read_joined_sample(shared_data_path("outbrain", "clicks-joined-events-sample.csv"))
+    tables.update(metadata_for(tables["clicks_train"], tables["events"], seed=0))
+    train, valid = join_and_split(tables, seed=0)
+    assert len(train) + len(valid) == 9999
+    # Day 0 only, so the split is the per-display draw alone: about 20% of the 1,959 displays are validation.
+    share = valid["display_id"].nunique() / 1959
+    assert 0.16 < share < 0.24, share
+    assert not set(train["display_id"]) & set(valid["display_id"])
+    for part in (train, valid):
+        assert part["display_id"].is_monotonic_increasing
+        assert (part.groupby("display_id")["clicked"].sum() == 1).all()
+        assert set(part["platform"]) == {0, 1, 2}          # raw 1, 2, 3 minus 1
+        assert (part["document_id_promo"] > 0).all() and part["publisher_id"].ge(0).all()

@@ -36,7 +36,7 @@ import pandas as pd
 from recsys_common.io import OutputDirectoryError, atomic_directory
 
 from . import features as F
-from .raw import RAW_SCHEMAS
+from .raw import RAW_SCHEMAS, coerce_raw_frame
 
 TOOL = "wide_deep.data.outbrain.generator"
 NUM_DAYS = 13
@@ -213,7 +213,7 @@ def metadata_for(clicks: pd.DataFrame, events: pd.DataFrame, seed: int = 0) -> D
     """Synthetic ``promoted_content`` and ``documents_*`` tables for given (e.g. real) clicks and events.
 
     The project's real Outbrain rows hold only clicks and events; this gives their ad and document ids the metadata
-    the ETL joins, so the ETL runs on real clicks and events. Ads map onto landing pages among the event pages.
+    the ETL joins, so the ETL runs on real clicks and events. Returns typed frames, as ``raw.read_raw_table`` does. Ads map onto landing pages among the event pages.
     """
     rng = np.random.default_rng(seed)
     ad_ids = np.sort(clicks["ad_id"].unique())
@@ -230,7 +230,9 @@ def metadata_for(clicks: pd.DataFrame, events: pd.DataFrame, seed: int = 0) -> D
     tables = _document_tables(rng, len(doc_ids), doc_ids, rng.integers(0, NUM_THEMES, len(doc_ids)),
                               publish_ms // 1000 * 1000)
     tables["promoted_content"] = promoted
-    return {name: tables[name][list(RAW_SCHEMAS[name])] for name in tables}
+    # Typed like read_raw_table's output (the CSV spellings of missing, "" and \\N, become NaN/None).
+    return {name: coerce_raw_frame(name, df.replace({"": None, "\\N": None}), f"<metadata_for: {name}>")
+            for name, df in tables.items()}
 
 
 def generate(output_dir: str, num_displays: int, seed: int = 0, overwrite: bool = False) -> Dict[str, int]:
