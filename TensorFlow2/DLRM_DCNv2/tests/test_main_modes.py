@@ -30,6 +30,8 @@ def test_train_logs_parameters_progress_and_summary(trained):
     assert summary[0]["data"]["global_step"] == 32
     progress = [r for r in records if isinstance(r["step"], list) and r["step"] and "loss" in r["data"]]
     assert [r["step"][1] for r in progress] == [32]  # --print_freq 1000: only the last step of the run
+    metadata = {r["metric"]: r["metadata"] for r in read_log(log, kinds=("METADATA",))}
+    assert metadata["throughput"] == {"unit": "samples/s"} and "auc" in metadata
 
 
 def test_eval_mode_reproduces_the_final_evaluation(trained):
