@@ -42,8 +42,11 @@ def test_two_dask_workers_write_the_single_process_output(raw_outbrain, etl_sing
         assert_same_rows(dask_rows, single_rows)
         assert dask_spec.to_dict() == single_spec.to_dict()
     # Progress: every step numbered out of the total, with rows/s for the data steps.
-    assert [line.split()[2] for line in lines[:-1]] == [f"{i}/8" for i in range(1, 9)]
-    assert "rows/s" in lines[4] and result["rows"]["train"] == dask_spec.metadata["rows"]["train"]
+    assert "CPU" in lines[0] and "LocalCluster of 2 workers" in lines[0]
+    steps = [line for line in lines if line.startswith("[preproc] step ")]
+    assert [line.split()[2] for line in steps] == [f"{i}/8" for i in range(1, 9)]
+    assert "fit workflow" in steps[4] and "rows/s" in steps[4]
+    assert result["rows"]["train"] == dask_spec.metadata["rows"]["train"]
     # The cluster is closed: no client is left behind in this process.
     with pytest.raises(ValueError):
         distributed.get_client()

@@ -57,8 +57,10 @@ def skip_unused_frameworks() -> None:
     Merlin imports both, if present, for its dtype tables (about 20 s on 2 cores); the ETL uses neither. Only for
     processes that run nothing but the ETL: the command line and the workers of the ETL's own LocalCluster.
     """
+    import warnings
     for name in ("tensorflow", "torch"):
         sys.modules.setdefault(name, None)
+    warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
 
 
 class Progress:
@@ -123,7 +125,7 @@ def _write_joined(df, directory: str, parts: int) -> List[str]:
     import pyarrow.parquet as pq
     os.makedirs(directory)
     paths = []
-    for i, chunk in enumerate(np.array_split(np.arange(len(df)), parts)):
+    for i, chunk in enumerate(np.array_split(np.arange(len(df)), max(1, min(parts, len(df))))):
         path = os.path.join(directory, f"part_{i}.parquet")
         pq.write_table(pa.Table.from_pandas(df.iloc[chunk], preserve_index=False), path)
         paths.append(path)
@@ -175,6 +177,8 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     progress = Progress(out=out)
+    out(f"[preproc] NVTabular on {'CPU (pandas; experimental in NVTabular 23.8)' if cpu else 'GPU (cuDF)'}, "
+        f"{'Dask scheduler ' + dask_scheduler if dask_scheduler else f'LocalCluster of {dask_workers} workers' if use_dask else 'one process'}")
     start = time.perf_counter()
     with progress("check raw files"):
         check_raw_files(input_dir)          # missing file/column: fail before any work
@@ -264,5 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    import warnings
     skip_unused_frameworks()
+    # Said once here instead of once per Dataset: NVTabular calls its CPU (pandas) mode experimental.
+    warnings.filterwarnings("ignore", message=r".*NVTabular Dataset (in|to) CPU mode")
     sys.exit(main())
