@@ -170,3 +170,27 @@ def test_re_prebatch_split_tfrecords(converted, tmp_path):
     assert not os.path.exists(os.path.join(dst, "test"))
     _same(_all(create_input("split_tfrecords", dst, global_batch_size=1500)),
           _all(create_input("split_tfrecords", converted, global_batch_size=1500)))
+
+
+def test_records_interoperate_with_tensorflow_own_encoding():
+    """Our records parse with tf.io.parse_tensor (+ RaggedTensorFromVariant), and records written by TensorFlow's own
+    serializer (varint-encoded ragged components) parse with ours (the fallback path)."""
+    import tensorflow as tf
+    from dlrm_dcnv2.dataloading.split_tfrecords_dataset import parse_rows, serialize_rows
+    padded = np.array([[4, 1, -1], [-1, -1, -1], [7, 8, 9]], np.int32)
+    splits, ids = np.array([0, 2, 2, 5]), np.array([4, 1, 7, 8, 9], np.int32)
+    ours = serialize_rows(padded, ragged=True)
+    tf_splits, tf_ids = tf.raw_ops.RaggedTensorFromVariant(
+        encoded_ragged=tf.io.parse_tensor(ours, tf.variant), input_ragged_rank=-1, output_ragged_rank=1,
+        Tvalues=tf.int32, Tsplits=tf.int64)
+    np.testing.assert_array_equal(tf_splits[0].numpy(), splits)
+    np.testing.assert_array_equal(tf_ids.numpy(), ids)
+    theirs = tf.io.serialize_tensor(tf.RaggedTensor.from_row_splits(ids, splits)._to_variant()).numpy()
+    assert theirs != ours
+    for payload in (ours, theirs):
+        got_splits, got_ids = parse_rows(payload, "int32", ragged=True)
+        np.testing.assert_array_equal(got_splits, splits)
+        np.testing.assert_array_equal(got_ids, ids)
+    dense = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(tf.io.parse_tensor(serialize_rows(dense, False), tf.float32).numpy(), dense)
+    np.testing.assert_array_equal(parse_rows(tf.io.serialize_tensor(dense).numpy(), "float32", False), dense)
