@@ -74,7 +74,7 @@ def test_last_batch_is_cut_to_a_multiple_of_world_size(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="dlrm_dcnv2.dataloading"):
         ranks = [create_input("tf_raw", path, mapping="test", global_batch_size=4, rank=r, world_size=2,
                               input_tables=tables) for r in (0, 1)]
-    assert "drops 1 row(s)" in caplog.text
+    assert "the last partial batch drops 1 of its 3 row(s)" in caplog.text
     cols = read_columns(_spec(path), "test")
     got = [[_np(b) for b in data] for data in ranks]
     assert [len(g) for g in got] == [2, 2]

@@ -122,8 +122,8 @@ class BatchPipeline:
                             f"no batch can be formed")
         dropped = self.num_rows - sum(n for _, n in self._layout)
         if dropped:
-            LOG.warning("%s: the last batch drops %d row(s) so that its %d rows split evenly over %d ranks",
-                        self.name, dropped, self._layout[-1][1], self.world_size)
+            LOG.warning("%s: the last partial batch drops %d of its %d row(s) so that the rest split evenly over %d "
+                        "ranks", self.name, dropped, self.num_rows % self.global_batch_size, self.world_size)
 
     # ------------------------------------------------------------------------------------------------ protocol
     def __len__(self) -> int:
