@@ -1,4 +1,6 @@
-"""Convert a dataset into ``split_tfrecords`` (the multi-hot capable input): ``python -m dlrm_dcnv2.dataloading.transcribe``.
+"""Convert a dataset into ``split_tfrecords``, the multi-hot capable input.
+
+Command line: ``python -m dlrm_dcnv2.dataloading.transcribe``.
 
 Sources (``--src_dataset_type``): ``tf_raw`` (split-binary), ``parquet`` / ``csv`` (a FeatureSpec with parquet or csv
 chunks; parquet list columns are multi-hot features, ``max_hotness`` in the spec), ``synthetic`` (the
