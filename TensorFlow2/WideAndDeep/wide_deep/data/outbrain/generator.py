@@ -58,8 +58,8 @@ def _draw(rng: np.random.Generator, n: int, size, exponent: float, permutation: 
 
 
 def _hex_ids(rng: np.random.Generator, n: int, length: int) -> List[str]:
-    raw = rng.integers(0, 16, size=(n, length))
-    return ["".join("0123456789abcdef"[d] for d in row) for row in raw]
+    digits = np.frombuffer(b"0123456789abcdef", dtype="S1")[rng.integers(0, 16, size=(n, length))]
+    return [row.decode() for row in digits.view(f"S{length}").ravel()]
 
 
 def _geo_pool(rng: np.random.Generator) -> List[str]:
@@ -87,41 +87,38 @@ def _document_tables(rng: np.random.Generator, num_docs: int, doc_ids: np.ndarra
     meta = pd.DataFrame({"document_id": doc_ids, "source_id": source_of_doc, "publisher_id": publisher,
                          "publish_time": publish})
 
-    def term_rows(max_terms: int, empty_share: float, term_of):
-        rows = []
+    def term_table(column: str, max_terms: int, empty_share: float, draw_terms) -> pd.DataFrame:
+        """Up to ``max_terms`` distinct terms per document (none for ``empty_share`` of them), drawn at once."""
         counts = rng.integers(1, max_terms + 1, size=num_docs)
         counts[rng.random(num_docs) < empty_share] = 0
-        for i in range(num_docs):
-            terms = term_of(i, counts[i])
-            conf = np.round(np.sort(rng.uniform(0.05, 0.95, size=len(terms)))[::-1], 6)
-            rows += [(doc_ids[i], t, c) for t, c in zip(terms, conf)]
-        return rows
+        doc_index = np.repeat(np.arange(num_docs), counts)
+        df = pd.DataFrame({"document_id": doc_ids[doc_index], column: draw_terms(doc_index)}).drop_duplicates()
+        df["confidence_level"] = np.round(rng.uniform(0.05, 0.95, size=len(df)), 6)
+        return df.reset_index(drop=True)
 
     topics_per_theme = NUM_TOPICS // NUM_THEMES
     cats_per_theme = NUM_CATEGORIES // NUM_THEMES
 
-    def topics(i, k):  # mostly from the document's theme block, sometimes any topic
-        own = doc_theme[i] * topics_per_theme + rng.integers(0, topics_per_theme, size=k)
-        other = rng.integers(0, NUM_TOPICS, size=k)
-        return np.unique(np.where(rng.random(k) < 0.9, own, other))
+    def topics(doc_index):  # mostly from the document's theme block, sometimes any topic
+        n = len(doc_index)
+        own = doc_theme[doc_index] * topics_per_theme + rng.integers(0, topics_per_theme, size=n)
+        return np.where(rng.random(n) < 0.9, own, rng.integers(0, NUM_TOPICS, size=n))
 
-    def categories(i, k):  # Kaggle category ids look like 1403, 2100: 1000 + 100 * block + offset
-        block = doc_theme[i] * cats_per_theme + rng.integers(0, cats_per_theme, size=k)
-        return np.unique(1000 + 100 * (block // 10) + block % 10)
+    def categories(doc_index):  # Kaggle category ids look like 1403, 2100: 1000 + 100 * block + offset
+        block = doc_theme[doc_index] * cats_per_theme + rng.integers(0, cats_per_theme, size=len(doc_index))
+        return 1000 + 100 * (block // 10) + block % 10
 
     num_entities = max(100, num_docs // 2)
-    entity_names = np.array(_hex_ids(rng, num_entities, 32))
+    entity_names = np.array(_hex_ids(rng, num_entities, 32), dtype=object)
     entity_perm = rng.permutation(num_entities)
 
-    def entities(i, k):
-        return np.unique(entity_names[_draw(rng, num_entities, k, 0.8, entity_perm)])
+    def entities(doc_index):
+        return entity_names[_draw(rng, num_entities, len(doc_index), 0.8, entity_perm)]
 
-    tables = {"documents_meta": meta}
-    for name, column, rows in (
-            ("documents_topics", "topic_id", term_rows(5, 0.05, topics)),
-            ("documents_categories", "category_id", term_rows(2, 0.03, categories)),
-            ("documents_entities", "entity_id", term_rows(4, 0.15, entities))):
-        tables[name] = pd.DataFrame(rows, columns=["document_id", column, "confidence_level"])
+    tables = {"documents_meta": meta,
+              "documents_topics": term_table("topic_id", 5, 0.05, topics),
+              "documents_categories": term_table("category_id", 2, 0.03, categories),
+              "documents_entities": term_table("entity_id", 4, 0.15, entities)}
     return tables
 
 
