@@ -57,6 +57,10 @@ def test_output_schema_is_the_feature_spec(etl_single, raw_outbrain):
     assert rows == len(raw.read_raw_table(raw_outbrain, "clicks_train"))
     valid = read_mapping(spec, "test")
     assert valid["display_id"].is_monotonic_increasing
+    # NVTabular's file list (for HugeCTR) names the final files, not the staging directory they were written in.
+    with open(os.path.join(etl_single, "valid", "_file_list.txt")) as f:
+        listed = f.read().split()
+    assert listed[1:] == [spec.resolve_file(f) for f in spec.source_spec["test"][0]["files"]]
     # Each display lies wholly in train or in valid, and keeps its one click.
     train = read_mapping(spec, "train")
     assert not set(train["display_id"]) & set(valid["display_id"])

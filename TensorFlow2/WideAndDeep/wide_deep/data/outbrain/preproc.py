@@ -137,6 +137,20 @@ def _parquet_files(directory: str) -> List[str]:
     return sorted(names, key=lambda n: (len(n), n))
 
 
+def _fix_file_list(written_dir: str, final_dir: str) -> None:
+    """NVTabular's ``_file_list.txt`` (read by HugeCTR) names files by absolute path: point it at the final
+    directory instead of the staging directory they were written in."""
+    path = os.path.join(written_dir, "_file_list.txt")
+    if not os.path.exists(path):
+        return
+    with open(path, "r", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    fixed = [os.path.join(final_dir, os.path.basename(line)) if line.endswith(".parquet") else line
+             for line in lines]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(fixed) + "\n")
+
+
 def build_feature_spec(base_directory: str, train_files: List[str], valid_files: List[str],
                        rows: Dict[str, int]) -> FeatureSpec:
     """The FeatureSpec of the output (file paths relative to ``base_directory``)."""
@@ -218,6 +232,7 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
                     with progress(f"transform and write {subdir}/ (NVTabular)", rows[mapping]):
                         workflow.transform(ds).to_parquet(os.path.join(staging, subdir), output_files=files,
                                                           shuffle=None)
+                    _fix_file_list(os.path.join(staging, subdir), os.path.join(os.path.abspath(output_dir), subdir))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         with progress("feature spec"):
