@@ -12,6 +12,10 @@ Modules:
     torch_distributed  The one process-group teardown of every multi-process entry point (imports torch
                   only when called).
     io            Atomic file and directory writes.
+    metrics       Exact tie-aware ROC AUC and log loss (numpy), the one AUC every recipe reports.
+    movielens_ctr MovieLens-1M as a CTR dataset (``python -m recsys_common.movielens_ctr``; genres in slots or
+                  one multi-hot feature).
+    logistic_baseline  One-hot logistic regression floor on any FeatureSpec dataset (needs scikit-learn).
 """
 
 __version__ = "0.1.0"
