@@ -1,0 +1,1 @@
+"""Wide & Deep training: arguments, model, schedule, Merlin data loading, exact evaluation, the run loop."""

@@ -1,0 +1,155 @@
+"""The Wide & Deep model (reference A.2) as a tf-keras ``Model`` with two parts trained by two optimizers.
+
+Inputs (a dict, as :mod:`wide_deep.trainer.dataloader` yields): one-hot ids ``[B]`` int32, multi-hot ids
+``[B, max_hotness]`` int32 padded with -1, numericals ``[B]`` float32. Output: logits ``[B]`` float32
+(``sigmoid(wide + deep)`` is the click probability; the loss uses the logits).
+
+- wide (``model.wide``, FTRL): a linear model: one weight per id of every categorical (multi-hot ids summed),
+  a weight per numerical, a bias;
+- deep (``model.deep``, RMSprop): an embedding per categorical (width from ``embedding_sizes.json``), multi-hot
+  pooled with ``combiner`` (``sum`` or ``mean`` of the valid ids), concatenated with the numericals, then
+  ``hidden_units`` ReLU layers with dropout and a final linear unit.
+
+Embedding lookups are gathers, so their gradients are ``IndexedSlices`` (sparse optimizer updates, sparse
+Horovod allreduce as allgather).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Dict, List, Sequence
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What the model needs to know about its inputs (from the feature spec) and its shape (from the flags)."""
+    onehot: Dict[str, int]            # name -> cardinality
+    multihot: Dict[str, int]          # name -> cardinality
+    max_hotness: Dict[str, int]       # multihot name -> max_hotness
+    numerical: List[str]
+    embedding_dims: Dict[str, int]    # categorical name -> deep embedding width
+    hidden_units: Sequence[int] = (1024, 1024, 1024, 1024, 1024)
+    dropout: float = 0.1
+    combiner: str = "sum"
+
+    @property
+    def categorical(self) -> Dict[str, int]:
+        return {**self.onehot, **self.multihot}
+
+
+def load_embedding_sizes(path: str, categorical: Sequence[str]) -> Dict[str, int]:
+    """``{feature: width}`` from the JSON file ``path``; raises ValueError naming the file and a missing feature."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            sizes = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--embedding_sizes_file {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--embedding_sizes_file {path}: not JSON ({e})") from None
+    missing = [name for name in categorical if name not in sizes]
+    if missing:
+        raise ValueError(f"--embedding_sizes_file {path}: no embedding size for feature(s) {', '.join(missing)}")
+    bad = [name for name in categorical if not isinstance(sizes[name], int) or sizes[name] < 1]
+    if bad:
+        raise ValueError(f"--embedding_sizes_file {path}: embedding size of {bad[0]} must be a positive integer, "
+                         f"got {sizes[bad[0]]!r}")
+    return {name: int(sizes[name]) for name in categorical}
+
+
+def _pool(table: tf.Variable, ids: tf.Tensor, combiner: str, dtype) -> tf.Tensor:
+    """Gather rows of ``table`` for ``ids`` ``[B]`` or ``[B, H]`` (-1 = padding) and pool over H."""
+    if ids.shape.rank == 1:
+        return tf.cast(tf.gather(table, ids), dtype)
+    mask = tf.cast(ids >= 0, dtype)
+    rows = tf.cast(tf.gather(table, tf.maximum(ids, 0)), dtype) * mask[:, :, None]
+    pooled = tf.reduce_sum(rows, axis=1)
+    if combiner == "mean":
+        pooled = pooled / tf.maximum(tf.reduce_sum(mask, axis=1, keepdims=True), 1.0)
+    return pooled
+
+
+class WidePart(tf.keras.layers.Layer):
+    """Linear model; kept in float32 whatever the mixed-precision policy (it is cheap and FTRL wants it)."""
+
+    def __init__(self, config: ModelConfig, **kwargs):
+        super().__init__(dtype="float32", **kwargs)
+        self.config = config
+        self.tables = {name: self.add_weight(name=f"wide_{name}", shape=(card, 1), initializer="zeros")
+                       for name, card in config.categorical.items()}
+        self.numerical_weights = self.add_weight(name="wide_numerical", shape=(max(len(config.numerical), 1), 1),
+                                                 initializer="zeros")
+        self.bias = self.add_weight(name="wide_bias", shape=(1,), initializer="zeros")
+
+    def call(self, inputs):
+        out = self.bias
+        for name, table in self.tables.items():
+            out = out + _pool(table, inputs[name], "sum", tf.float32)
+        if self.config.numerical:
+            numerical = tf.stack([tf.cast(inputs[n], tf.float32) for n in self.config.numerical], axis=1)
+            out = out + tf.matmul(numerical, self.numerical_weights[:len(self.config.numerical)])
+        return out[:, 0]
+
+
+class DeepPart(tf.keras.layers.Layer):
+    """Embeddings + numericals -> MLP -> one logit."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.tables = {}
+        for i, (name, card) in enumerate(config.categorical.items()):
+            dim = config.embedding_dims[name]
+            # NVIDIA's embedding_column default: truncated normal with stddev 1/sqrt(dim)
+            init = tf.keras.initializers.TruncatedNormal(stddev=1.0 / dim ** 0.5, seed=seed + i)
+            self.tables[name] = self.add_weight(name=f"embedding_{name}", shape=(card, dim), initializer=init,
+                                                dtype="float32")
+        self.hidden = [tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{i}",
+                                             kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 100 + i))
+                       for i, units in enumerate(config.hidden_units)]
+        self.dropouts = [tf.keras.layers.Dropout(config.dropout, seed=seed + 200 + i)
+                         for i in range(len(config.hidden_units))]
+        self.head = tf.keras.layers.Dense(1, name="deep_logit",
+                                          kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 300))
+
+    def call(self, inputs, training=False):
+        dtype = self.compute_dtype
+        parts = [_pool(table, inputs[name], self.config.combiner, dtype) for name, table in self.tables.items()]
+        parts += [tf.cast(inputs[n], dtype)[:, None] for n in self.config.numerical]
+        x = tf.concat(parts, axis=1)
+        for dense, dropout in zip(self.hidden, self.dropouts):
+            x = dropout(dense(x), training=training)
+        return tf.cast(self.head(x), tf.float32)[:, 0]
+
+
+class WideDeepModel(tf.keras.Model):
+    """``model(inputs, training)`` -> logits ``[B]`` float32; ``model.wide`` / ``model.deep`` own their variables."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.wide = WidePart(config, name="wide")
+        self.deep = DeepPart(config, seed=seed, name="deep")
+
+    def call(self, inputs, training=False):
+        return self.wide(inputs) + self.deep(inputs, training=training)
+
+    def build_from_config(self, batch_size: int = 2) -> "WideDeepModel":
+        """Create all variables by calling the model once on a dummy batch; returns self."""
+        dummy = {name: tf.zeros([batch_size], tf.int32) for name in self.config.onehot}
+        dummy.update({name: -tf.ones([batch_size, self.config.max_hotness[name]], tf.int32)
+                      for name in self.config.multihot})
+        dummy.update({name: tf.zeros([batch_size], tf.float32) for name in self.config.numerical})
+        self(dummy, training=False)
+        return self
+
+
+def resolve_embedding_sizes_path(path: str) -> str:
+    """A relative path is looked up in the current directory, then under the ``wide_deep`` package."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidate = os.path.join(package_dir, path)
+    return candidate if os.path.exists(candidate) else path

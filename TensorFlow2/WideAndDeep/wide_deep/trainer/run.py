@@ -1,0 +1,362 @@
+"""The training / evaluation / benchmark entry point: ``main(argv)`` (``python main.py``, or under
+``horovodrun -np N sh hvd_wrapper.sh python main.py``).
+
+One process per rank. Horovod is initialised only under a launcher; a plain run is one rank without Horovod.
+Data parallel: each rank reads ``global_batch_size / world_size`` rows per step from its share of the parquet
+partitions; gradients are averaged (dense allreduce; embedding gradients as ``IndexedSlices``, i.e. allgather);
+rank 0's initial weights are broadcast, so every rank holds the same weights at every step.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Horovod's TF bindings need tf-keras (Keras 3 breaks them)
+
+import numpy as np  # noqa: E402
+
+from .arguments import build_parser  # noqa: E402
+
+CHECKPOINT_MARKER = "meta.json"
+CHECKPOINT_TOOL = "wide_deep.checkpoint"
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on (NaN loss, bad flags): the message says where and why."""
+
+
+# --------------------------------------------------------------------------------------------------- Horovod
+class Dist:
+    """Rank, world size and the few collectives the loop needs; identity functions in a one-process run."""
+
+    def __init__(self):
+        self.hvd = None
+        self.rank, self.size, self.local_rank = 0, 1, 0
+        if any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
+            import horovod.tensorflow as hvd
+            hvd.init()
+            self.hvd = hvd
+            self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+
+    def allreduce_grads(self, grads):
+        if self.hvd is None:
+            return grads
+        return [self.hvd.allreduce(g, op=self.hvd.Average, name=f"grad_{i}") for i, g in enumerate(grads)]
+
+    def broadcast_variables(self, variables) -> None:
+        if self.hvd is not None:
+            self.hvd.broadcast_variables(variables, root_rank=0)
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        if self.hvd is None:
+            return array
+        return self.hvd.allgather(array).numpy()
+
+    def min_int(self, value: int) -> int:
+        if self.hvd is None:
+            return value
+        return int(self.hvd.allreduce(np.array([value], np.int64), op=self.hvd.Min, name="min_int").numpy()[0])
+
+    def barrier(self) -> None:
+        if self.hvd is not None:
+            self.hvd.allreduce(np.zeros(1, np.float32), name="barrier")
+
+    def shutdown(self) -> None:
+        if self.hvd is not None:
+            self.hvd.shutdown()
+            self.hvd = None
+
+
+# --------------------------------------------------------------------------------------------------- pieces
+def configure_precision(amp: bool, cpu: bool):
+    """Sets the Keras policy: ``mixed_bfloat16`` on CPU, ``mixed_float16`` on GPU (with loss scaling)."""
+    import tensorflow as tf
+    if amp:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if cpu else "mixed_float16")
+    else:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def build_model(spec, embedding_sizes_file: str, hidden_units, dropout: float, combiner: str, seed: int):
+    from .dataloader import input_description
+    from .model import ModelConfig, WideDeepModel, load_embedding_sizes, resolve_embedding_sizes_path
+    d = input_description(spec)
+    categorical = list(d["onehot"]) + list(d["multihot"])
+    dims = load_embedding_sizes(resolve_embedding_sizes_path(embedding_sizes_file), categorical)
+    config = ModelConfig(onehot=d["onehot"], multihot=d["multihot"], max_hotness=d["max_hotness"],
+                         numerical=d["numerical"], embedding_dims=dims, hidden_units=tuple(hidden_units),
+                         dropout=dropout, combiner=combiner)
+    return WideDeepModel(config, seed=seed).build_from_config()
+
+
+class Checkpointer:
+    """``model_dir/checkpoint/``: model, both optimizers and the step, written atomically (rank 0)."""
+
+    def __init__(self, model_dir: str, model, wide_opt, deep_opt, step_var):
+        import tensorflow as tf
+        self.directory = os.path.join(model_dir, "checkpoint")
+        self.ckpt = tf.train.Checkpoint(model=model, wide_optimizer=wide_opt, deep_optimizer=deep_opt, step=step_var)
+
+    def exists(self) -> bool:
+        return os.path.exists(os.path.join(self.directory, CHECKPOINT_MARKER))
+
+    def save(self, step: int) -> None:
+        from recsys_common.io import atomic_directory
+        os.makedirs(os.path.dirname(self.directory) or ".", exist_ok=True)
+        with atomic_directory(self.directory, overwrite=True, tool=CHECKPOINT_TOOL,
+                              marker=CHECKPOINT_MARKER) as staging:
+            self.ckpt.write(os.path.join(staging, "ckpt"))
+            with open(os.path.join(staging, CHECKPOINT_MARKER), "w", encoding="utf-8") as f:
+                json.dump({"step": int(step)}, f)
+
+    def restore(self) -> int:
+        """Restores the last complete checkpoint; returns its step. Raises FileNotFoundError naming the directory."""
+        if not self.exists():
+            raise FileNotFoundError(f"--use_checkpoint: no complete checkpoint in {self.directory} "
+                                    f"(no {CHECKPOINT_MARKER}); train first or fix --model_dir")
+        self.ckpt.read(os.path.join(self.directory, "ckpt")).assert_existing_objects_matched()
+        with open(os.path.join(self.directory, CHECKPOINT_MARKER), encoding="utf-8") as f:
+            return int(json.load(f)["step"])
+
+
+def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True) -> Dict[str, float]:
+    """Exact metrics over every rank's rows of ``batches`` (see :mod:`wide_deep.trainer.evaluator`)."""
+    from .evaluator import compute_metrics, gather_rows
+    ids, probs, labels = [], [], []
+    for features, y, display in batches:
+        probs.append(predict_fn(features).numpy().astype(np.float64))
+        labels.append(y.numpy())
+        ids.append(display.numpy())
+    ids, probs, labels = (np.concatenate(a) if a else np.zeros(0) for a in (ids, probs, labels))
+    ids, probs, labels = gather_rows(ids, probs, labels, dist.allgather if dist.size > 1 else None)
+    if ids.size == 0:
+        raise TrainingError("the validation set is empty: nothing to evaluate")
+    return compute_metrics(ids, probs, labels, with_map=with_map)
+
+
+def _print(dist: "Dist", text: str) -> None:
+    if dist.rank == 0:
+        print(text, flush=True)
+
+
+def _metric_text(metrics: Dict[str, float]) -> str:
+    names = {"loss": "BCE", "auc": "AUC", "map12": "MAP@12"}
+    return " ".join(f"{names.get(k, k)} {v:.5f}" for k, v in metrics.items())
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+# --------------------------------------------------------------------------------------------------- main
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
+        if getattr(args, flag) < 1:
+            print(f"error: --{flag} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
+            return 2
+    if args.cpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    dist = Dist()
+    try:
+        return _run(args, dist)
+    except (TrainingError, ValueError, FileNotFoundError) as e:
+        print(f"error (rank {dist.rank}): {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        dist.shutdown()
+
+
+def _run(args, dist: Dist) -> int:
+    import tensorflow as tf
+    from recsys_common.logger import Logger
+    from .dataloader import ParquetBatches, read_feature_spec
+    from .schedulers import DeepLearningRateSchedule
+
+    if args.global_batch_size % dist.size or args.eval_batch_size % dist.size:
+        raise TrainingError(f"--global_batch_size ({args.global_batch_size}) and --eval_batch_size "
+                            f"({args.eval_batch_size}) must be divisible by the number of ranks ({dist.size})")
+    cpu = args.cpu or not tf.config.list_physical_devices("GPU")
+    tf.keras.utils.set_random_seed(args.seed)
+    configure_precision(args.amp, cpu)
+    log_path = os.path.join(args.results_dir, args.log_filename)
+    # The JSON log gets every record; the console gets the progress and metric lines printed below.
+    logger = Logger(log_path, rank=dist.rank, stdout=False, append=args.use_checkpoint and not args.evaluate)
+    logger.log_parameters({**vars(args), "world_size": dist.size, "device": "CPU" if cpu else "GPU"})
+
+    spec = read_feature_spec(args.dataset_path, args.fspec_file)
+    local_batch = args.global_batch_size // dist.size
+    train = None if args.evaluate else ParquetBatches(
+        spec, "train", local_batch, dist.rank, dist.size, shuffle=not args.no_shuffle, seed=args.seed,
+        drop_last=True)
+    valid = ParquetBatches(spec, "test", args.eval_batch_size // dist.size, dist.rank, dist.size)
+    with_map = not args.disable_map_calculation and valid.description["map"] is not None
+
+    model = build_model(spec, args.embedding_sizes_file, args.deep_hidden_units, args.deep_dropout,
+                        args.combiner, args.seed)
+    wide_vars, deep_vars = model.wide.trainable_variables, model.deep.trainable_variables
+    wide_opt = tf.keras.optimizers.Ftrl(learning_rate=args.linear_learning_rate)
+    deep_opt = tf.keras.optimizers.RMSprop(learning_rate=args.deep_learning_rate, rho=0.5)
+    loss_scale = args.amp and not cpu  # float16 needs loss scaling; bfloat16 has float32's range
+    if loss_scale:
+        deep_opt = tf.keras.mixed_precision.LossScaleOptimizer(deep_opt)
+    wide_opt.build(wide_vars)
+    deep_opt.build(deep_vars)
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    checkpointer = Checkpointer(args.model_dir, model, wide_opt, deep_opt, step_var)
+    start_step = 0
+    if args.use_checkpoint:
+        start_step = checkpointer.restore()
+        logger.log("PARAMETER", {"restored_checkpoint": checkpointer.directory, "step": start_step})
+    else:
+        dist.broadcast_variables(model.variables)  # same initial weights on every rank
+
+    def predict(features):
+        return tf.sigmoid(model(features, training=False))
+    predict_fn = tf.function(predict, jit_compile=args.xla or None, reduce_retracing=True)
+
+    if args.evaluate:
+        if args.benchmark:
+            return _benchmark_eval(args, valid, predict_fn, dist, logger)
+        metrics = evaluate(model, valid, dist, predict_fn, with_map)
+        logger.log_summary({f"eval_{k}": v for k, v in metrics.items()})
+        _print(dist, "[evaluate] " + _metric_text(metrics))
+        return 0
+
+    steps_per_epoch = dist.min_int(len(train))
+    if steps_per_epoch < 1:
+        raise TrainingError(f"the training set ({train.num_rows} rows) is smaller than one batch per rank "
+                            f"(--global_batch_size {args.global_batch_size} over {dist.size} rank(s))")
+    total_steps = steps_per_epoch * args.num_epochs
+    schedule = DeepLearningRateSchedule(args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs,
+                                        steps_per_epoch)
+    all_vars = wide_vars + deep_vars
+    n_wide = len(wide_vars)
+
+    def grads_fn(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            scaled = deep_opt.get_scaled_loss(loss) if loss_scale else loss
+        grads = tape.gradient(scaled, all_vars)
+        if loss_scale:
+            grads = deep_opt.get_unscaled_gradients(grads)
+        return loss, grads
+    # XLA compiles the forward and backward pass; Horovod's collectives and the sparse updates stay outside it.
+    grads_fn = tf.function(grads_fn, jit_compile=args.xla or None)
+
+    @tf.function
+    def apply_fn(grads, deep_lr):
+        grads = dist.allreduce_grads(grads)
+        deep_opt.learning_rate.assign(deep_lr) if not loss_scale else deep_opt.inner_optimizer.learning_rate.assign(deep_lr)
+        wide_opt.apply_gradients(zip(grads[:n_wide], wide_vars))
+        deep_opt.apply_gradients(zip(grads[n_wide:], deep_vars))
+        step_var.assign_add(1)
+
+    def train_step(features, labels, step):
+        loss, grads = grads_fn(features, labels)
+        apply_fn(grads, tf.constant(schedule(step), tf.float32))
+        return loss
+
+    if args.benchmark:
+        return _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger)
+
+    step = start_step
+    start_epoch = step // steps_per_epoch
+    t0, samples_done, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+    for epoch in range(start_epoch, args.num_epochs):
+        train._epoch = epoch  # the shuffle seed of this epoch (the same after a resume)
+        skip = step - epoch * steps_per_epoch  # resumed part-way into this epoch: skip the batches already seen
+        for i, (features, labels, _) in enumerate(train):
+            if i >= steps_per_epoch:
+                break
+            if i < skip:
+                continue
+            loss = float(train_step(features, labels, step))
+            step += 1
+            if not math.isfinite(loss):
+                raise TrainingError(f"training loss is {loss} at step {step} (epoch {epoch + 1}); lower "
+                                    f"--deep_learning_rate / --linear_learning_rate or check the input data")
+            samples_done += args.global_batch_size
+            loss_sum, loss_n = loss_sum + loss, loss_n + 1
+            if step % args.print_freq == 0 or step == total_steps:
+                elapsed = time.perf_counter() - t0
+                rate = samples_done / elapsed
+                eta = (total_steps - step) * args.global_batch_size / rate
+                if dist.rank == 0:
+                    print(f"[train] epoch {epoch + 1}/{args.num_epochs} step {step}/{total_steps} "
+                          f"loss {loss_sum / loss_n:.5f} {rate:,.0f} samples/s ETA {_fmt_time(eta)}", flush=True)
+                logger.log(step, {"loss": loss_sum / loss_n, "samples_per_s": rate})
+                loss_sum, loss_n = 0.0, 0
+            if args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0:
+                _save(checkpointer, step, dist)
+        train._epoch = epoch + 1
+        metrics = evaluate(model, valid, dist, predict_fn, with_map)
+        logger.log((epoch + 1,), {f"eval_{k}": v for k, v in metrics.items()})
+        _print(dist, f"[eval] epoch {epoch + 1}/{args.num_epochs} " + _metric_text(metrics))
+        _save(checkpointer, step, dist)
+    final = evaluate(model, valid, dist, predict_fn, with_map) if start_epoch >= args.num_epochs else metrics
+    logger.log_summary({f"eval_{k}": v for k, v in final.items()})
+    _print(dist, "[final] " + _metric_text(final))
+    logger.close()
+    return 0
+
+
+def _save(checkpointer: Checkpointer, step: int, dist: Dist) -> None:
+    dist.barrier()  # every rank has applied this step
+    if dist.rank == 0:
+        checkpointer.save(step)
+    dist.barrier()
+
+
+def _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger) -> int:
+    """Runs warm-up + measured steps (cycling through epochs); prints ``{"samples_per_s": ...}`` as JSON."""
+    total = args.benchmark_warmup_steps + args.benchmark_steps
+    step, start = 0, None
+    while step < total:
+        for i, (features, labels, _) in enumerate(train):
+            if i >= steps_per_epoch or step >= total:
+                break
+            if step == args.benchmark_warmup_steps:
+                dist.barrier()
+                start = time.perf_counter()
+            loss = train_step(features, labels, step)
+            step += 1
+    float(loss)  # wait for the last step
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    result = {"mode": "train", "samples_per_s": args.benchmark_steps * args.global_batch_size / elapsed,
+              "global_batch_size": args.global_batch_size, "steps": args.benchmark_steps,
+              "world_size": dist.size, "amp": args.amp, "xla": args.xla}
+    if dist.rank == 0:
+        print(json.dumps(result), flush=True)
+    logger.log_summary(result)
+    return 0
+
+
+def _benchmark_eval(args, valid, predict_fn, dist, logger) -> int:
+    total = args.benchmark_warmup_steps + args.benchmark_steps
+    step, start, samples = 0, None, 0
+    while step < total:
+        for features, _, _ in valid:
+            if step >= total:
+                break
+            if step == args.benchmark_warmup_steps:
+                start = time.perf_counter()
+            out = predict_fn(features)
+            if start is not None:
+                samples += int(out.shape[0])
+            step += 1
+    out.numpy()
+    elapsed = time.perf_counter() - start
+    result = {"mode": "eval", "samples_per_s": samples * dist.size / elapsed, "steps": args.benchmark_steps,
+              "world_size": dist.size}
+    if dist.rank == 0:
+        print(json.dumps(result), flush=True)
+    logger.log_summary(result)
+    return 0
