@@ -1,0 +1,59 @@
+"""Popularity baseline of the MovieLens example: score a rating by its movie's training statistics.
+
+Two scores, both fitted on ``train`` only and evaluated by AUC on ``test`` (valid/):
+    positive_rate   (positives of the movie + PRIOR_STRENGTH * global rate) / (ratings of the movie + PRIOR_STRENGTH):
+                    the movie's smoothed share of ratings > 3 (an unseen movie gets the global rate)
+    count           the movie's number of training ratings (how popular it is)
+
+    python -m wide_deep.movielens.baseline --dataset_path /data/movielens
+
+``popularity_aucs(spec)`` returns ``{"positive_rate": auc, "count": auc}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from recsys_common.datasets import read_columns
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.metrics import roc_auc_score
+
+from .etl import ITEM, LABEL, SPEC_NAME
+
+# Pseudo-ratings at the global rate added to every movie: keeps a movie rated once from scoring 0 or 1.
+PRIOR_STRENGTH = 5.0
+
+
+def fit_popularity(items: np.ndarray, labels: np.ndarray, num_items: int) -> Dict[str, np.ndarray]:
+    """Per-item tables from training ids and 0/1 labels: ``{"positive_rate": [num_items], "count": [num_items]}``."""
+    counts = np.bincount(items, minlength=num_items).astype(np.float64)
+    positives = np.bincount(items, weights=labels.astype(np.float64), minlength=num_items)
+    prior = float(labels.mean())
+    return {"positive_rate": (positives + PRIOR_STRENGTH * prior) / (counts + PRIOR_STRENGTH), "count": counts}
+
+
+def popularity_aucs(spec: FeatureSpec) -> Dict[str, float]:
+    """AUC on ``test`` of each popularity score fitted on ``train``."""
+    train = read_columns(spec, "train", [ITEM, LABEL])
+    test = read_columns(spec, "test", [ITEM, LABEL])
+    tables = fit_popularity(train[ITEM], train[LABEL], spec.cardinality(ITEM))
+    return {name: float(roc_auc_score(test[LABEL], table[test[ITEM]])) for name, table in tables.items()}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    p = argparse.ArgumentParser(prog="python -m wide_deep.movielens.baseline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset_path", required=True, help="output directory of wide_deep.movielens.etl")
+    args = p.parse_args(argv)
+    import os
+    aucs = popularity_aucs(FeatureSpec.from_yaml(os.path.join(args.dataset_path, SPEC_NAME)))
+    print(json.dumps({"popularity_auc": aucs}))
+    return aucs
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

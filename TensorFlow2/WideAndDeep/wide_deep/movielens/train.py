@@ -1,0 +1,345 @@
+"""Train the MovieLens CTR model of the HugeCTR notebook with this recipe's model code, evaluate AUC, export it.
+
+    python -m wide_deep.movielens.etl   --input_dir /data/ml-100k --output_dir /data/movielens
+    python -m wide_deep.movielens.train --dataset_path /data/movielens --model_dir /tmp/ml_snapshots \\
+        --export_dir /tmp/ml_export --max_iter 2000 --display 100 --eval_interval 200 --snapshot 1900
+
+The model is the deep part of the recipe's Wide & Deep (:class:`wide_deep.trainer.model.DeepPart`), configured as
+the notebook's network: an embedding of width ``--embedding_dim`` (16) per categorical (``userId``, ``movieId``
+and the multi-hot ``genres`` pooled with ``--combiner sum``), concatenated (3 x 16 = 48 values), then Dense 128
+ReLU, Dense 128 ReLU, Dense 1; loss binary cross-entropy on the logit; Adam (``--learning_rate`` 0.001).
+
+Like HugeCTR's ``model.fit(max_iter, display, eval_interval, snapshot)``, training runs ``--max_iter`` steps over
+the repeated, shuffled training set (non-epoch mode) and
+    every ``--display`` steps   prints the mean loss and the speed;
+    every ``--eval_interval``   computes the AUC on valid/ (exact, all rows unless ``--max_eval_batches``);
+    every ``--snapshot`` steps  writes ``model_dir/snapshot_<step>/`` (weights + Adam state, tf.train.Checkpoint;
+                                staged and renamed: a crash never leaves a half-written snapshot);
+then exports for serving to ``--export_dir``:
+    1/model.savedmodel/   SavedModel, signature ``serving_default``: userId [N] int64, movieId [N] int64,
+                          genres [N, max_hotness] int64 padded with -1 -> probability [N] float32
+    1/movielens.json      the model graph (what HugeCTR's ``graph_to_json`` gives): solver and optimizer settings,
+                          inputs with shapes and cardinalities, layers with bottom/top names, output shapes and
+                          parameter counts.
+Every line printed also goes, as DLLogger JSON, to ``--log_json``.
+
+``main(argv)`` returns the summary dict (``final_auc``, ``auc_history``, ``samples_per_second`` ...).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from recsys_common.datasets import read_columns
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
+from recsys_common.logger import Logger
+from recsys_common.metrics import roc_auc_score
+
+from .etl import GENRES, ITEM, LABEL, LABEL_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL, SPEC_NAME, USER
+
+TOOL = "wide_deep.movielens.train"
+GRAPH_JSON = "movielens.json"
+SAVEDMODEL_DIR = "model.savedmodel"
+SNAPSHOT_META = "meta.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m " + TOOL, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset_path", required=True, help="output directory of wide_deep.movielens.etl")
+    p.add_argument("--model_dir", default=None, help="directory of the periodic snapshots (none if not given)")
+    p.add_argument("--export_dir", default=None, help="directory of the exported model (none if not given)")
+    p.add_argument("--log_json", default=None, help="DLLogger JSON log file (none if not given)")
+    p.add_argument("--batch_size", type=int, default=2048, help="training batch (HugeCTR solver batchsize)")
+    p.add_argument("--eval_batch_size", type=int, default=2048, help="evaluation batch (batchsize_eval)")
+    p.add_argument("--max_eval_batches", type=int, default=0, help="evaluate on this many batches (0: all of valid)")
+    p.add_argument("--max_iter", type=int, default=2000, help="training steps")
+    p.add_argument("--display", type=int, default=100, help="print the loss every N steps")
+    p.add_argument("--eval_interval", type=int, default=200, help="evaluate AUC every N steps (and at the end)")
+    p.add_argument("--snapshot", type=int, default=1900, help="write a snapshot every N steps (needs --model_dir)")
+    p.add_argument("--learning_rate", type=float, default=0.001, help="Adam learning rate")
+    p.add_argument("--embedding_dim", type=int, default=16, help="embedding width of every categorical")
+    p.add_argument("--hidden_units", type=int, nargs="+", default=[128, 128],
+                   help="hidden ReLU layers before the final Dense(1)")
+    p.add_argument("--combiner", choices=["sum", "mean"], default="sum", help="pooling of the multi-hot genres")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation and shuffling")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --export_dir")
+    return p
+
+
+# ------------------------------------------------------------------------------------------------------------ data
+def load_split(spec: FeatureSpec, mapping: str) -> Dict[str, np.ndarray]:
+    """One split in memory as the model's inputs: ids int32 (genres ``[N, max_hotness]``, -1 padded), label float32."""
+    columns = read_columns(spec, mapping)
+    if len(columns[LABEL]) == 0:
+        raise ValueError(f"{spec.origin}: mapping {mapping!r} has no rows")
+    data = {name: columns[name].astype(np.int32) for name in model_feature_names(spec)}
+    data[LABEL] = columns[LABEL].astype(np.float32)
+    return data
+
+
+def model_feature_names(spec: FeatureSpec) -> List[str]:
+    return list(spec.channel_spec[ONEHOT_CHANNEL]) + list(spec.channel_spec.get(MULTIHOT_CHANNEL, []))
+
+
+def model_config(spec: FeatureSpec, embedding_dim: int, hidden_units: Sequence[int], combiner: str):
+    """The recipe's ``ModelConfig`` for the notebook's network (no numericals, no dropout)."""
+    from wide_deep.trainer.model import ModelConfig
+    onehot = {n: spec.cardinality(n) for n in spec.channel_spec[ONEHOT_CHANNEL]}
+    multihot = {n: spec.cardinality(n) for n in spec.channel_spec.get(MULTIHOT_CHANNEL, [])}
+    return ModelConfig(onehot=onehot, multihot=multihot, max_hotness={n: spec.max_hotness(n) for n in multihot},
+                       numerical=[], embedding_dims={n: embedding_dim for n in {**onehot, **multihot}},
+                       hidden_units=tuple(hidden_units), dropout=0.0, combiner=combiner)
+
+
+# ----------------------------------------------------------------------------------------------------------- model
+def build_model(config, seed: int):
+    """The deep-only configuration of the recipe's model: ``DeepPart`` alone, as a Keras model with its variables built.
+
+    ``model(inputs)`` -> logits ``[B]``; ``model.deep`` is the recipe's ``DeepPart``.
+    """
+    import tensorflow as tf
+    from wide_deep.trainer.model import DeepPart
+
+    class DeepOnlyModel(tf.keras.Model):
+        def __init__(self):
+            super().__init__(name="movielens_deep")
+            self.deep = DeepPart(config, seed=seed, name="deep")
+
+        def call(self, inputs, training=False):
+            return self.deep(inputs, training=training)
+
+    model = DeepOnlyModel()
+    dummy = {n: tf.zeros([2], tf.int32) for n in config.onehot}
+    dummy.update({n: -tf.ones([2, config.max_hotness[n]], tf.int32) for n in config.multihot})
+    model(dummy)
+    return model
+
+
+def predict(model, data: Dict[str, np.ndarray], names: Sequence[str], batch_size: int,
+            max_batches: int = 0) -> np.ndarray:
+    """Logits for the rows of ``data`` (the first ``max_batches`` batches if > 0), as float64."""
+    import tensorflow as tf
+    n = len(data[LABEL]) if not max_batches else min(len(data[LABEL]), max_batches * batch_size)
+    step = _predict_fn(model)
+    out = [step({k: tf.constant(data[k][i:i + batch_size]) for k in names}).numpy()
+           for i in range(0, n, batch_size)]
+    return np.concatenate(out).astype(np.float64)
+
+
+def _predict_fn(model):
+    import tensorflow as tf
+    if not hasattr(model, "_movielens_predict"):
+        model._movielens_predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    return model._movielens_predict
+
+
+def evaluate_auc(model, data, names, batch_size: int, max_batches: int = 0) -> float:
+    logits = predict(model, data, names, batch_size, max_batches)
+    return float(roc_auc_score(data[LABEL][:len(logits)], logits))
+
+
+# ------------------------------------------------------------------------------------------------- snapshot/export
+def write_snapshot(model_dir: str, step: int, model, optimizer) -> str:
+    """``model_dir/snapshot_<step>/`` with a tf.train.Checkpoint of model and Adam state, staged then renamed."""
+    import tensorflow as tf
+    path = os.path.join(model_dir, f"snapshot_{step}")
+    with atomic_directory(path, overwrite=True, tool=TOOL, marker=SNAPSHOT_META) as staging:
+        tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(staging, "ckpt"))
+        with open(os.path.join(staging, SNAPSHOT_META), "w") as f:
+            json.dump({"step": step, "checkpoint": "ckpt"}, f)
+    return path
+
+
+def restore_snapshot(path: str, model, optimizer=None) -> int:
+    """Load a snapshot written by :func:`write_snapshot` into ``model`` (and ``optimizer``); returns its step."""
+    import tensorflow as tf
+    meta_path = os.path.join(path, SNAPSHOT_META)
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"{path}: not a complete snapshot (no {SNAPSHOT_META})")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    objects = {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
+    status = tf.train.Checkpoint(**objects).read(os.path.join(path, meta["checkpoint"]))
+    status.assert_existing_objects_matched()
+    return int(meta["step"])
+
+
+def graph_json(model, spec: FeatureSpec, solver: Dict[str, object], optimizer: Dict[str, object]) -> Dict[str, object]:
+    """The model graph in the spirit of HugeCTR's ``graph_to_json``, read off the built model's variables.
+
+    Keys: ``solver``, ``optimizer``, ``inputs`` (name, kind, dtype, shape, cardinality, max_hotness), ``label``,
+    ``layers`` (type, name, bottom, top, output_shape, and per type: vocabulary size / width / combiner, units /
+    activation, ``params``), ``total_params`` (= the model's parameter count), ``serving`` (signature).
+    """
+    deep, config = model.deep, model.deep.config
+    inputs, layers, embedding_tops = [], [], []
+    for name, card in config.categorical.items():
+        multihot = name in config.multihot
+        shape = [None, config.max_hotness[name]] if multihot else [None]
+        inputs.append({"name": name, "kind": "multihot" if multihot else "onehot", "dtype": "int64", "shape": shape,
+                       "cardinality": int(card), **({"max_hotness": config.max_hotness[name]} if multihot else {})})
+        table = deep.tables[name]
+        top = f"embedding_{name}"
+        layers.append({"type": "Embedding", "name": top, "bottom": [name], "top": top,
+                       "vocabulary_size": int(table.shape[0]), "embedding_vec_size": int(table.shape[1]),
+                       "combiner": config.combiner if multihot else None,
+                       "output_shape": [None, int(table.shape[1])], "params": int(np.prod(table.shape))})
+        embedding_tops.append(top)
+    width = sum(int(deep.tables[n].shape[1]) for n in config.categorical)
+    layers.append({"type": "Concat", "name": "concat", "bottom": embedding_tops, "top": "concat",
+                   "output_shape": [None, width], "params": 0})
+    bottom = "concat"
+    for i, dense in enumerate(list(deep.hidden) + [deep.head]):
+        kernel, bias = dense.kernel, dense.bias
+        top = f"fc{i + 1}"
+        layers.append({"type": "InnerProduct", "name": dense.name, "bottom": [bottom], "top": top,
+                       "num_output": int(kernel.shape[1]), "activation": dense.get_config()["activation"],
+                       "output_shape": [None, int(kernel.shape[1])],
+                       "params": int(np.prod(kernel.shape)) + int(np.prod(bias.shape))})
+        bottom = top
+    layers.append({"type": "BinaryCrossEntropyLoss", "name": "loss", "bottom": [bottom, LABEL], "top": "loss",
+                   "output_shape": [], "params": 0})
+    return {"format": "wide_deep.movielens graph v1", "solver": solver, "optimizer": optimizer,
+            "inputs": inputs, "label": {"name": LABEL, "dtype": "int8", "meaning": spec.metadata.get("label")},
+            "layers": layers, "total_params": int(sum(l["params"] for l in layers)),
+            "serving": {"savedmodel": SAVEDMODEL_DIR, "signature": "serving_default",
+                        "inputs": [i["name"] for i in inputs], "output": "probability"}}
+
+
+def export_model(export_dir: str, model, graph: Dict[str, object], overwrite: bool = False) -> str:
+    """Write ``export_dir/1/model.savedmodel`` and ``export_dir/1/movielens.json`` (staged, then moved in)."""
+    import tensorflow as tf
+    config = model.deep.config
+    specs = {n: tf.TensorSpec([None], tf.int64, name=n) for n in config.onehot}
+    specs.update({n: tf.TensorSpec([None, config.max_hotness[n]], tf.int64, name=n) for n in config.multihot})
+
+    class Serving(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=[specs])
+        def serve(self, features):
+            ids = {k: tf.cast(v, tf.int32) for k, v in features.items()}
+            return {"probability": tf.sigmoid(self.model(ids, training=False))}
+
+    module = Serving()
+    with atomic_directory(export_dir, overwrite=overwrite, tool=TOOL, marker=os.path.join("1", GRAPH_JSON)) as staging:
+        version = os.path.join(staging, "1")
+        os.makedirs(version)
+        tf.saved_model.save(module, os.path.join(version, SAVEDMODEL_DIR),
+                            signatures={"serving_default": module.serve})
+        with open(os.path.join(version, GRAPH_JSON), "w") as f:
+            json.dump(graph, f, indent=2)
+    return os.path.join(export_dir, "1")
+
+
+# -------------------------------------------------------------------------------------------------------- training
+def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Optional[str] = None,
+          log_json: Optional[str] = None, batch_size: int = 2048, eval_batch_size: int = 2048,
+          max_eval_batches: int = 0, max_iter: int = 2000, display: int = 100, eval_interval: int = 200,
+          snapshot: int = 1900, learning_rate: float = 0.001, embedding_dim: int = 16,
+          hidden_units: Sequence[int] = (128, 128), combiner: str = "sum", seed: int = 0,
+          overwrite: bool = False, stdout: bool = True) -> Dict[str, object]:
+    """Train, evaluate, snapshot and export (see the module docstring); returns the summary dict."""
+    for flag, value in (("--batch_size", batch_size), ("--eval_batch_size", eval_batch_size),
+                        ("--max_iter", max_iter), ("--display", display), ("--eval_interval", eval_interval),
+                        ("--snapshot", snapshot), ("--embedding_dim", embedding_dim)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if export_dir:
+        check_output_directory(export_dir, overwrite)   # refuse before training, not after
+    import tensorflow as tf
+    spec = FeatureSpec.from_yaml(os.path.join(dataset_path, SPEC_NAME), check_files=True)
+    for channel in (LABEL_CHANNEL, ONEHOT_CHANNEL):
+        if not spec.channel_spec.get(channel):
+            raise ValueError(f"{spec.origin}: channel {channel!r} is empty; is this a wide_deep.movielens.etl output?")
+    names = model_feature_names(spec)
+    train_data, valid_data = load_split(spec, "train"), load_split(spec, "test")
+    tf.keras.utils.set_random_seed(seed)
+    config = model_config(spec, embedding_dim, hidden_units, combiner)
+    model = build_model(config, seed)
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    # Non-epoch mode, as HugeCTR's repeat_dataset=True: the shuffled training set repeats until max_iter.
+    ds = (tf.data.Dataset.from_tensor_slices({k: train_data[k] for k in names + [LABEL]})
+          .shuffle(len(train_data[LABEL]), seed=seed, reshuffle_each_iteration=True).repeat()
+          .batch(batch_size, drop_remainder=True).prefetch(2))
+    solver = {"batchsize": batch_size, "batchsize_eval": eval_batch_size, "max_iter": max_iter, "display": display,
+              "eval_interval": eval_interval, "snapshot": snapshot, "max_eval_batches": max_eval_batches,
+              "seed": seed}
+    opt_json = {"type": "Adam", "learning_rate": learning_rate, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    log = Logger(log_json, stdout=stdout)
+    log.log_parameters({"dataset_path": dataset_path, **solver, "optimizer": opt_json, "embedding_dim": embedding_dim,
+                        "hidden_units": list(hidden_units), "combiner": combiner,
+                        "rows_train": len(train_data[LABEL]), "rows_valid": len(valid_data[LABEL]),
+                        "total_params": int(model.count_params())})
+    auc_history: List[Dict[str, float]] = []
+    losses, train_seconds, window_start = [], 0.0, time.perf_counter()
+    snapshots = []
+    for step, batch in enumerate(ds.take(max_iter), start=1):
+        y = batch.pop(LABEL)
+        losses.append(train_step(batch, y))
+        if step % display == 0 or step == max_iter:
+            mean_loss = float(np.mean([float(l) for l in losses]))   # fetch only here: no sync every step
+            seconds = time.perf_counter() - window_start
+            train_seconds += seconds
+            log.log(step=(step,), data={"loss": mean_loss, "iters": len(losses), "seconds": seconds,
+                                        "samples_per_second": len(losses) * batch_size / seconds})
+            losses, window_start = [], time.perf_counter()
+        if step % eval_interval == 0 or step == max_iter:
+            t = time.perf_counter()
+            auc = evaluate_auc(model, valid_data, names, eval_batch_size, max_eval_batches)
+            auc_history.append({"step": step, "auc": auc})
+            log.log(step=(step,), data={"eval_auc": auc, "eval_seconds": time.perf_counter() - t})
+            window_start += time.perf_counter() - t   # evaluation time is not training time
+        if model_dir and step % snapshot == 0:
+            t = time.perf_counter()
+            snapshots.append(write_snapshot(model_dir, step, model, optimizer))
+            log.log(step=(step,), data={"snapshot": snapshots[-1]})
+            window_start += time.perf_counter() - t
+    summary = {"final_auc": auc_history[-1]["auc"], "auc_history": auc_history, "steps": max_iter,
+               "samples_per_second": max_iter * batch_size / max(train_seconds, 1e-9), "snapshots": snapshots}
+    graph = graph_json(model, spec, solver, opt_json)
+    if export_dir:
+        summary["export"] = export_model(export_dir, model, graph, overwrite=overwrite)
+    log.log_summary({k: v for k, v in summary.items() if k != "auc_history"})
+    log.close()
+    summary["model"], summary["graph"] = model, graph
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = train(args.dataset_path, model_dir=args.model_dir, export_dir=args.export_dir,
+                        log_json=args.log_json, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                        max_eval_batches=args.max_eval_batches, max_iter=args.max_iter, display=args.display,
+                        eval_interval=args.eval_interval, snapshot=args.snapshot, learning_rate=args.learning_rate,
+                        embedding_dim=args.embedding_dim, hidden_units=args.hidden_units, combiner=args.combiner,
+                        seed=args.seed, overwrite=args.overwrite)
+    except (OutputDirectoryError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"[movielens.train] AUC {summary['final_auc']:.4f} after {summary['steps']} steps")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
