@@ -1,0 +1,48 @@
+"""``python -m wide_deep.benchmark``: both sides train on the same batches and the JSON result has its fields."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+TINY = ["--global_batch_size", "64", "--benchmark_warmup_steps", "2", "--benchmark_steps", "3", "--num_batches", "2",
+        "--cardinality_scale", "0.0005", "--deep_hidden_units", "8", "8"]
+
+
+def test_benchmark_json_fields(tmp_path):
+    from wide_deep.benchmark import main
+    out = tmp_path / "bench.json"
+    result = main(TINY + ["--output_json", str(out)])
+    with open(out) as f:
+        written = json.load(f)
+    assert written == json.loads(json.dumps(result))
+    for key in ("ours_samples_per_s", "keras_samples_per_s", "speedup", "ours_seconds", "keras_seconds"):
+        assert math.isfinite(written[key]) and written[key] > 0, key
+    assert written["speedup"] == pytest.approx(written["ours_samples_per_s"] / written["keras_samples_per_s"])
+    assert written["ours_samples_per_s"] == pytest.approx(3 * 64 / written["ours_seconds"])
+    assert (written["global_batch_size"], written["steps"], written["warmup_steps"]) == (64, 3, 2)
+    assert written["device"] == "CPU" and written["cpu_model"] and written["deep_hidden_units"] == [8, 8]
+
+
+def test_both_sides_are_the_same_model():
+    """Same layout -> the same parameter count and the same kind of output for the recipe's and the Keras model."""
+    import tensorflow as tf
+    from wide_deep.benchmark import build_keras, build_ours, feature_layout, synthetic_batches
+    layout = feature_layout(0.0005)
+    args = (layout, [8, 8], 0.0, "sum", 0.02, 0.001, False, 0)
+    ours, _ = build_ours(*args)
+    keras = build_keras(*args)
+    data = synthetic_batches(layout, 16, 1, seed=0)
+    x = {k: tf.constant(v) for k, v in data.items() if k != "label"}
+    p = keras(x).numpy().reshape(-1)
+    assert p.shape == (16,) and np.all((p > 0) & (p < 1))
+    assert ours(x).shape == (16,)
+    # The Keras multi-hot tables hold one extra row each (0 pads), times width + 1 (deep + linear).
+    extra = sum(layout["embedding_dims"][n] + 1 for n in layout["multihot"])
+    assert keras.count_params() == ours.count_params() + extra
+
+
+def test_bad_output_json_refused_before_work(tmp_path):
+    from wide_deep.benchmark import main
+    with pytest.raises(FileExistsError, match="--output_json"):
+        main(TINY + ["--output_json", str(tmp_path)])
