@@ -200,13 +200,16 @@ def _run(args, dist: Dist) -> int:
     model = build_model(spec, args.embedding_sizes_file, args.deep_hidden_units, args.deep_dropout,
                         args.combiner, args.seed)
     wide_vars, deep_vars = model.wide.trainable_variables, model.deep.trainable_variables
-    wide_opt = tf.keras.optimizers.Ftrl(learning_rate=args.linear_learning_rate)
-    deep_opt = tf.keras.optimizers.RMSprop(learning_rate=args.deep_learning_rate, rho=0.5)
+    # The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: their sparse kernels update only the
+    # embedding rows a batch touched (the new Keras RMSprop decays every row of every table at each step).
+    wide_opt = tf.keras.optimizers.legacy.Ftrl(learning_rate=args.linear_learning_rate)
+    deep_opt = tf.keras.optimizers.legacy.RMSprop(learning_rate=args.deep_learning_rate, rho=0.5)
     loss_scale = args.amp and not cpu  # float16 needs loss scaling; bfloat16 has float32's range
     if loss_scale:
         deep_opt = tf.keras.mixed_precision.LossScaleOptimizer(deep_opt)
-    wide_opt.build(wide_vars)
-    deep_opt.build(deep_vars)
+    # Slots exist before a restore or the first step (also what a traced apply step needs).
+    wide_opt._create_all_weights(wide_vars)
+    (deep_opt.inner_optimizer if loss_scale else deep_opt)._create_all_weights(deep_vars)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     checkpointer = Checkpointer(args.model_dir, model, wide_opt, deep_opt, step_var)
     start_step = 0
@@ -253,7 +256,7 @@ def _run(args, dist: Dist) -> int:
     @tf.function
     def apply_fn(grads, deep_lr):
         grads = dist.allreduce_grads(grads)
-        deep_opt.learning_rate.assign(deep_lr) if not loss_scale else deep_opt.inner_optimizer.learning_rate.assign(deep_lr)
+        (deep_opt.inner_optimizer if loss_scale else deep_opt).learning_rate.assign(deep_lr)
         wide_opt.apply_gradients(zip(grads[:n_wide], wide_vars))
         deep_opt.apply_gradients(zip(grads[n_wide:], deep_vars))
         step_var.assign_add(1)
