@@ -43,3 +43,17 @@ def etl_single(raw_outbrain, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("outbrain_etl") / "single")
     run_etl(raw_outbrain, out, cpu=True, **ETL_OPTIONS)
     return out
+
+
+@pytest.fixture(scope="session")
+def etl_training(tmp_path_factory):
+    """ETL output of 3,000 generated displays (8,174 train / 4,204 valid rows): enough rows for the planted
+    signal to be learnt in a few epochs by the training tests (tests/test_train.py, tests/test_horovod.py)."""
+    from wide_deep.data.outbrain.generator import generate
+    from wide_deep.data.outbrain.preproc import run_etl
+    root = tmp_path_factory.mktemp("outbrain_training")
+    generate(str(root / "orig"), num_displays=3000, seed=3)
+    out = str(root / "etl")
+    run_etl(str(root / "orig"), out, cpu=True, num_partitions=2, num_train_files=2, num_valid_files=2, seed=0,
+            out=lambda line: None)
+    return out
