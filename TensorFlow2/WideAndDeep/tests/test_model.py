@@ -1,0 +1,94 @@
+"""The model's parts, pooling and shapes; the deep schedule; the flag table; embedding-size errors."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from wide_deep.trainer.arguments import build_parser, parameter_table
+from wide_deep.trainer.model import ModelConfig, WideDeepModel, load_embedding_sizes
+from wide_deep.trainer.schedulers import DeepLearningRateSchedule
+
+
+def tiny_config(combiner="sum", hidden=(8, 4)):
+    return ModelConfig(onehot={"a": 10, "b": 5}, multihot={"m": 7}, max_hotness={"m": 3}, numerical=["x", "z"],
+                       embedding_dims={"a": 4, "b": 2, "m": 3}, hidden_units=hidden, dropout=0.0, combiner=combiner)
+
+
+def batch():
+    return {"a": tf.constant([1, 9, 0], tf.int32), "b": tf.constant([4, 0, 2], tf.int32),
+            "m": tf.constant([[1, 2, -1], [-1, -1, -1], [6, 6, 5]], tf.int32),
+            "x": tf.constant([0.5, -1.0, 2.0]), "z": tf.constant([0.0, 1.0, 3.0])}
+
+
+def test_output_shape_and_parts():
+    model = WideDeepModel(tiny_config()).build_from_config()
+    logits = model(batch())
+    assert logits.shape == (3,) and logits.dtype == tf.float32
+    wide_names = {v.name for v in model.wide.trainable_variables}
+    deep_names = {v.name for v in model.deep.trainable_variables}
+    assert not wide_names & deep_names
+    assert len(model.trainable_variables) == len(wide_names) + len(deep_names)
+    # wide: one (cardinality, 1) table per categorical, numerical weights, bias; deep: 3 tables + 3 dense layers
+    assert sorted(v.shape[0] for v in model.wide.trainable_variables if v.shape.rank == 2 and v.shape[1] == 1) \
+        == [2, 5, 7, 10]
+    assert len(model.deep.trainable_variables) == 3 + 2 * 3
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_multihot_pooling_ignores_padding(combiner):
+    model = WideDeepModel(tiny_config(combiner)).build_from_config()
+    table = model.deep.tables["m"].numpy()
+    # The deep MLP input is the concatenation [a(4) b(2) m(3) x z]; read it through a probe of the first layer.
+    probe = {}
+    original = model.deep.hidden[0].call
+
+    def capture(x):
+        probe["x"] = x
+        return original(x)
+    model.deep.hidden[0].call = capture
+    model(batch())
+    pooled = probe["x"].numpy()[:, 6:9]
+    expected = np.stack([table[1] + table[2], np.zeros(3), 2 * table[6] + table[5]])
+    if combiner == "mean":
+        expected = expected / np.array([[2.0], [1.0], [3.0]])
+    np.testing.assert_allclose(pooled, expected, rtol=1e-6)
+    # wide part: multi-hot ids summed, padding ignored
+    model.wide.tables["m"].assign(tf.reshape(tf.range(7, dtype=tf.float32), [7, 1]))
+    for name in ("a", "b"):
+        model.wide.tables[name].assign(tf.zeros_like(model.wide.tables[name]))
+    np.testing.assert_allclose(model.wide(batch()).numpy(), [1 + 2, 0, 6 + 6 + 5])
+
+
+def test_deep_schedule():
+    s = DeepLearningRateSchedule(base_lr=1.0, warmup_epochs=2, num_epochs=6, steps_per_epoch=10)
+    assert [s(0), s(9), s(19)] == pytest.approx([0.05, 0.5, 1.0])
+    # after warm-up: base/4 until the middle of the remaining epochs (epoch 4 = step 40), then base/8
+    assert [s(20), s(39), s(40), s(59)] == [0.25, 0.25, 0.125, 0.125]
+    with pytest.raises(ValueError, match="--deep_warmup_epochs"):
+        DeepLearningRateSchedule(1.0, 7, 6, 10)
+
+
+def test_seed_flags_and_defaults():
+    args = build_parser().parse_args([])
+    expected = {"dataset_path": "/outbrain/data", "fspec_file": "feature_spec.yaml",
+                "embedding_sizes_file": "data/outbrain/embedding_sizes.json", "use_checkpoint": False,
+                "model_dir": "/outbrain/checkpoints", "results_dir": "/results", "log_filename": "log.json",
+                "global_batch_size": 131072, "eval_batch_size": 131072, "num_epochs": 20, "cpu": False,
+                "amp": False, "xla": False, "linear_learning_rate": 0.02, "deep_learning_rate": 0.00012,
+                "deep_warmup_epochs": 6, "deep_hidden_units": [1024] * 5, "deep_dropout": 0.1, "combiner": "sum",
+                "evaluate": False, "benchmark": False, "benchmark_warmup_steps": 500, "benchmark_steps": 1000,
+                "affinity": "unique_interleaved"}
+    assert {k: getattr(args, k) for k in expected} == expected
+    table = parameter_table()
+    for action in build_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert f"`{action.option_strings[0]}`" in table
+
+
+def test_embedding_sizes_errors(tmp_path):
+    path = tmp_path / "sizes.json"
+    path.write_text(json.dumps({"a": 4}))
+    with pytest.raises(ValueError, match=r"sizes.json: no embedding size for feature\(s\) b"):
+        load_embedding_sizes(str(path), ["a", "b"])
+    assert load_embedding_sizes(str(path), ["a"]) == {"a": 4}
