@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-TINY = ["--global_batch_size", "64", "--benchmark_warmup_steps", "2", "--benchmark_steps", "3", "--num_batches", "2",
+TINY = ["--global_batch_size", "64", "--benchmark_warmup_steps", "2", "--benchmark_steps", "3", "--num_batches", "2", "--rounds", "2",
         "--cardinality_scale", "0.0005", "--deep_hidden_units", "8", "8"]
 
 
@@ -19,8 +19,12 @@ def test_benchmark_json_fields(tmp_path):
     for key in ("ours_samples_per_s", "keras_samples_per_s", "speedup", "ours_seconds", "keras_seconds"):
         assert math.isfinite(written[key]) and written[key] > 0, key
     assert written["speedup"] == pytest.approx(written["ours_samples_per_s"] / written["keras_samples_per_s"])
-    assert written["ours_samples_per_s"] == pytest.approx(3 * 64 / written["ours_seconds"])
-    assert (written["global_batch_size"], written["steps"], written["warmup_steps"]) == (64, 3, 2)
+    assert len(written["ours_rounds_samples_per_s"]) == len(written["keras_rounds_samples_per_s"]) == 2
+    assert written["ours_samples_per_s"] == pytest.approx(float(np.median(written["ours_rounds_samples_per_s"])))
+    for side in ("ours", "keras"):   # each round's rate is its 3 steps of 64 over its time; the times add up
+        assert sum(3 * 64 / r for r in written[f"{side}_rounds_samples_per_s"]) == \
+            pytest.approx(written[f"{side}_seconds"])
+    assert (written["global_batch_size"], written["steps"], written["warmup_steps"], written["rounds"]) == (64, 3, 2, 2)
     assert written["device"] == "CPU" and written["cpu_model"] and written["deep_hidden_units"] == [8, 8]
 
 

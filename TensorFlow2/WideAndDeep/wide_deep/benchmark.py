@@ -1,6 +1,6 @@
 """Training throughput: this recipe's Wide & Deep vs the same model written the plain Keras way, in one run.
 
-    python -m wide_deep.benchmark --global_batch_size 4096 --benchmark_warmup_steps 10 --benchmark_steps 50 \\
+    python -m wide_deep.benchmark --global_batch_size 4096 --benchmark_warmup_steps 5 --benchmark_steps 10 --rounds 3 \\
         --output_json /tmp/wd_benchmark.json
 
 Both sides train the 29-feature Outbrain Wide & Deep (reference A.2: 13 one-hot and 3 multi-hot categoricals with
@@ -19,8 +19,10 @@ input pipelines; the Merlin parquet loader is timed by ``main.py --benchmark``):
 
 The batches: ``--dataset_path`` (an Outbrain ETL output; its first ``--num_batches`` batches of train/) or, by
 default, ``--num_batches`` synthetic batches drawn per feature (Zipf-skewed ids, 1 to 3 ids per multi-hot row,
-normal numericals, 20 % positives), cycled. Prints and writes (``--output_json``) one JSON object: samples/s of each
-side, ``speedup`` = ours / keras, the settings, and the CPU model. ``main(argv)`` returns that dict.
+normal numericals, 20 % positives), cycled. After ``--benchmark_warmup_steps`` untimed steps per side, ``--rounds``
+rounds alternate ours and keras, ``--benchmark_steps`` timed steps each. Prints and writes (``--output_json``) one
+JSON object: the median samples/s of each side (and each round's), ``speedup`` = ours / keras, the settings, the
+CPU model and the load average. ``main(argv)`` returns that dict.
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_path", default=None, help="Outbrain ETL output to take batches from (default: synthetic)")
     p.add_argument("--global_batch_size", type=int, default=4096, help="training batch of both sides")
     p.add_argument("--benchmark_warmup_steps", type=int, default=10, help="untimed steps first (tracing, caches)")
-    p.add_argument("--benchmark_steps", type=int, default=50, help="timed steps")
+    p.add_argument("--benchmark_steps", type=int, default=20, help="timed steps per round and side")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds, alternating the two sides; the figures are the medians over rounds")
     p.add_argument("--num_batches", type=int, default=8, help="distinct batches, cycled")
     p.add_argument("--deep_hidden_units", type=int, nargs="+", default=[1024, 1024, 1024, 1024, 1024],
                    help="hidden units of the deep part")
@@ -189,25 +193,26 @@ def build_keras(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla
     return model
 
 
-def time_ours(step, dataset, warmup: int, steps: int) -> float:
-    """Seconds of ``steps`` training steps after ``warmup`` (the last loss is fetched before the clock stops)."""
+def ours_runner(step, dataset):
+    """``run(steps) -> seconds`` of ``steps`` training steps (the last loss is fetched before the clock stops)."""
     it = iter(dataset)
-    for _ in range(warmup):
-        loss = step(*next(it))
-    float(loss)
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step(*next(it))
-    float(loss)
-    return time.perf_counter() - start
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = step(*next(it))
+        float(loss)
+        return time.perf_counter() - start
+    return run
 
 
-def time_keras(model, dataset, warmup: int, steps: int) -> float:
-    """Seconds of ``model.fit(steps_per_epoch=steps)`` after a warm-up ``fit`` of ``warmup`` steps."""
-    model.fit(dataset, epochs=1, steps_per_epoch=warmup, verbose=0)
-    start = time.perf_counter()
-    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-    return time.perf_counter() - start
+def keras_runner(model, dataset):
+    """``run(steps) -> seconds`` of ``model.fit(dataset, steps_per_epoch=steps)``."""
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+        return time.perf_counter() - start
+    return run
 
 
 def cpu_model() -> str:
@@ -222,12 +227,12 @@ def cpu_model() -> str:
 
 
 def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int = 4096, warmup_steps: int = 10,
-                  steps: int = 50, num_batches: int = 8, hidden_units: Sequence[int] = (1024,) * 5,
+                  steps: int = 20, num_batches: int = 8, hidden_units: Sequence[int] = (1024,) * 5,
                   dropout: float = 0.1, linear_lr: float = 0.02, deep_lr: float = 0.00012, combiner: str = "sum",
-                  xla: bool = False, cardinality_scale: float = 1.0, seed: int = 0) -> Dict[str, object]:
+                  xla: bool = False, cardinality_scale: float = 1.0, seed: int = 0, rounds: int = 3) -> Dict[str, object]:
     """Time both sides on the same batches; returns the result dict (see the module docstring)."""
     for flag, value in (("--global_batch_size", global_batch_size), ("--benchmark_warmup_steps", warmup_steps),
-                        ("--benchmark_steps", steps), ("--num_batches", num_batches)):
+                        ("--benchmark_steps", steps), ("--num_batches", num_batches), ("--rounds", rounds)):
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     import tensorflow as tf
@@ -239,12 +244,20 @@ def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int 
     dataset = make_dataset(data, global_batch_size)
     args = (layout, list(hidden_units), dropout, combiner, linear_lr, deep_lr, xla, seed)
     _, ours_step = build_ours(*args)
-    ours_seconds = time_ours(ours_step, dataset, warmup_steps, steps)
-    keras_seconds = time_keras(build_keras(*args), dataset, warmup_steps, steps)
-    ours = steps * global_batch_size / ours_seconds
-    keras = steps * global_batch_size / keras_seconds
+    runners = {"ours": ours_runner(ours_step, dataset), "keras": keras_runner(build_keras(*args), dataset)}
+    for run in runners.values():
+        run(warmup_steps)
+    # Rounds alternate the two sides, so that a change of load on a shared machine hits both alike.
+    seconds = {side: [] for side in runners}
+    for _ in range(rounds):
+        for side, run in runners.items():
+            seconds[side].append(run(steps))
+    rates = {side: [steps * global_batch_size / s for s in secs] for side, secs in seconds.items()}
+    ours, keras = float(np.median(rates["ours"])), float(np.median(rates["keras"]))
     return {"mode": "train", "ours_samples_per_s": ours, "keras_samples_per_s": keras, "speedup": ours / keras,
-            "ours_seconds": ours_seconds, "keras_seconds": keras_seconds, "global_batch_size": global_batch_size,
+            "ours_rounds_samples_per_s": rates["ours"], "keras_rounds_samples_per_s": rates["keras"],
+            "ours_seconds": float(sum(seconds["ours"])), "keras_seconds": float(sum(seconds["keras"])),
+            "rounds": rounds, "global_batch_size": global_batch_size,
             "warmup_steps": warmup_steps, "steps": steps, "num_batches": num_batches,
             "data": dataset_path or "synthetic", "deep_hidden_units": list(hidden_units), "combiner": combiner,
             "xla": xla, "cardinality_scale": cardinality_scale,
@@ -261,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                            num_batches=args.num_batches, hidden_units=args.deep_hidden_units,
                            dropout=args.deep_dropout, linear_lr=args.linear_learning_rate,
                            deep_lr=args.deep_learning_rate, combiner=args.combiner, xla=args.xla,
-                           cardinality_scale=args.cardinality_scale, seed=args.seed)
+                           cardinality_scale=args.cardinality_scale, seed=args.seed, rounds=args.rounds)
     import json
     print(json.dumps(result), flush=True)
     if args.output_json:
