@@ -59,6 +59,9 @@ def test_etl_output_spec_and_label(ml100k, etl_out):
     assert (train["genres"][:, 0] >= 0).all()
     assert train["genres"].max() < spec.cardinality("genres")
     assert train["userId"].max() < spec.cardinality("userId")
+    # HugeCTR's reader list names the final files (not the staging directory they were written in)
+    with open(os.path.join(out, "valid", "_file_list.txt")) as f:
+        assert f.read().split() == ["1", os.path.join(os.path.abspath(out), "valid", "part_0.parquet")]
 
 
 def test_etl_workflow_reloads_and_transforms_like_the_output(ml100k, etl_out):

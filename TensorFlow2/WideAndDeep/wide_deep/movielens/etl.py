@@ -213,7 +213,7 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
         for ds, subdir in ((train_ds, "train"), (valid_ds, "valid")):
             t = time.perf_counter()
             workflow.transform(ds).to_parquet(os.path.join(staging, subdir), output_files=1, shuffle=None)
-            _rename_single_output(os.path.join(staging, subdir))
+            _check_single_output(os.path.join(staging, subdir), os.path.join(os.path.abspath(output_dir), subdir))
             out(f"[movielens.etl] wrote {subdir}/ in {time.perf_counter() - t:.1f} s")
         cards = cardinalities(workflow)
         spec = build_feature_spec(staging, cards, max_hotness, rows)
@@ -231,11 +231,19 @@ def _cpu() -> bool:
     return cudf is None
 
 
-def _rename_single_output(directory: str) -> None:
-    """NVTabular names its one output file ``part_0.parquet``; check that rather than guessing later."""
-    names = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
+def _check_single_output(written_dir: str, final_dir: str) -> None:
+    """Check that NVTabular wrote one ``part_0.parquet`` (the name the spec lists), and point its
+    ``_file_list.txt`` (what HugeCTR's Parquet reader takes) at the final directory instead of the staging one."""
+    names = sorted(n for n in os.listdir(written_dir) if n.endswith(".parquet"))
     if names != ["part_0.parquet"]:
-        raise RuntimeError(f"{directory}: expected NVTabular to write part_0.parquet, found {names}")
+        raise RuntimeError(f"{written_dir}: expected NVTabular to write part_0.parquet, found {names}")
+    file_list = os.path.join(written_dir, "_file_list.txt")
+    if os.path.exists(file_list):
+        with open(file_list, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        lines = [os.path.join(final_dir, os.path.basename(l)) if l.endswith(".parquet") else l for l in lines]
+        with open(file_list, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
