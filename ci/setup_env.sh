@@ -9,7 +9,7 @@
 #   2. pip==26.2.1 (pip 26.3 refuses merlin-dataloader's direct-URL dependency);
 #   3. torch==2.13.0 FIRST (the CPU wheel; any unpinned torch pulls ~3 GB of CUDA);
 #   4. ci/requirements.txt, every package pinned exactly by ci/constraints.txt;
-#   5. ci/requirements-nodeps.txt with --no-deps (tf-keras, torchrec, fbgemm-gpu-cpu);
+#   5. ci/requirements-nodeps.txt with --no-deps (tf-keras, torchrec, fbgemm-gpu-cpu, tensorflow-recommenders);
 #   6. Horovod 0.28.1 from its PyPI sdist with ci/horovod-0.28.1-tf2.21-torch2.13.patch, gloo,
 #      TensorFlow + PyTorch; the built wheel is cached in $RECSYS_WHEEL_CACHE
 #      (default ~/.cache/recsys-recipes/wheels), so only the first setup compiles (~8 min on 2 cores);
