@@ -1,0 +1,30 @@
+"""Generate headerless CSV files for a FeatureSpec whose chunks are CSV (step 1 of bring-your-own data).
+
+    python gen_csv.py --feature_spec_in tests/feature_specs/fspec_csv.yaml --output /tmp/wd_csv --size 1000
+    python transcode.py --input /tmp/wd_csv --output /tmp/wd_data                 # -> parquet + feature_spec.yaml
+    python gen_embedding_sizes.py --feature_spec_in /tmp/wd_data/feature_spec.yaml --output /tmp/wd_data/emb.json
+
+NVIDIA's flags (``--feature_spec_in --output --size``); the implementation is
+``recsys_common.dataset_tools.generate_csv`` (shared with the DLRM recipes). ``--size`` rows go to the ``train``
+mapping, ``--size // 10`` (at least 1) to every other one (``test`` here).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
+
+TOOL = "gen_csv"
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    """Writes the CSV dataset under ``--output``; returns its FeatureSpec."""
+    from recsys_common.dataset_tools import gen_csv_main
+    return gen_csv_main(argv, TOOL, __doc__)
+
+
+if __name__ == "__main__":
+    from recsys_common.dataset_tools import run_cli
+    run_cli(main)
