@@ -5,8 +5,8 @@
 #   make test         setup, then every component's tests, each in its own pytest process
 #   make test-<c>     one component: test-common test-ci test-ncf test-pytorch-dlrm
 #                     test-wide-and-deep test-dlrm-dcnv2
-#   make quickstart   setup, then $(QUICKSTART): DLRM, NCF, then TF2 DLRM and DCNv2 on generated data
-#   make quickstart-dlrm / quickstart-ncf / quickstart-dlrm-dcnv2   one of them
+#   make quickstart   setup, then $(QUICKSTART): DLRM, NCF, TF2 DLRM and DCNv2, then Wide & Deep on generated data
+#   make quickstart-dlrm / quickstart-ncf / quickstart-dlrm-dcnv2 / quickstart-wide-and-deep   one of them
 #
 # PYTEST_ARGS="-x -k name" passes extra arguments to pytest.
 
@@ -25,9 +25,10 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # The main job on built-in defaults (synthetic data, CPU): DLRM, then NCF (PyTorch), then DLRM and DCNv2 (TensorFlow 2),
 # each about a minute on 2 idle cores.
 QUICKSTART ?= bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart && bash PyTorch/NCF/quickstart.sh /tmp/ncf_quickstart \
-              && bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart
+              && bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart \
+              && bash TensorFlow2/WideAndDeep/quickstart.sh /tmp/wide_deep_quickstart
 
-.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf quickstart-dlrm-dcnv2 test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
+.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf quickstart-dlrm-dcnv2 quickstart-wide-and-deep test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
         test-dlrm-dcnv2 help
 
 help:
@@ -50,6 +51,9 @@ quickstart-ncf: setup
 
 quickstart-dlrm-dcnv2: setup
 	bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart
+
+quickstart-wide-and-deep: setup
+	bash TensorFlow2/WideAndDeep/quickstart.sh /tmp/wide_deep_quickstart
 
 test-common: setup
 	bash ci/run_tests.sh common
