@@ -4,8 +4,9 @@ The datasets live beside the repository (``../shared/data``) or wherever ``RECSY
 forbid committing them. A user's fresh clone has none, so tests that need them skip with a reason; CI sets
 ``RECSYS_REQUIRE_DATA=1`` and then a missing dataset fails the test instead of skipping it.
 
-Also: free loopback ports and :func:`run_torchrun_nodes`, which starts several ``torchrun`` launchers on this machine
-as the nodes of one job (the recipes' multi-node tests).
+Also: free loopback ports; :func:`run_torchrun_nodes`, which starts several ``torchrun`` launchers on this machine
+as the nodes of one job (the recipes' multi-node tests); :func:`run_process_group` and :func:`horovodrun_command`, the
+one way the TensorFlow recipes' tests start ``horovodrun`` (or a single rank) and never leave a process behind.
 """
 from __future__ import annotations
 
@@ -116,6 +117,56 @@ def run_torchrun_nodes(program: Sequence[str], nnodes: int = 2, nproc_per_node: 
                             f"{' '.join(r.command)}\n{_excerpt(r.output)}" for r in results)
         raise AssertionError(f"a torchrun launcher of the {nnodes}-node job failed\n{report}")
     return results
+
+
+def run_process_group(command: Sequence[str], cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                      timeout: float = 600.0, expect_success: bool = True):
+    """Run ``command`` in a session of its own and wait; past ``timeout`` (or on any exception while waiting, such as
+    a KeyboardInterrupt) kill the whole process group, launcher and ranks.
+
+    Returns the output (stdout and stderr interleaved); with ``expect_success`` a non-zero exit raises an
+    AssertionError showing the command, its status and the start and end of the output; otherwise returns
+    ``(returncode, output)``. A timeout always raises.
+    """
+    import signal
+    command = list(command)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(command)} did not finish in {timeout:.0f} s (process group killed)\n"
+                             f"{_excerpt(output)}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if not expect_success:
+        return proc.returncode, output
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {proc.returncode}\n{_excerpt(output)}")
+    return output
+
+
+def horovodrun_command(num_ranks: int, program: Sequence[str], bin_dir: Optional[str] = None) -> List[str]:
+    """``horovodrun -np N -H localhost:N --gloo --network-interface lo <program>``: gloo on loopback, no MPI.
+
+    ``bin_dir``: where ``horovodrun`` is (default: beside ``sys.executable``, the venv's bin directory).
+    """
+    bin_dir = bin_dir or os.path.dirname(sys.executable)
+    return [os.path.join(bin_dir, "horovodrun"), "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo",
+            "--network-interface", "lo", *program]
+
+
+def horovod_env(env: Dict[str, str], gloo_timeout_seconds: int = 120) -> Dict[str, str]:
+    """``env`` plus what a loopback horovodrun job needs: gloo on ``lo``, a gloo timeout, one OpenMP thread per rank,
+    and this interpreter's bin directory first on PATH (horovodrun's ranks run ``python`` from PATH)."""
+    env = dict(env)
+    env.update(GLOO_SOCKET_IFNAME="lo", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout_seconds), OMP_NUM_THREADS="1")
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
 
 
 def _excerpt(output: str, head: int = 2500, tail: int = 5500) -> str:

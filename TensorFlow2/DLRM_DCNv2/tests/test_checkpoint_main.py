@@ -7,7 +7,6 @@ one did: the per-step training losses after the checkpoint (``--print_freq 1`` l
 table, optimizer slot and dense weight of the final checkpoint, bit for bit. The run crosses an epoch boundary
 after the checkpoint, so the data position (epoch, batch within the epoch) is restored too.
 """
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import RECIPE_DIR, subprocess_env
+from recsys_common.logger import read_log as read_dllogger
+from recsys_common.testing import run_process_group
 from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state, read_table
 
 TIMEOUT_S = 180
@@ -41,20 +42,7 @@ def command(model, dataset, out, *extra):
 
 
 def run(cmd):
-    proc = subprocess.Popen(cmd, cwd=RECIPE_DIR, env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"did not finish in {TIMEOUT_S} s (process group killed):\n{output[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}"
-    return output
+    return run_process_group(cmd, cwd=RECIPE_DIR, env=subprocess_env(), timeout=TIMEOUT_S)
 
 
 def run_and_kill(cmd, checkpoint_dir, log_path):
@@ -80,17 +68,15 @@ def run_and_kill(cmd, checkpoint_dir, log_path):
 def read_log(path):
     """``({step: training loss}, [evaluation records], summary)`` from a DLLogger JSON log."""
     losses, evals, summary = {}, [], None
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line.split(" ", 1)[1])
-            step, data = record["step"], record["data"]
-            if isinstance(step, list) and len(step) == 2:
-                if "loss" in data:
-                    losses[step[1]] = data["loss"]
-                if "eval_auc" in data:
-                    evals.append((step[1], {k: v for k, v in data.items() if "throughput" not in k}))
-            elif step == []:
-                summary = data
+    for record in read_dllogger(path):  # LOG records (METADATA lines carry no step)
+        step, data = record["step"], record["data"]
+        if isinstance(step, list) and len(step) == 2:
+            if "loss" in data:
+                losses[step[1]] = data["loss"]
+            if "eval_auc" in data:
+                evals.append((step[1], {k: v for k, v in data.items() if "throughput" not in k}))
+        elif step == []:
+            summary = data
     return losses, evals, summary
 
 

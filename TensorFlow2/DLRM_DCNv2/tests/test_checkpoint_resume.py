@@ -9,18 +9,16 @@ the format on every placement: test_checkpoint_format.py.)
 Measured: identical AUC (approximate and exact) both ways; the BCE differed by 1e-16 (float64 summation order of
 the gathered predictions).
 """
-import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
+from recsys_common.logger import read_log
+from recsys_common.testing import horovod_env, horovodrun_command, run_process_group
 from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state
 
-VENV_BIN = os.path.dirname(sys.executable)
 TIMEOUT_S = 180
 COMMON = ["--batch_size", "256", "--valid_batch_size", "1024", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8",
           "--top_mlp_dims", "16,1", "--warmup_steps", "4", "--decay_start_step", "100", "--decay_steps", "100",
@@ -29,44 +27,18 @@ MODELS = {"dlrm": ["--learning_rate", "0.5"],
           "dcnv2": ["--learning_rate", "0.01", "--num_cross_layers", "1", "--cross_layer_projection_dim", "4"]}
 
 
-def env():
-    e = subprocess_env()
-    e.update(GLOO_SOCKET_IFNAME="lo", HOROVOD_GLOO_TIMEOUT_SECONDS="60", OMP_NUM_THREADS="1")
-    e["PATH"] = os.pathsep.join([VENV_BIN, e.get("PATH", "")])  # horovodrun's workers: this venv's python
-    return e
-
-
 def command(model, ranks, dataset, *args):
     cmd = [sys.executable, os.path.join(RECIPE_DIR, f"{model}.py"), "--dataset_path", dataset, *COMMON,
            *MODELS[model], *map(str, args)]
-    if ranks > 1:
-        cmd = [os.path.join(VENV_BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-               "--network-interface", "lo"] + cmd
-    return cmd
+    return horovodrun_command(ranks, cmd) if ranks > 1 else cmd
 
 
 def run(cmd):
-    """Run ``cmd`` in a session of its own; kill the whole group (launcher and ranks) on timeout."""
-    proc = subprocess.Popen(cmd, cwd=RECIPE_DIR, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT_S} s (process group killed)\n{output[-5000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{output[-6000:]}"
-    return output
+    return run_process_group(cmd, cwd=RECIPE_DIR, env=horovod_env(subprocess_env(), 60), timeout=TIMEOUT_S)
 
 
 def summary(log_path):
-    with open(log_path) as f:
-        records = [json.loads(line.split(" ", 1)[1]) for line in f]
-    return [r["data"] for r in records if r["step"] == []][-1]
+    return [r["data"] for r in read_log(log_path) if r["step"] == []][-1]
 
 
 @pytest.mark.parametrize("model,saved_ranks,restored_ranks,placement", [

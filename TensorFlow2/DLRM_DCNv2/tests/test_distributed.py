@@ -12,58 +12,30 @@ size) moved the losses by 2.8e-3 and failed every configuration of the worker te
 """
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
+from recsys_common.testing import horovod_env, horovodrun_command, run_process_group
 from dlrm_dcnv2.distributed.placement import plan_placement
 
 pytestmark = pytest.mark.slow  # every test here launches horovodrun (tens of seconds on 2 cores)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-VENV_BIN = os.path.dirname(sys.executable)
 WORKER = os.path.join(TESTS_DIR, "hybrid_parallel_worker.py")
 TOLERANCE = 1e-5
 LAUNCH_TIMEOUT_S = 120
 
 
-def launch_env():
-    env = subprocess_env()
-    env.update(GLOO_SOCKET_IFNAME="lo", HOROVOD_GLOO_TIMEOUT_SECONDS="60", OMP_NUM_THREADS="1")
-    env["PATH"] = os.pathsep.join([VENV_BIN, env.get("PATH", "")])  # horovodrun's workers: this venv's python
-    return env
-
-
-def run_process_group(cmd, timeout=LAUNCH_TIMEOUT_S, cwd=RECIPE_DIR, expect_success=True):
-    """Run ``cmd`` in its own session; on timeout kill the whole group (launcher and ranks).
-
-    Returns the output (``expect_success``: the exit status must be 0), or ``(exit status, output)``.
-    """
-    proc = subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (process group killed)\n{output[-6000:]}")
-    finally:
-        if proc.poll() is None:  # an exception (KeyboardInterrupt) while waiting: leave nothing behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if not expect_success:
-        return proc.returncode, output
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{output[-8000:]}"
-    return output
+def run_group(cmd, timeout=LAUNCH_TIMEOUT_S, expect_success=True):
+    return run_process_group(cmd, cwd=RECIPE_DIR, env=horovod_env(subprocess_env(), 60), timeout=timeout,
+                             expect_success=expect_success)
 
 
 def horovodrun(np_, program, expect_success=True):
-    return run_process_group([os.path.join(VENV_BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
-                              "--gloo", "--network-interface", "lo"] + program, expect_success=expect_success)
+    return run_group(horovodrun_command(np_, program), expect_success=expect_success)
 
 
 def read_ranks(out_dir, world_size):
