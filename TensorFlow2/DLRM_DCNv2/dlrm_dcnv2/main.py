@@ -606,9 +606,6 @@ def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dic
                 logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr,
                                                             "samples_per_s": rate})
                 window_losses, window_time, window_samples = [], 0.0, 0
-            if manager is not None:
-                manager.maybe_save(global_step, epoch, batch_in_epoch)
-                tick = time.perf_counter()  # a save is not training time
             if batch_in_epoch in points or global_step == total_steps:
                 result = evaluator.evaluate(test_data)
                 result.update(step=global_step, epoch=epoch)
@@ -620,6 +617,11 @@ def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dic
                 logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
                                                             ("auc", "auc_exact", "loss", "throughput")})
                 tick = time.perf_counter()  # evaluation time is not training time
+            # Saved after the evaluation of the same step: a run killed in between redoes that evaluation on resume
+            # instead of skipping it.
+            if manager is not None:
+                manager.maybe_save(global_step, epoch, batch_in_epoch)
+                tick = time.perf_counter()  # a save is not training time
         epoch += 1
     if profiling:
         import tensorflow as tf
