@@ -1,0 +1,89 @@
+"""Atomic periodic checkpoints: a run killed with SIGKILL resumes from its last checkpoint with --use_checkpoint and
+ends with the weights and metrics of an uninterrupted run; --evaluate --use_checkpoint reads it back."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import RECIPE_DIR, subprocess_env
+from recsys_common.logger import read_log
+from wide_deep.trainer import model as model_module
+from wide_deep.trainer.run import main
+
+
+def flags(dataset, out, emb):
+    return ["--dataset_path", dataset, "--cpu", "--global_batch_size", "256", "--eval_batch_size", "2048",
+            "--num_epochs", "2", "--deep_warmup_epochs", "1", "--deep_hidden_units", "16", "16", "--deep_dropout", "0",
+            "--deep_learning_rate", "0.01", "--embedding_sizes_file", emb, "--results_dir", str(out / "results"),
+            "--model_dir", str(out / "model"), "--no_shuffle", "--checkpoint_every_steps", "10"]
+
+
+@pytest.fixture
+def captured_models(monkeypatch):
+    models = []
+    original = model_module.WideDeepModel.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        models.append(self)
+    monkeypatch.setattr(model_module.WideDeepModel, "__init__", init)
+    return models
+
+
+def weights(model):
+    """Variables keyed by position and last name part (a second model in a process gets another name scope)."""
+    return {f"{i}:{v.name.split('/')[-1]}": v.numpy() for i, v in enumerate(model.variables)}
+
+
+def summary(out):
+    return [r["data"] for r in read_log(str(out / "results" / "log.json")) if r["step"] == []][-1]
+
+
+def test_sigkill_resume_is_exact(etl_training, tmp_path, captured_models):
+    from wide_deep.data.outbrain.features import EMBEDDING_SIZES
+    emb = tmp_path / "emb.json"
+    emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert main(flags(etl_training, full, str(emb))) == 0
+    reference = weights(captured_models[-1])
+
+    meta = killed / "model" / "checkpoint" / "meta.json"
+    proc = subprocess.Popen([sys.executable, "main.py"] + flags(etl_training, killed, str(emb)), cwd=RECIPE_DIR,
+                            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not meta.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    killed_at = json.loads(meta.read_text())["step"]
+    assert 10 <= killed_at < 62  # 2 epochs of 31 steps: killed part-way
+
+    assert main(flags(etl_training, killed, str(emb)) + ["--use_checkpoint"]) == 0
+    resumed = weights(captured_models[-1])
+    for name, value in reference.items():
+        np.testing.assert_allclose(resumed[name], value, rtol=0, atol=1e-6, err_msg=name)
+    assert summary(killed) == pytest.approx(summary(full), abs=1e-6)
+
+    # --evaluate --use_checkpoint: the final checkpoint gives the final metrics
+    assert main(flags(etl_training, killed, str(emb)) + ["--use_checkpoint", "--evaluate"]) == 0
+    assert summary(killed) == pytest.approx(summary(full), abs=1e-6)
+
+
+def test_use_checkpoint_without_one_is_a_clear_error(etl_training, tmp_path, capsys):
+    from wide_deep.data.outbrain.features import EMBEDDING_SIZES
+    emb = tmp_path / "emb.json"
+    emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
+    assert main(flags(etl_training, tmp_path, str(emb)) + ["--use_checkpoint", "--evaluate"]) == 1
+    assert "no complete checkpoint in" in capsys.readouterr().err
