@@ -126,34 +126,20 @@ def make_dataset(data: Dict[str, np.ndarray], batch_size: int):
 
 # ----------------------------------------------------------------------------------------------------------- sides
 def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla, seed):
-    """The recipe's model and a training step shaped as ``wide_deep.trainer.run``'s; returns ``step(x, y) -> loss``."""
+    """The recipe's model, optimizers and training step (``wide_deep.trainer.run``'s); returns ``step(x, y) -> loss``."""
     import tensorflow as tf
     from wide_deep.trainer.model import ModelConfig, WideDeepModel
+    from wide_deep.trainer.run import create_optimizers, make_train_step
     config = ModelConfig(onehot=layout["onehot"], multihot=layout["multihot"], max_hotness=layout["max_hotness"],
                          numerical=layout["numerical"], embedding_dims=layout["embedding_dims"],
                          hidden_units=tuple(hidden_units), dropout=dropout, combiner=combiner)
     model = WideDeepModel(config, seed=seed).build_from_config()
-    wide_opt = tf.keras.optimizers.Ftrl(linear_lr)
-    deep_opt = tf.keras.optimizers.RMSprop(deep_lr, rho=0.5)
-    wide_vars, deep_vars = model.wide.trainable_variables, model.deep.trainable_variables
-    all_vars, n_wide = wide_vars + deep_vars, len(wide_vars)
-
-    def grads_fn(features, labels):
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        return loss, tape.gradient(loss, all_vars)
-    grads_fn = tf.function(grads_fn, jit_compile=xla or None)
-
-    @tf.function
-    def apply_fn(grads):
-        wide_opt.apply_gradients(zip(grads[:n_wide], wide_vars))
-        deep_opt.apply_gradients(zip(grads[n_wide:], deep_vars))
+    wide_opt, deep_opt = create_optimizers(model, linear_lr, deep_lr, loss_scale=False)
+    train_step = make_train_step(model, wide_opt, deep_opt, xla=xla, loss_scale=False)
+    deep_lr_tensor = tf.constant(deep_lr, tf.float32)
 
     def step(features, labels):
-        loss, grads = grads_fn(features, labels)
-        apply_fn(grads)
-        return loss
+        return train_step(features, labels, deep_lr_tensor)
     return model, step
 
 

@@ -172,6 +172,65 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dist.shutdown()
 
 
+def create_optimizers(model, linear_learning_rate: float, deep_learning_rate: float, loss_scale: bool):
+    """``(wide_opt, deep_opt)``: FTRL for the wide part, RMSprop (rho 0.5) for the deep part, slots created.
+
+    The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: their sparse kernels update only the embedding
+    rows a batch touched (the new Keras RMSprop decays every row of every table at each step). ``loss_scale`` wraps
+    the deep optimizer in a dynamic LossScaleOptimizer (float16 on GPU).
+    """
+    import tensorflow as tf
+    wide_opt = tf.keras.optimizers.legacy.Ftrl(learning_rate=linear_learning_rate)
+    deep_opt = tf.keras.optimizers.legacy.RMSprop(learning_rate=deep_learning_rate, rho=0.5)
+    if loss_scale:
+        deep_opt = tf.keras.mixed_precision.LossScaleOptimizer(deep_opt)
+    # Slots exist before a restore or the first step (also what a traced apply step needs).
+    wide_opt._create_all_weights(model.wide.trainable_variables)
+    (deep_opt.inner_optimizer if loss_scale else deep_opt)._create_all_weights(model.deep.trainable_variables)
+    return wide_opt, deep_opt
+
+
+def make_train_step(model, wide_opt, deep_opt, *, xla: bool, loss_scale: bool, allreduce_grads=None,
+                    step_var=None):
+    """The one training step (training and the benchmark): ``step(features, labels, deep_lr) -> loss``.
+
+    Forward + backward under ``tf.function(jit_compile=xla)``; then ``allreduce_grads`` (Horovod; identity when None),
+    the deep learning rate set, FTRL on the wide variables, RMSprop on the deep ones, ``step_var`` incremented.
+    """
+    import tensorflow as tf
+    wide_vars, deep_vars = model.wide.trainable_variables, model.deep.trainable_variables
+    all_vars = wide_vars + deep_vars
+    n_wide = len(wide_vars)
+
+    def grads_fn(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            scaled = deep_opt.get_scaled_loss(loss) if loss_scale else loss
+        grads = tape.gradient(scaled, all_vars)
+        if loss_scale:
+            grads = deep_opt.get_unscaled_gradients(grads)
+        return loss, grads
+    # XLA compiles the forward and backward pass; Horovod's collectives and the sparse updates stay outside it.
+    grads_fn = tf.function(grads_fn, jit_compile=xla or None)
+
+    @tf.function
+    def apply_fn(grads, deep_lr):
+        if allreduce_grads is not None:
+            grads = allreduce_grads(grads)
+        (deep_opt.inner_optimizer if loss_scale else deep_opt).learning_rate.assign(deep_lr)
+        wide_opt.apply_gradients(zip(grads[:n_wide], wide_vars))
+        deep_opt.apply_gradients(zip(grads[n_wide:], deep_vars))
+        if step_var is not None:
+            step_var.assign_add(1)
+
+    def step(features, labels, deep_lr):
+        loss, grads = grads_fn(features, labels)
+        apply_fn(grads, deep_lr)
+        return loss
+    return step
+
+
 def _run(args, dist: Dist) -> int:
     import tensorflow as tf
     from recsys_common.logger import Logger
@@ -199,17 +258,8 @@ def _run(args, dist: Dist) -> int:
 
     model = build_model(spec, args.embedding_sizes_file, args.deep_hidden_units, args.deep_dropout,
                         args.combiner, args.seed)
-    wide_vars, deep_vars = model.wide.trainable_variables, model.deep.trainable_variables
-    # The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: their sparse kernels update only the
-    # embedding rows a batch touched (the new Keras RMSprop decays every row of every table at each step).
-    wide_opt = tf.keras.optimizers.legacy.Ftrl(learning_rate=args.linear_learning_rate)
-    deep_opt = tf.keras.optimizers.legacy.RMSprop(learning_rate=args.deep_learning_rate, rho=0.5)
     loss_scale = args.amp and not cpu  # float16 needs loss scaling; bfloat16 has float32's range
-    if loss_scale:
-        deep_opt = tf.keras.mixed_precision.LossScaleOptimizer(deep_opt)
-    # Slots exist before a restore or the first step (also what a traced apply step needs).
-    wide_opt._create_all_weights(wide_vars)
-    (deep_opt.inner_optimizer if loss_scale else deep_opt)._create_all_weights(deep_vars)
+    wide_opt, deep_opt = create_optimizers(model, args.linear_learning_rate, args.deep_learning_rate, loss_scale)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     checkpointer = Checkpointer(args.model_dir, model, wide_opt, deep_opt, step_var)
     start_step = 0
@@ -238,33 +288,11 @@ def _run(args, dist: Dist) -> int:
     total_steps = steps_per_epoch * args.num_epochs
     schedule = DeepLearningRateSchedule(args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs,
                                         steps_per_epoch)
-    all_vars = wide_vars + deep_vars
-    n_wide = len(wide_vars)
-
-    def grads_fn(features, labels):
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-            scaled = deep_opt.get_scaled_loss(loss) if loss_scale else loss
-        grads = tape.gradient(scaled, all_vars)
-        if loss_scale:
-            grads = deep_opt.get_unscaled_gradients(grads)
-        return loss, grads
-    # XLA compiles the forward and backward pass; Horovod's collectives and the sparse updates stay outside it.
-    grads_fn = tf.function(grads_fn, jit_compile=args.xla or None)
-
-    @tf.function
-    def apply_fn(grads, deep_lr):
-        grads = dist.allreduce_grads(grads)
-        (deep_opt.inner_optimizer if loss_scale else deep_opt).learning_rate.assign(deep_lr)
-        wide_opt.apply_gradients(zip(grads[:n_wide], wide_vars))
-        deep_opt.apply_gradients(zip(grads[n_wide:], deep_vars))
-        step_var.assign_add(1)
+    step_fn = make_train_step(model, wide_opt, deep_opt, xla=args.xla, loss_scale=loss_scale,
+                              allreduce_grads=dist.allreduce_grads, step_var=step_var)
 
     def train_step(features, labels, step):
-        loss, grads = grads_fn(features, labels)
-        apply_fn(grads, tf.constant(schedule(step), tf.float32))
-        return loss
+        return step_fn(features, labels, tf.constant(schedule(step), tf.float32))
 
     if args.benchmark:
         return _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger)
