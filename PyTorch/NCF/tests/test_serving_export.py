@@ -1,0 +1,81 @@
+"""Export parity without a server: eager PyTorch vs TorchScript (script, trace) vs onnxruntime on the same batch.
+
+Tolerance, measured here on the NeuMF below (probabilities in [0, 1]): TorchScript is bit-identical to eager
+(0.0); onnxruntime differs by at most ~6e-8 (float32 rounding of its Gemm/Sigmoid kernels). The test allows 1e-6.
+"""
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(NCF_DIR, "deployment"))
+
+import ncf_export  # noqa: E402
+from neumf import build_model  # noqa: E402
+
+USERS, ITEMS = 60, 80
+
+
+@pytest.fixture(scope="module", params=["neumf", "gmf", "mlp"])
+def model(request):
+    torch.manual_seed(3)
+    net = build_model(request.param, USERS, ITEMS, factors=8, layers=[16, 8], dropout=0.5)
+    with torch.no_grad():  # N(0, 1) embeddings instead of N(0, 0.01), so that scores spread over (0, 1)
+        for name, p in net.named_parameters():
+            if "embedding" in name:
+                p.normal_(0.0, 1.0)
+    return net.eval()
+
+
+def test_eager_torchscript_onnx_agree(model, tmp_path):
+    batch = ncf_export.example_inputs(USERS, ITEMS, rows=257, seed=5)
+    batch["user"][:2, 0], batch["item"][:2, 0] = [0, USERS - 1], [0, ITEMS - 1]  # both ends of each table
+    module = ncf_export.serving_module(model)
+    with torch.no_grad():
+        eager = module(torch.from_numpy(batch["user"]), torch.from_numpy(batch["item"])).numpy()
+        logits = model(torch.from_numpy(batch["user"][:, 0]), torch.from_numpy(batch["item"][:, 0])).numpy()
+    assert eager.shape == (257, 1) and eager.dtype == np.float32
+    np.testing.assert_allclose(eager[:, 0], 1 / (1 + np.exp(-logits.astype(np.float64))), atol=1e-6)
+    assert eager.std() > 0.05  # spread out: a constant output would hide a broken export
+
+    results = {}
+    for method in ("script", "trace"):
+        path = str(tmp_path / f"{method}.pt")
+        ncf_export.export_torchscript(module, path, method, USERS, ITEMS)
+        loaded = torch.jit.load(path)
+        with torch.no_grad():
+            results[method] = loaded(torch.from_numpy(batch["user"]), torch.from_numpy(batch["item"])).numpy()
+    onnx_path = str(tmp_path / "model.onnx")
+    ncf_export.export_onnx(module, onnx_path, USERS, ITEMS)
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("user", "tensor(int64)"), ("item", "tensor(int64)")]
+    assert [o.name for o in session.get_outputs()] == ["probability"]
+    results["onnx"] = session.run(["probability"], batch)[0]
+    # a batch size other than the export's (dynamic batch dimension)
+    one = session.run(["probability"], {"user": batch["user"][:1], "item": batch["item"][:1]})[0]
+    np.testing.assert_allclose(one, eager[:1], atol=1e-6)
+
+    assert np.array_equal(results["script"], eager) and np.array_equal(results["trace"], eager)
+    assert np.abs(results["onnx"] - eager).max() <= 1e-6
+
+
+def test_export_sees_eval_mode_not_dropout(tmp_path):
+    """Dropout is active in training mode; the exported model must be the deterministic eval-mode model."""
+    torch.manual_seed(0)
+    net = build_model("mlp", USERS, ITEMS, factors=8, layers=[16, 8], dropout=0.5)
+    net.train()  # as a caller might leave it
+    module = ncf_export.serving_module(net)
+    batch = ncf_export.example_inputs(USERS, ITEMS, rows=64)
+    path = str(tmp_path / "m.onnx")
+    ncf_export.export_onnx(module, path, USERS, ITEMS)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    first = session.run(["probability"], batch)[0]
+    np.testing.assert_array_equal(first, session.run(["probability"], batch)[0])
+    with torch.no_grad():
+        eval_out = ncf_export.ServingNCF(net.eval())(torch.from_numpy(batch["user"]),
+                                                     torch.from_numpy(batch["item"])).numpy()
+    np.testing.assert_allclose(first, eval_out, atol=1e-6)
