@@ -4,7 +4,9 @@
   NVIDIA's split-binary layout (reference B.2) or any format ``recsys_common.datasets`` reads (CSV, parquet), and
   shards batches over processes: global batch ``j`` is the local batches ``j*W .. j*W+W-1`` of size
   ``batch_size / W``, local batch ``i`` going to rank ``i % W``. Every rank gets the same number of batches
-  (collective steps need that); evaluation pads the last ones instead of dropping rows.
+  (collective steps need that); evaluation pads the last ones instead of dropping rows. Batches are read (and on
+  CUDA copied on a side stream) by a background thread ``prefetch`` batches ahead (:mod:`dlrm.data.prefetch`), in
+  the same order, so training from files costs about what random batches cost.
 * :class:`SyntheticBatches` makes random Criteo-shaped batches on the target device (``--synthetic_dataset``,
   NVIDIA's ``synthetic_gpu``), for speed measurements only: its labels are random, so AUC stays near 0.5.
 
@@ -28,6 +30,8 @@ import torch
 
 from recsys_common.datasets import DatasetError, open_reader
 from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+
+from .prefetch import DeviceTransfer, Prefetcher
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
 
@@ -79,15 +83,12 @@ def dataset_info(dataset_dir: str, feature_spec: str = "feature_spec.yaml") -> D
                        spec)
 
 
-def _to_tensors(batch: dict, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _to_tensors(batch: dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host tensors (numerical float32, categorical int64, label float32) of one batch of numpy columns."""
     numerical = torch.from_numpy(np.ascontiguousarray(batch["numerical"], dtype=np.float32))
     categorical = torch.from_numpy(np.ascontiguousarray(batch["categorical"], dtype=np.int64))
     label = torch.from_numpy(np.ascontiguousarray(batch["label"], dtype=np.float32).reshape(-1))
-    non_blocking = device.type == "cuda"
-    if non_blocking:
-        numerical, categorical, label = numerical.pin_memory(), categorical.pin_memory(), label.pin_memory()
-    return (numerical.to(device, non_blocking=non_blocking), categorical.to(device, non_blocking=non_blocking),
-            label.to(device, non_blocking=non_blocking))
+    return numerical, categorical, label
 
 
 class SplitBinaryBatches:
@@ -103,17 +104,22 @@ class SplitBinaryBatches:
         subset: use only the first ``subset`` fraction of the rows (``--dataset_subset``).
         hash_indices: let categorical ids at or above their cardinality through (the model takes them modulo the
             table size, ``--hash_indices``); without it such an id is an error that names the file, feature and row.
+        prefetch: batches read ahead by a worker thread (``--prefetch_batches``; 0: read on the calling thread).
     """
 
     def __init__(self, info: DatasetInfo, mapping: str, batch_size: int, device: torch.device, rank: int = 0,
                  world_size: int = 1, training: bool = True, shuffle: bool = False, seed: int = 0,
-                 subset: Optional[float] = None, hash_indices: bool = False):
+                 subset: Optional[float] = None, hash_indices: bool = False, prefetch: int = 2):
         if batch_size % world_size:
             raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
         self.info, self.mapping, self.device = info, mapping, device
         self.rank, self.world_size, self.training = rank, world_size, training
         self.local_batch_size = batch_size // world_size
         self.hash_indices = hash_indices
+        if prefetch < 0:
+            raise ValueError(f"--prefetch_batches must be >= 0, got {prefetch}")
+        self.prefetch = prefetch
+        self._transfer = DeviceTransfer(device, side_stream=prefetch > 0)
         spec = info.spec
         if mapping not in spec.source_spec:
             raise DataError(f"{spec.origin}: source_spec has no {mapping!r} mapping (has {sorted(spec.source_spec)})")
@@ -164,37 +170,68 @@ class SplitBinaryBatches:
         return order
 
     def iterate(self, start_step: int = 0) -> Iterator[Batch]:
-        """Yield this rank's batches from global step ``start_step`` (resuming skips without reading)."""
-        order = self._order()
+        """Yield this rank's batches from global step ``start_step`` (resuming skips without reading).
+
+        With ``prefetch > 0`` the batches are read (and on CUDA copied) by a worker thread that stays ``prefetch``
+        batches ahead (:mod:`dlrm.data.prefetch`); the order is the same, errors are raised here at the batch that
+        failed, and closing this generator (a ``break``, an exception) stops the thread.
+        """
+        order = self._order()  # fixed now, on this thread: a later set_epoch does not change this pass
+        host = self._host_batches(order, start_step)
+        if self.prefetch <= 0:
+            for batch in host:
+                yield self._batch(self._transfer.finish(self._transfer.stage(batch)))
+            return
+        with Prefetcher(host, self.prefetch, stage=self._transfer.stage, device=self.device,
+                        name=f"dlrm-prefetch-{self.mapping}-rank{self.rank}") as batches:
+            for staged in batches:
+                yield self._batch(self._transfer.finish(staged))
+
+    @staticmethod
+    def _batch(moved) -> Batch:
+        (numerical, categorical, label), valid = moved
+        return numerical, categorical, label, valid
+
+    def _host_batches(self, order: np.ndarray, start_step: int) -> Iterator[Tuple[Tuple[torch.Tensor, ...], int]]:
+        """``((numerical, categorical, label) host tensors, valid rows)`` per step from ``start_step``: read,
+        checked and padded (runs on the prefetch thread)."""
         for step in range(start_step, self.steps):
             position = step * self.world_size + self.rank
             if position >= len(order):  # evaluation: this rank has no batch left; pad with an empty one
-                yield self._padding_batch()
+                yield self._padding_batch_host(), 0
                 continue
             index = int(order[position])
-            try:
-                raw = self.reader.read_batch(index)
-            except (DatasetError, FeatureSpecError) as e:
-                raise DataError(str(e)) from None
-            start = index * self.local_batch_size
-            stop = min(start + self.local_batch_size, self.num_samples)
-            raw = {k: v[: stop - start] for k, v in raw.items()}
+            raw, start, stop = self._read(index)
             self._check_numerical(raw["numerical"], start)
             self._check_categorical(raw["categorical"], start)
-            numerical, categorical, label = _to_tensors(raw, self.device)
+            numerical, categorical, label = _to_tensors(raw)
             valid = stop - start
             if not self.training and self.world_size > 1 and valid < self.local_batch_size:
                 numerical, categorical, label = _pad(numerical, categorical, label, self.local_batch_size)
-            yield numerical, categorical, label, valid
+            yield (numerical, categorical, label), valid
+
+    def _read(self, index: int):
+        """Local batch ``index`` as numpy columns, and its row range; any read failure is a DataError naming the
+        mapping's files."""
+        start = index * self.local_batch_size
+        stop = min(start + self.local_batch_size, self.num_samples)
+        try:
+            raw = self.reader.read_batch(index)
+        except (DatasetError, FeatureSpecError) as e:
+            raise DataError(str(e)) from None
+        except (OSError, ValueError) as e:  # e.g. a file truncated or removed under a running job
+            files = sorted({f for s in self.reader.sources for f in s.files})
+            raise DataError(f"{self.info.spec.origin}: mapping {self.mapping!r}: cannot read rows {start}..{stop - 1} "
+                            f"(local batch {index}) from {', '.join(files)}: {type(e).__name__}: {e}") from e
+        return {k: v[: stop - start] for k, v in raw.items()}, start, stop
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate(0)
 
-    def _padding_batch(self) -> Batch:
+    def _padding_batch_host(self) -> Tuple[torch.Tensor, ...]:
         n = self.local_batch_size
-        return (torch.zeros(n, len(self.info.numerical_features), device=self.device),
-                torch.zeros(n, len(self.info.categorical_features), dtype=torch.int64, device=self.device),
-                torch.zeros(n, device=self.device), 0)
+        return (torch.zeros(n, len(self.info.numerical_features)),
+                torch.zeros(n, len(self.info.categorical_features), dtype=torch.int64), torch.zeros(n))
 
     def _check_categorical(self, values: np.ndarray, first_row: int) -> None:
         """Ids must be >= 0, and < cardinality unless ``hash_indices`` (then the model takes ``id % rows``)."""

@@ -66,6 +66,9 @@ def _define_flags(f: flags.FlagValues) -> None:
                    "of it. Must be either None, or a float in range [0,1]", flag_values=f)
     d.DEFINE_boolean("shuffle_batch_order", False, "Read batch in train dataset by random order", short_name="shuffle",
                      flag_values=f)
+    d.DEFINE_integer("prefetch_batches", 2, "Batches of --dataset read ahead by a background thread (on CUDA also "
+                     "copied on a side stream) while the model trains; 0 reads them on the training thread",
+                     lower_bound=0, flag_values=f)
     d.DEFINE_integer("max_table_size", None, "Maximum number of rows per embedding table, by default equal to the "
                      "number of unique values for each categorical variable", flag_values=f)
     d.DEFINE_boolean("hash_indices", False, "If True the model will compute `index := index % table size` to ensure "
@@ -162,7 +165,8 @@ def _build_data(args, ctx, info_only: bool = False):
                                     ctx.world_size, seed=args.seed)
         return SplitBinaryBatches(info, "train", args.batch_size, ctx.device, ctx.rank, ctx.world_size,
                                   training=True, shuffle=args.shuffle_batch_order, seed=args.seed,
-                                  subset=args.dataset_subset, hash_indices=args.hash_indices)
+                                  subset=args.dataset_subset, hash_indices=args.hash_indices,
+                                  prefetch=args.prefetch_batches)
 
     cache = {}
 
@@ -177,7 +181,7 @@ def _build_data(args, ctx, info_only: bool = False):
                                     args.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=args.seed + 1,
                                     training=False)
         return SplitBinaryBatches(info, "test", args.test_batch_size, ctx.device, ctx.rank, ctx.world_size,
-                                  training=False, hash_indices=args.hash_indices)
+                                  training=False, hash_indices=args.hash_indices, prefetch=args.prefetch_batches)
     return info, train_data, test_data
 
 
