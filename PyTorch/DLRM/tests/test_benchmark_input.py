@@ -1,0 +1,74 @@
+"""Smoke tests of the input benchmarks: dlrm.scripts.benchmark_input (files vs synthetic) and the preprocessing
+benchmark's peak-memory accounting (this process and its children). Figures are in the README, not asserted."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import RECIPE_DIR, subprocess_env
+from preproc import benchmark_preprocess
+
+
+def test_benchmark_input_prints_files_and_synthetic_samples_per_s_and_their_ratio(tmp_path, capsys, monkeypatch):
+    for key, value in subprocess_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(RECIPE_DIR)
+    from dlrm.scripts import benchmark_input
+    out = tmp_path / "result.json"
+    result = benchmark_input.main(["--table_sizes", "100,10", "--batch_size", "128", "--embedding_dim", "4",
+                                   "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--steps", "3",
+                                   "--warmup_steps", "1", "--repeats", "1", "--skip_no_prefetch",
+                                   "--embedding_type", "multi_table", "--work_dir", str(tmp_path / "work"),
+                                   "--output_json", str(out)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == result == json.loads(out.read_text())
+    run = result["runs"][0]
+    assert set(run) == {"repeat", "synthetic", "files", "read_ms_per_batch"} and run["read_ms_per_batch"] > 0
+    assert result["ratio_to_synthetic_median"]["files"] == pytest.approx(run["files"] / run["synthetic"])
+    assert os.path.isfile(tmp_path / "work" / "dataset" / "train" / "cat_1.bin")
+    assert os.path.getsize(tmp_path / "work" / "dataset" / "train" / "label.bin") == 128 * 4   # steps x batch rows
+
+
+def test_peak_rss_counts_child_processes(tmp_path):
+    """A child holding 300 MiB must show up in the peak (the Spark JVM is such a child)."""
+    code = ("import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); "
+            "open(r'%s', 'w').close(); time.sleep(1.5)" % (tmp_path / "ready"))
+    with benchmark_preprocess.PeakTreeRSS(interval_s=0.05) as memory:
+        before = memory.peak_bytes
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert memory.samples >= 5
+    assert memory.peak_bytes - before >= 290 << 20
+    assert max(memory.peak_by_name.values()) >= 290 << 20
+
+
+def test_benchmark_preprocess_reports_rows_per_s_and_peak_memory(tmp_path, monkeypatch, capsys):
+    """The JSON of a --days 2 run, with the Spark job replaced by a process that only allocates (the job itself is
+    tested end to end in test_preproc_criteo.py; here the benchmark's layout and accounting are)."""
+    from recsys_common.criteo import spark_preprocess, to_split_binary
+    calls = []
+
+    def fake_spark(argv):
+        calls.append(argv)
+        names = os.listdir(argv[argv.index("--input_path") + 1])
+        assert sorted(n for n in names if not n.startswith(".")) == ["day_0", "day_1"]   # + the outputs marker
+        subprocess.run([sys.executable, "-c", "import time; b = bytearray(200 << 20); b[::4096] = b'x' * "
+                        "len(b[::4096]); time.sleep(1.0)"], check=True, timeout=60)
+
+    monkeypatch.setattr(spark_preprocess, "main", fake_spark)
+    monkeypatch.setattr(to_split_binary, "main", lambda argv: None)
+    result = benchmark_preprocess.main(["--rows", "301", "--days", "2", "--work_dir", str(tmp_path),
+                                        "--memory_interval", "0.05"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert result["files"] == ["day_0", "day_1"] and result["layout"] == "terabyte"
+    lines = [open(tmp_path / "in" / d).read().count("\n") for d in result["files"]]
+    assert lines == [151, 150]
+    assert result["spark_peak_rss_mib"] >= 200 and result["spark_rss_samples"] >= 5
+    assert result["spark_rows_per_s"] == pytest.approx(301 / result["spark_s"], rel=0.1)   # spark_s >= 1 s
+    assert len(calls) == 1
+
+
+def test_benchmark_preprocess_refuses_a_single_day(tmp_path):
+    with pytest.raises(SystemExit, match="at least 2 days"):
+        benchmark_preprocess.main(["--rows", "10", "--days", "1", "--work_dir", str(tmp_path)])
