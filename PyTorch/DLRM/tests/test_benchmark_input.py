@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
@@ -19,16 +20,22 @@ def test_benchmark_input_prints_files_and_synthetic_samples_per_s_and_their_rati
     out = tmp_path / "result.json"
     result = benchmark_input.main(["--table_sizes", "100,10", "--batch_size", "128", "--embedding_dim", "4",
                                    "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--steps", "3",
-                                   "--warmup_steps", "1", "--repeats", "1", "--skip_no_prefetch",
+                                   "--warmup_steps", "1", "--repeats", "1", "--interleaved_steps", "4",
                                    "--embedding_type", "multi_table", "--work_dir", str(tmp_path / "work"),
                                    "--output_json", str(out)])
     printed = json.loads(capsys.readouterr().out)
     assert printed == result == json.loads(out.read_text())
-    run = result["runs"][0]
-    assert set(run) == {"repeat", "synthetic", "files", "read_ms_per_batch"} and run["read_ms_per_batch"] > 0
-    assert result["ratio_to_synthetic_median"]["files"] == pytest.approx(run["files"] / run["synthetic"])
-    assert os.path.isfile(tmp_path / "work" / "dataset" / "train" / "cat_1.bin")
-    assert os.path.getsize(tmp_path / "work" / "dataset" / "train" / "label.bin") == 128 * 4   # steps x batch rows
+    processes = result["processes"]
+    run = processes["runs"][0]
+    assert set(run) == {"repeat", "synthetic", "files", "files_no_prefetch", "read_ms_per_batch"}
+    assert run["read_ms_per_batch"] > 0
+    assert processes["ratio_to_synthetic_median"]["files"] == pytest.approx(run["files"] / run["synthetic"])
+    steps = result["interleaved"]
+    assert set(steps["ratio_to_synthetic_median"]) == {"files", "files_no_prefetch"}
+    assert steps["ratio_to_synthetic_median"]["files"] == pytest.approx(
+        1 / steps["step_time_ratio_to_synthetic_median"]["files"])
+    ids = np.fromfile(tmp_path / "work" / "dataset" / "train" / "cat_0.bin", dtype=np.int8)
+    assert len(ids) == 128 * (1 + 4) and len(set(ids.tolist())) >= 60   # uniform over 100 ids, not power-law
 
 
 def test_peak_rss_counts_child_processes(tmp_path):

@@ -22,6 +22,13 @@ settings of ``dlrm.scripts.benchmark``. The ids in the files are uniform per tab
 Whole runs on a shared machine vary by more than the input costs, so the JSON also gives the reader's own cost on
 the calling thread (``read_ms_per_batch``, measured in this process between the runs of each round) and its size
 relative to a synthetic step: the work that prefetching moves off the training thread.
+
+``--mode interleaved`` (part of the default ``both``) measures the same in one process and one model, as
+``dlrm.scripts.benchmark_precision`` does for precisions: training steps taking their batch from the synthetic pool,
+from the files with prefetching, and from the files without, in rotating order, each timed from fetching the batch to
+the end of the optimizer step; it reports the medians and the median of the per-round ratios, which a load change on
+a shared machine hits alike. (The prefetch thread then also reads during the other variants' steps; at well under a
+millisecond per batch against steps of tens of milliseconds, one step of its own is already ample.)
 """
 from __future__ import annotations
 
@@ -54,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="default", choices=["default", "fp32", "amp"],
                    help="default: the recipe's (--fp16: bf16 on CPUs with bfloat16 instructions); fp32: --nofp16; "
                         "amp: --amp")
+    p.add_argument("--mode", default="both", choices=["both", "processes", "interleaved"],
+                   help="processes: whole dlrm.scripts.main runs; interleaved: steps of one model in this process")
+    p.add_argument("--interleaved_steps", type=int, default=60, help="timed steps per variant in interleaved mode")
     p.add_argument("--work_dir", default=None,
                    help="where to write the dataset (default: a temporary directory, removed); an existing dataset "
                         "written by this tool there is replaced")
@@ -130,6 +140,69 @@ def reader_cost(dataset: str, batch_size: int, repeats: int = 3) -> Dict[str, fl
     return {"read_ms_per_batch_median": statistics.median(times[1:]), "read_ms_per_batch_all": times[1:]}
 
 
+def interleaved(args, dataset: str, table_sizes: List[int], variants: List[str]) -> Dict:
+    """Steps of one model alternating between the batch sources ``variants``; see the module docstring."""
+    import time
+    import torch
+    from dlrm.data import SplitBinaryBatches, SyntheticBatches, dataset_info
+    from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
+    from dlrm.scripts.main import _Amp, cpu_runs_bfloat16_natively
+    from dlrm.utils.distributed import setup, teardown
+    ctx = setup(args.base_device, need_group=True)
+    try:
+        device, batch = ctx.device, args.batch_size
+        info = dataset_info(dataset)
+        config = ModelConfig(13, table_sizes, list(info.categorical_features), args.embedding_dim,
+                             [int(n) for n in args.bottom_mlp_sizes.split(",")],
+                             [int(n) for n in args.top_mlp_sizes.split(",")])
+        trainable = build_trainable_model(config, resolve_embedding_type(args.embedding_type, device, False), device,
+                                          1, lr=0.1, local_batch_size=batch)
+        amp_on = args.precision == "amp" or (args.precision == "default" and
+                                             (device.type == "cuda" or cpu_runs_bfloat16_natively()))
+        amp = _Amp(amp_on, device, None, 8192.0)
+        total = args.warmup_steps + args.interleaved_steps
+        synthetic = SyntheticBatches(info, batch * total, batch, device, seed=0)
+        sources = {"synthetic": iter(synthetic)}
+        for name in variants[1:]:
+            prefetch = 0 if name == "files_no_prefetch" else args.prefetch_batches
+            sources[name] = iter(SplitBinaryBatches(info, "train", batch, device, prefetch=prefetch))
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+        times: Dict[str, List[float]] = {name: [] for name in sources}
+        for i in range(total):
+            names = list(sources)
+            names = names[i % len(names):] + names[: i % len(names)]   # rotate: no variant always runs first
+            for name in names:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                begin = time.perf_counter()
+                numerical, categorical, label, _ = next(sources[name])
+                trainable.zero_grad(amp.scaler)
+                with amp.autocast():
+                    logits = trainable.module(numerical, categorical)
+                loss = loss_fn(logits.float(), label)
+                (amp.scaler.scale(loss) if amp.scaler is not None else loss).backward()
+                trainable.step(amp.scaler)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if i >= args.warmup_steps:
+                    times[name].append(time.perf_counter() - begin)
+        for source in sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()   # stops the prefetch threads
+        result = {"precision": amp.dtype_name, "timed_steps_per_variant": args.interleaved_steps,
+                  "train_samples_per_s_median": {n: batch / statistics.median(t) for n, t in times.items()},
+                  "step_time_ratio_to_synthetic_median": {
+                      n: statistics.median(a / b for a, b in zip(t, times["synthetic"]))
+                      for n, t in times.items() if n != "synthetic"}}
+        # samples/s ratio (files / synthetic): the inverse of the step-time ratio
+        result["ratio_to_synthetic_median"] = {n: 1.0 / r for n, r in
+                                               result["step_time_ratio_to_synthetic_median"].items()}
+        return result
+    finally:
+        teardown(ctx)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     from recsys_common.io import check_json_output, write_json_output
     args = build_parser().parse_args(argv)
@@ -140,37 +213,42 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     work = args.work_dir or tempfile.mkdtemp(prefix="dlrm_bench_input_")
     dataset = os.path.join(work, "dataset")
     try:
-        write_dataset(dataset, table_sizes, args.batch_size * (args.steps + args.warmup_steps), args.batch_size)
+        rows = args.batch_size * (args.warmup_steps + max(args.steps, args.interleaved_steps))
+        write_dataset(dataset, table_sizes, rows, args.batch_size)
         reading = reader_cost(dataset, args.batch_size)
         variants = {"synthetic": ["--synthetic_dataset", "--synthetic_dataset_table_sizes", args.table_sizes,
-                                  "--synthetic_dataset_num_entries",
-                                  str(args.batch_size * (args.steps + args.warmup_steps))],
+                                  "--synthetic_dataset_num_entries", str(rows)],
                     "files": ["--dataset", dataset, "--prefetch_batches", str(args.prefetch_batches)]}
         if not args.skip_no_prefetch:
             variants["files_no_prefetch"] = ["--dataset", dataset, "--prefetch_batches", "0"]
-        runs: List[Dict] = []
-        for repeat in range(args.repeats):
-            record = {"repeat": repeat}
-            for name, flags in variants.items():   # back to back: one round sees about one machine load
-                record[name] = _run(args, flags)
-            record["read_ms_per_batch"] = reader_cost(dataset, args.batch_size, repeats=1)["read_ms_per_batch_median"]
-            runs.append(record)
-            print(json.dumps(record), file=sys.stderr, flush=True)
+        names = list(variants)
+        result: Dict = {"config": {k: v for k, v in vars(args).items() if k not in ("output_json", "work_dir")},
+                        "reader_on_training_thread": reading}
+        if args.mode in ("both", "interleaved"):
+            result["interleaved"] = interleaved(args, dataset, table_sizes, names)
+            print(json.dumps({"interleaved": result["interleaved"]}), file=sys.stderr, flush=True)
+        if args.mode in ("both", "processes"):
+            runs: List[Dict] = []
+            for repeat in range(args.repeats):
+                record = {"repeat": repeat}
+                for name, flags in variants.items():   # back to back: one round sees about one machine load
+                    record[name] = _run(args, flags)
+                record["read_ms_per_batch"] = reader_cost(dataset, args.batch_size,
+                                                          repeats=1)["read_ms_per_batch_median"]
+                runs.append(record)
+                print(json.dumps(record), file=sys.stderr, flush=True)
+            result["processes"] = {
+                "train_samples_per_s_median": {n: statistics.median(r[n] for r in runs) for n in names},
+                "ratio_to_synthetic_median": {n: statistics.median(r[n] / r["synthetic"] for r in runs)
+                                              for n in names if n != "synthetic"},
+                # what reading would add to a synthetic step if nothing overlapped it: the share prefetching hides
+                "read_ms_over_synthetic_step_ms_median": statistics.median(
+                    r["read_ms_per_batch"] / (1000.0 * args.batch_size / r["synthetic"]) for r in runs),
+                "runs": runs,
+            }
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    names = list(variants)
-    result = {
-        "config": {k: v for k, v in vars(args).items() if k not in ("output_json", "work_dir")},
-        "train_samples_per_s_median": {n: statistics.median(r[n] for r in runs) for n in names},
-        "ratio_to_synthetic_median": {n: statistics.median(r[n] / r["synthetic"] for r in runs)
-                                      for n in names if n != "synthetic"},
-        "reader_on_training_thread": reading,
-        # what reading would add to a synthetic step if nothing overlapped it: the share prefetching hides
-        "read_ms_over_synthetic_step_ms_median": statistics.median(
-            r["read_ms_per_batch"] / (1000.0 * args.batch_size / r["synthetic"]) for r in runs),
-        "runs": runs,
-    }
     print(json.dumps(result, indent=2))
     if args.output_json:
         write_json_output(args.output_json, result)
