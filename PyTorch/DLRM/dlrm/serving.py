@@ -1,0 +1,301 @@
+"""DLRM for inference: a trained checkpoint as an eager model, the served module, its ONNX / TorchScript export.
+
+The served model (:class:`ServingDLRM`) takes
+
+    numerical    FP32  [B, N]   the N numerical features, as the training data holds them (already log-transformed
+                                by the Criteo preprocessing; float16 in split-binary files, sent as float32)
+    categorical  INT64 [B, T]   one id per categorical feature, in the FeatureSpec's categorical channel order;
+                                ``0 <= id < cardinality`` of its table (any id with ``--hash_indices``)
+
+and returns ``probability`` FP32 ``[B, 1]`` = ``sigmoid(logit)`` of the trained DLRM. These are NVIDIA's deployer's
+two inputs (``input__0`` numerical, ``input__1`` categorical) under names that say what they are.
+
+Embeddings are served as one plain lookup per table (``F.embedding``, an ONNX ``Gather``), not the training path's
+``EmbeddingBag`` or TorchRec collection: with one id per bag the result is the same row, and a ``Gather`` per table
+makes an id at or above its table's size an error in onnxruntime and in TorchScript (an index into one concatenated
+table would silently read the next table's rows).
+
+Loading (:func:`load_model`) builds the plain ``multi_table`` model on the CPU and reads the checkpoint through
+:func:`dlrm.utils.checkpointing.load_checkpoint`, so checkpoints of any embedding type and process count load. The
+model configuration comes from the checkpoint's ``meta.json``; flags given by the user are checked against it and a
+difference is an error naming the layer or table (:class:`ModelMismatchError`).
+
+    >>> import torch
+    >>> from dlrm.model.parallel import ModelConfig
+    >>> model = build_eager_model(ModelConfig(2, [10, 20], ["a", "b"], 4, [4], [8, 1]))
+    >>> ServingDLRM(model)(torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long)).shape
+    torch.Size([3, 1])
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlrm.model.dlrm import DLRM
+from dlrm.model.parallel import ModelConfig, build_trainable_model
+
+NUMERICAL = "numerical"
+CATEGORICAL = "categorical"
+INPUT_NAMES = (NUMERICAL, CATEGORICAL)
+OUTPUT_NAME = "probability"
+FORMATS = ("onnx", "ts-script", "ts-trace")
+PLATFORMS = {"onnx": "onnxruntime_onnx", "ts-script": "pytorch_libtorch", "ts-trace": "pytorch_libtorch"}
+MODEL_FILES = {"onnx": "model.onnx", "ts-script": "model.pt", "ts-trace": "model.pt"}
+ONNX_OPSET = 17
+
+
+class ModelMismatchError(ValueError):
+    """A checkpoint that does not match the flags or FeatureSpec given with it; names the layer, table or flag."""
+
+
+# ----------------------------------------------------------------------------------------------- the served module
+class ServingDLRM(nn.Module):
+    """``(numerical [B, N] float32, categorical [B, T] int64) -> probability [B, 1] float32`` around a DLRM.
+
+    Shares the trained model's MLP and interaction modules and its table weights (no copy).
+    """
+
+    def __init__(self, model: DLRM):
+        super().__init__()
+        self.bottom_mlp = model.bottom_mlp
+        self.interaction = model.interaction
+        self.top_mlp = model.top_mlp
+        self.hash_indices = bool(model.hash_indices)
+        weights = _table_weights(model)
+        self.tables = nn.ModuleList([nn.Embedding.from_pretrained(w, freeze=True) for w in weights])
+        self.register_buffer("sizes", torch.tensor(model.table_sizes, dtype=torch.int64), persistent=False)
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        if self.hash_indices:
+            categorical = torch.remainder(categorical, self.sizes)
+        bottom = self.bottom_mlp(numerical)
+        columns = [F.embedding(categorical[:, i], table.weight) for i, table in enumerate(self.tables)]
+        embedded = torch.stack(columns, dim=1)                                  # [B, T, d]
+        logit = self.top_mlp(self.interaction(bottom, embedded))               # [B, 1]
+        return torch.sigmoid(logit)
+
+
+def _table_weights(model: DLRM) -> List[torch.Tensor]:
+    embeddings = model.embeddings
+    if hasattr(embeddings, "table_weights"):
+        return [w.detach() for w in embeddings.table_weights()]
+    raise TypeError(f"serving needs plain tables (multi_table); got {type(embeddings).__name__} (load the model "
+                    f"with dlrm.serving.load_model, which builds them)")
+
+
+def serving_module(model: DLRM) -> ServingDLRM:
+    """The eval-mode, CPU, gradient-free served module of ``model``."""
+    module = ServingDLRM(model.cpu().eval()).cpu().eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+# -------------------------------------------------------------------------------------------------------- loading
+def build_eager_model(config: ModelConfig) -> DLRM:
+    """A randomly initialised plain-table DLRM of ``config`` on the CPU, in eval mode (seeded by the caller)."""
+    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, lr=0.0)
+    return trainable.core.eval()
+
+
+def config_from_meta(meta: Dict[str, Any], where: str) -> ModelConfig:
+    saved = dict(meta.get("config") or {})
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    missing = sorted(fields - set(saved))
+    if missing:
+        raise ModelMismatchError(f"{where}/meta.json: model configuration lacks {missing}")
+    return ModelConfig(**{k: saved[k] for k in fields})
+
+
+def check_flags(config: ModelConfig, where: str, *, num_numerical_features: Optional[int] = None,
+                table_sizes: Optional[Sequence[int]] = None, table_source: str = "the FeatureSpec",
+                embedding_dim: Optional[int] = None, bottom_mlp_sizes: Optional[Sequence[int]] = None,
+                top_mlp_sizes: Optional[Sequence[int]] = None, interaction_op: Optional[str] = None,
+                hash_indices: Optional[bool] = None) -> None:
+    """Raise :class:`ModelMismatchError` naming the first layer / table / flag where the given values (``None``:
+    not given) differ from the checkpoint's configuration ``config``."""
+    def fail(what: str) -> None:
+        raise ModelMismatchError(f"checkpoint {where} does not match the flags: {what}")
+
+    if num_numerical_features is not None and num_numerical_features != config.num_numerical_features:
+        fail(f"bottom MLP input: the checkpoint has {config.num_numerical_features} numerical features, "
+             f"--num_numerical_features gives {num_numerical_features}")
+    if embedding_dim is not None and embedding_dim != config.embedding_dim:
+        fail(f"embedding tables: the checkpoint has --embedding_dim {config.embedding_dim}, the flags give "
+             f"{embedding_dim}")
+    for flag, given, saved in (("bottom_mlp_sizes", bottom_mlp_sizes, config.bottom_mlp_sizes),
+                               ("top_mlp_sizes", top_mlp_sizes, config.top_mlp_sizes)):
+        if given is None:
+            continue
+        given, saved = [int(v) for v in given], [int(v) for v in saved]
+        layer = flag.split("_")[0]
+        for i, (g, s) in enumerate(zip(given, saved)):
+            if g != s:
+                fail(f"{layer} MLP layer {i} has {s} units in the checkpoint, --{flag} gives {g} "
+                     f"(checkpoint: {','.join(map(str, saved))})")
+        if len(given) != len(saved):
+            fail(f"{layer} MLP has {len(saved)} layers in the checkpoint ({','.join(map(str, saved))}), "
+                 f"--{flag} gives {len(given)} ({','.join(map(str, given))})")
+    if interaction_op is not None and interaction_op != config.interaction_op:
+        fail(f"interaction: the checkpoint uses --interaction_op {config.interaction_op}, the flags give "
+             f"{interaction_op}")
+    if hash_indices is not None and bool(hash_indices) != bool(config.hash_indices):
+        fail(f"the checkpoint was trained with --hash_indices {config.hash_indices}, the flags give {hash_indices}")
+    if table_sizes is not None:
+        if len(table_sizes) != len(config.table_sizes):
+            fail(f"the checkpoint has {len(config.table_sizes)} embedding tables, {table_source} has "
+                 f"{len(table_sizes)} categorical features")
+        for i, (given_rows, saved_rows) in enumerate(zip(table_sizes, config.table_sizes)):
+            if int(given_rows) != int(saved_rows):
+                fail(f"embedding table {i} ({config.feature_names[i]}) has {saved_rows} rows in the checkpoint, "
+                     f"{table_source} gives {given_rows}")
+
+
+def load_model(checkpoint: str, **expected: Any) -> Tuple[DLRM, ModelConfig, str]:
+    """Load checkpoint ``checkpoint`` (one ``step_<N>`` directory, or a ``--save_checkpoint_path`` directory: its
+    newest) into a plain-table eager DLRM on the CPU; returns ``(model in eval mode, config, checkpoint path)``.
+
+    ``expected``: keyword values of :func:`check_flags` (flags the user gave); a difference raises
+    :class:`ModelMismatchError` naming the layer or table. A damaged or foreign checkpoint raises
+    ``dlrm.utils.checkpointing.CheckpointError`` naming the file.
+    """
+    from dlrm.utils import checkpointing
+    path = checkpointing.resolve_checkpoint(checkpoint)
+    meta = checkpointing.read_meta(path)
+    config = config_from_meta(meta, path)
+    check_flags(config, path, **expected)
+    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, lr=0.0)
+    with warnings.catch_warnings():
+        # "torch.distributed is ... uninitialized, assuming the intent is to load in a single process": it is.
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        checkpointing.load_checkpoint(path, trainable, load_optimizer=False, config=config.to_dict())
+    model = trainable.core.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, config, path
+
+
+# -------------------------------------------------------------------------------------------------------- inputs
+def example_inputs(config: ModelConfig, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
+    """``rows`` random valid rows as the served inputs: numerical float32 ``[rows, N]`` (standard normal: the
+    preprocessing's log-transformed range), categorical int64 ``[rows, T]`` uniform in each table."""
+    rng = np.random.default_rng(seed)
+    numerical = rng.standard_normal((rows, config.num_numerical_features)).astype(np.float32)
+    categorical = np.stack([rng.integers(0, n, size=rows, dtype=np.int64) for n in config.table_sizes], axis=1)
+    return {NUMERICAL: numerical, CATEGORICAL: categorical.reshape(rows, len(config.table_sizes))}
+
+
+def predict_probabilities(module: nn.Module, numerical: np.ndarray, categorical: np.ndarray,
+                          batch_size: int = 65536) -> np.ndarray:
+    """``module`` (a :class:`ServingDLRM` or its TorchScript) on numpy inputs in batches; float32 ``[rows]``."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(numerical), batch_size):
+            stop = start + batch_size
+            prob = module(torch.from_numpy(np.ascontiguousarray(numerical[start:stop], np.float32)),
+                          torch.from_numpy(np.ascontiguousarray(categorical[start:stop], np.int64)))
+            out.append(prob.reshape(-1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+# -------------------------------------------------------------------------------------------------------- export
+def export_onnx(module: ServingDLRM, path: str, config: ModelConfig, opset: int = ONNX_OPSET) -> None:
+    """Write ``module`` as ONNX to ``path``: inputs ``numerical``, ``categorical``, output ``probability``, the
+    batch dimension dynamic."""
+    sample = example_inputs(config, 4)
+    args = (torch.from_numpy(sample[NUMERICAL]), torch.from_numpy(sample[CATEGORICAL]))
+    dynamic = {name: {0: "batch"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
+    with warnings.catch_warnings():
+        # The TorchScript-based exporter (dynamo=False): a second, where dynamo=True takes several, and a plain graph
+        # of Gemm/Relu/Gather/MatMul ops that onnxruntime runs as well.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, path, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
+                          dynamic_axes=dynamic, opset_version=opset, dynamo=False)
+
+
+def export_torchscript(module: ServingDLRM, path: str, method: str, config: ModelConfig) -> None:
+    """Write ``module`` as TorchScript to ``path``: ``method`` ``"script"`` (torch.jit.script) or ``"trace"``."""
+    if method not in ("script", "trace"):
+        raise ValueError(f"unknown TorchScript method {method!r}; expected 'script' or 'trace'")
+    with warnings.catch_warnings():
+        # torch.jit is deprecated in favour of torch.export, but TorchScript is what Triton's pytorch_libtorch
+        # backend loads.
+        warnings.simplefilter("ignore")
+        if method == "script":
+            scripted = torch.jit.script(module)
+        else:
+            sample = example_inputs(config, 4)
+            scripted = torch.jit.trace(module, (torch.from_numpy(sample[NUMERICAL]),
+                                                torch.from_numpy(sample[CATEGORICAL])))
+    scripted.save(path)
+
+
+def model_names(base: str, formats: Sequence[str]) -> Dict[str, str]:
+    """Triton model name per format: ``<base>-onnx`` and ``<base>-ts`` (script and trace are one model)."""
+    return {fmt: f"{base}-onnx" if fmt == "onnx" else f"{base}-ts" for fmt in formats}
+
+
+def sidecar(config: ModelConfig, fmt: str, checkpoint: Optional[str], feature_spec: Optional[dict] = None) -> Dict:
+    """``recsys_serving.json``: inputs (``categorical``'s ``max_id`` is one bound per column, the table sizes;
+    ``null`` with ``--hash_indices``, where any id is valid), outputs, the model configuration."""
+    return {"recipe": "PyTorch/DLRM", "format": fmt,
+            "inputs": {NUMERICAL: {"dtype": "float32", "dims": [config.num_numerical_features], "max_id": None},
+                       CATEGORICAL: {"dtype": "int64", "dims": [len(config.table_sizes)],
+                                     "max_id": None if config.hash_indices else [int(n) for n in config.table_sizes],
+                                     "features": list(config.feature_names)}},
+            "outputs": [{"name": OUTPUT_NAME, "dtype": "float32", "dims": [1]}],
+            "feature_spec": feature_spec, "created_by": "PyTorch/DLRM/deployment/deployer.py",
+            "model_config": config.to_dict(), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
+
+
+def write_repository(model: DLRM, config: ModelConfig, repo_dir: str, formats: Sequence[str], *,
+                     base_name: str = "dlrm", version: int = 1, max_batch_size: int = 65536,
+                     dynamic_batching_delay_ms: float = 0.0, instance_count: int = 1,
+                     instance_kind: str = "KIND_CPU", overwrite: bool = False, checkpoint: Optional[str] = None,
+                     feature_spec: Optional[dict] = None, opset: int = ONNX_OPSET) -> List[str]:
+    """Export ``model`` in each of ``formats`` into the Triton model repository ``repo_dir``; returns the model
+    directories.
+
+    ``dynamic_batching_delay_ms > 0`` turns on Triton's dynamic batcher with that queue delay (preferred batch sizes
+    half and all of ``max_batch_size``, as NVIDIA's deployer); ``0`` (or NVIDIA's ``-1``) leaves it off.
+    ``repo_dir`` is written atomically by ``recsys_common.serving.model_repository``: a non-empty one is refused
+    unless ``overwrite``, and then only files this tool wrote are replaced.
+    """
+    from recsys_common.serving.model_config import TensorSpec, model_config_text
+    from recsys_common.serving.repository import model_repository
+
+    if "ts-script" in formats and "ts-trace" in formats:
+        raise ValueError("--ts-script and --ts-trace both write the TorchScript model: choose one")
+    if max_batch_size <= 0:
+        raise ValueError(f"--triton-max-batch-size must be > 0, got {max_batch_size}")
+    if instance_count <= 0:
+        raise ValueError(f"--triton-engine-count must be > 0, got {instance_count}")
+    module = serving_module(model)
+    inputs = [TensorSpec(NUMERICAL, "float32", [config.num_numerical_features]),
+              TensorSpec(CATEGORICAL, "int64", [len(config.table_sizes)])]
+    outputs = [TensorSpec(OUTPUT_NAME, "float32", [1])]
+    delay_us = int(round(dynamic_batching_delay_ms * 1000)) if dynamic_batching_delay_ms > 0 else None
+    preferred = sorted({max(1, max_batch_size // 2), max_batch_size}) if delay_us else None
+    names = model_names(base_name, formats)
+    written = []
+    with model_repository(repo_dir, overwrite=overwrite, tool="PyTorch/DLRM/deployment/deployer.py") as repo:
+        for fmt in formats:
+            text = model_config_text(names[fmt], PLATFORMS[fmt], inputs, outputs, max_batch_size,
+                                     dynamic_batching_delay_us=delay_us, preferred_batch_sizes=preferred,
+                                     instance_count=instance_count, instance_kind=instance_kind)
+            version_dir = repo.add_model(names[fmt], text, version=version,
+                                         sidecar=sidecar(config, fmt, checkpoint, feature_spec))
+            path = os.path.join(version_dir, MODEL_FILES[fmt])
+            if fmt == "onnx":
+                export_onnx(module, path, config, opset)
+            else:
+                export_torchscript(module, path, fmt[len("ts-"):], config)
+            written.append(os.path.join(repo_dir, names[fmt]))
+    return written
