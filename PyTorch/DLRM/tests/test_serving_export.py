@@ -1,8 +1,5 @@
-"""Export for serving: eager DLRM vs its TorchScript (script, trace) vs ONNX in onnxruntime on the same batch, the
-deployer's repository (config.pbtxt checked with Triton's protobuf definitions), and its errors."""
-import json
-import os
-
+"""Export for serving: eager DLRM vs its TorchScript (script, trace) vs ONNX in onnxruntime on the same batch; ids
+beyond a table; a checkpoint that does not match the flags."""
 import numpy as np
 import pytest
 import torch
