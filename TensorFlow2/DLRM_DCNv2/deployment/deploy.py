@@ -1,0 +1,211 @@
+"""Checkpoint -> Triton model repository (the seed's ``deployment/deploy.py``), for DLRM and DCNv2.
+
+    python -m deployment.deploy --checkpoint-dir /tmp/dlrm_dcnv2_quickstart/dlrm_checkpoint \\
+        --model-repository-path /tmp/dlrm_repo [--layout monolithic|ensemble|both] [--overwrite]
+
+What it writes (``--model-name`` defaults to the checkpoint's model, ``dlrm`` or ``dcnv2``)::
+
+    --layout monolithic (default): the whole model, once per --formats entry
+        <repo>/<name>-onnx/        config.pbtxt (platform onnxruntime_onnx),       1/model.onnx
+        <repo>/<name>-savedmodel/  config.pbtxt (platform tensorflow_savedmodel),  1/model.savedmodel/
+    --layout ensemble: the seed's two-model ensemble for models larger than one GPU
+        <repo>/<name>-sparse/      the embedding lookups   (cat_<t> -> embeddings), --sparse-format
+        <repo>/<name>-dense/       MLPs + interaction/cross (numerical, embeddings -> probability), --dense-format
+        <repo>/<name>/             platform "ensemble": sparse then dense, the monolithic model's inputs and output
+    --layout both: all of the above
+
+Every model directory also gets ``recsys_serving.json`` (inputs with their dims and id ranges, the checkpoint, the
+feature spec when ``--dataset_path`` is given). Inputs and output: see :mod:`deployment.export`.
+
+The checkpoint describes its model (``state.json``); ``--dataset_path``/``--feature_spec`` are checked against it
+(a feature with more ids than its table, another hotness or number of numerical features is a clear error).
+The repository is written atomically (``recsys_common.serving.repository``): an existing non-empty one is refused
+unless ``--overwrite``, which replaces only what this tool wrote there.
+
+NVIDIA's seed serves the sparse half with Merlin HPS (``--sparse-format hps``: GPU embedding cache in front of a
+CPU/SSD parameter server) and the dense half with TensorRT (``--dense-format trt``); neither exists on these
+machines, so both are refused here with that reason; the TensorFlow SavedModel sparse model is what the HPS model
+would replace (same inputs and ``embeddings`` output), and the ONNX dense model is what TensorRT would compile.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+LOG = logging.getLogger("deployment.deploy")
+TOOL = "dlrm_dcnv2.deploy"
+LAYOUTS = ("monolithic", "ensemble", "both")
+FORMATS = ("onnx", "tf-savedmodel")
+PLATFORM = {"onnx": "onnxruntime_onnx", "tf-savedmodel": "tensorflow_savedmodel"}
+MODEL_FILE = {"onnx": "model.onnx", "tf-savedmodel": "model.savedmodel"}
+SUFFIX = {"onnx": "onnx", "tf-savedmodel": "savedmodel"}
+UNAVAILABLE_FORMATS = {
+    "hps": "Merlin HPS (the seed's sparse backend) needs NVIDIA's HugeCTR/HPS Triton backend, which is not on PyPI "
+           "and cannot run on these CPU machines; use --sparse-format tf-savedmodel (what HPS would replace) or onnx",
+    "trt": "TensorRT needs an NVIDIA GPU and the TensorRT runtime; use --dense-format onnx (Triton can compile it "
+           "with its TensorRT execution accelerator) or tf-savedmodel",
+}
+
+
+class DeployError(ValueError):
+    """A flag, checkpoint or repository problem; the message names it."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deployment.deploy", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint-dir", required=True,
+                   help="checkpoint of dlrm.py / dcnv2.py: one step_<N> directory, or a --save_checkpoint_path "
+                        "directory (its newest step_<N>)")
+    p.add_argument("--model-repository-path", required=True, help="Triton model repository to write")
+    p.add_argument("--model-name", default=None,
+                   help="model name (the ensemble's; monolithic models get -onnx / -savedmodel appended); default: "
+                        "the checkpoint's model, dlrm or dcnv2")
+    p.add_argument("--sparse-model-name", default=None, help="ensemble member of the lookups (default <name>-sparse)")
+    p.add_argument("--dense-model-name", default=None, help="ensemble member of the MLPs (default <name>-dense)")
+    p.add_argument("--model-version", type=int, default=1, help="version directory of every model")
+    p.add_argument("--layout", choices=LAYOUTS, default="monolithic",
+                   help="monolithic models, the sparse/dense ensemble, or both")
+    p.add_argument("--monolithic", action="store_const", const="monolithic", dest="layout",
+                   help="the seed's flag: same as --layout monolithic")
+    p.add_argument("--formats", default="onnx,tf-savedmodel",
+                   help="comma-separated formats of the monolithic model: onnx, tf-savedmodel")
+    p.add_argument("--sparse-format", default="tf-savedmodel", choices=FORMATS + ("hps",),
+                   help="format of the ensemble's sparse model (hps: not available here, see the module docstring)")
+    p.add_argument("--dense-format", default="onnx", choices=FORMATS + ("trt",),
+                   help="format of the ensemble's dense model (trt: not available here)")
+    p.add_argument("--max-batch-size", type=int, default=32768, help="Triton max_batch_size of every model")
+    p.add_argument("--dynamic-batching-delay-us", type=int, default=None,
+                   help="enable Triton's dynamic batcher with this max_queue_delay_microseconds (default: off)")
+    p.add_argument("--engine-count-per-device", type=int, default=1,
+                   help="model instances per device (Triton instance_group count)")
+    p.add_argument("--cpu", action="store_true",
+                   help="instances on the CPU (KIND_CPU); default KIND_GPU as the seed's Triton deployment")
+    p.add_argument("--onnx-opset", type=int, default=17, help="ONNX opset of the tf2onnx conversion")
+    p.add_argument("--dataset_path", default=None,
+                   help="dataset whose feature spec is checked against the checkpoint and recorded in the sidecar")
+    p.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec file relative to --dataset_path")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing repository's models written by this tool (other files are kept)")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    args.format_list = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in args.format_list if f not in FORMATS]
+    if bad or not args.format_list:
+        raise DeployError(f"--formats {args.formats!r}: expected a comma-separated list of {', '.join(FORMATS)}")
+    for flag, value in (("--sparse-format", args.sparse_format), ("--dense-format", args.dense_format)):
+        if value in UNAVAILABLE_FORMATS and args.layout != "monolithic":
+            raise DeployError(f"{flag} {value}: {UNAVAILABLE_FORMATS[value]}")
+    for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--model-version", args.model_version, 1),
+                             ("--engine-count-per-device", args.engine_count_per_device, 1),
+                             ("--dynamic-batching-delay-us", args.dynamic_batching_delay_us, 0)):
+        if value is not None and value < low:
+            raise DeployError(f"{flag} must be at least {low}, got {value}")
+    return args
+
+
+def deploy(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = None,
+           sparse_model_name: Optional[str] = None, dense_model_name: Optional[str] = None, version: int = 1,
+           layout: str = "monolithic", formats: Sequence[str] = FORMATS, sparse_format: str = "tf-savedmodel",
+           dense_format: str = "onnx", max_batch_size: int = 32768, dynamic_batching_delay_us: Optional[int] = None,
+           instance_count: int = 1, cpu: bool = False, opset: int = 17, dataset_path: Optional[str] = None,
+           feature_spec: str = "feature_spec.yaml", overwrite: bool = False) -> Dict[str, Any]:
+    """Write the repository (see the module docstring); returns ``{"repository", "models": {name: platform},
+    "checkpoint", "model"}``. Raises ``DeployError`` / ``CheckpointError`` / ``OutputDirectoryError``."""
+    from recsys_common.io import check_output_directory
+    from recsys_common.serving.model_config import EnsembleStep, TensorSpec, check_model_directory, model_config_text
+    from recsys_common.serving.repository import model_repository
+    from deployment import export
+
+    check_output_directory(repository, overwrite)  # before minutes of loading and exporting
+    spec = spec_dict = feature_names = None
+    if dataset_path:
+        from dlrm_dcnv2.dataloading.dataloader import load_spec
+        spec = load_spec(dataset_path, feature_spec, "--feature_spec")
+        spec_dict = spec.to_dict()
+    loaded = export.load_checkpoint_model(checkpoint_dir, spec)
+    if spec is not None:
+        feature_names = export.check_feature_spec(loaded.config, spec, loaded.path)
+    name = model_name or loaded.model_name
+    kind = "KIND_CPU" if cpu else "KIND_GPU"
+
+    def tensors(description: Dict[str, Dict[str, Any]]) -> List[TensorSpec]:
+        return [TensorSpec(n, d["dtype"], d["dims"]) for n, d in description.items()]
+
+    def add(repo, model: str, part: str, fmt: str) -> None:
+        inputs, outputs = export.io_description(loaded, part)
+        text = model_config_text(model, PLATFORM[fmt], tensors(inputs), tensors(outputs), max_batch_size,
+                                 dynamic_batching_delay_us=dynamic_batching_delay_us, instance_count=instance_count,
+                                 instance_kind=kind)
+        version_dir = repo.add_model(model, text, version=version,
+                                     sidecar=export.sidecar(loaded, part, fmt, feature_names, spec_dict))
+        target = os.path.join(version_dir, MODEL_FILE[fmt])
+        LOG.info("exporting %s (%s, %s) ...", model, part, fmt)
+        if fmt == "onnx":
+            export.export_onnx(loaded, part, target, opset)
+        else:
+            export.export_savedmodel(loaded, part, target)
+        written[model] = PLATFORM[fmt]
+
+    written: Dict[str, str] = {}
+    with model_repository(repository, overwrite=overwrite, tool=TOOL) as repo:
+        if layout in ("monolithic", "both"):
+            for fmt in formats:
+                add(repo, f"{name}-{SUFFIX[fmt]}", "monolithic", fmt)
+        if layout in ("ensemble", "both"):
+            sparse_name, dense_name = sparse_model_name or f"{name}-sparse", dense_model_name or f"{name}-dense"
+            add(repo, sparse_name, "sparse", sparse_format)
+            add(repo, dense_name, "dense", dense_format)
+            inputs, outputs = export.io_description(loaded, "monolithic")
+            sparse_inputs, _ = export.io_description(loaded, "sparse")
+            dense_inputs, _ = export.io_description(loaded, "dense")
+            steps = [EnsembleStep(sparse_name, {n: n for n in sparse_inputs}, {export.EMBEDDINGS: export.EMBEDDINGS}),
+                     EnsembleStep(dense_name, {n: n for n in dense_inputs}, {export.PROBABILITY: export.PROBABILITY})]
+            text = model_config_text(name, "ensemble", tensors(inputs), tensors(outputs), max_batch_size,
+                                     ensemble_steps=steps)
+            repo.add_model(name, text, version=version,
+                           sidecar=dict(export.sidecar(loaded, "monolithic", "ensemble", feature_names, spec_dict),
+                                        steps=[sparse_name, dense_name]))
+            written[name] = "ensemble"
+    for model in written:  # what landed on disk, checked once more as Triton would load it
+        check_model_directory(os.path.join(repository, model))
+    return {"repository": os.path.abspath(repository), "models": written, "checkpoint": loaded.path,
+            "model": loaded.model_name}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Parse ``argv`` and deploy; returns :func:`deploy`'s result."""
+    args = parse_args(argv)
+    return deploy(args.checkpoint_dir, args.model_repository_path, model_name=args.model_name,
+                  sparse_model_name=args.sparse_model_name, dense_model_name=args.dense_model_name,
+                  version=args.model_version, layout=args.layout, formats=args.format_list,
+                  sparse_format=args.sparse_format, dense_format=args.dense_format,
+                  max_batch_size=args.max_batch_size, dynamic_batching_delay_us=args.dynamic_batching_delay_us,
+                  instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
+                  dataset_path=args.dataset_path, feature_spec=args.feature_spec, overwrite=args.overwrite)
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """Command line: prints the models written; a clear one-line error and exit status 1 (2 for flags)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = main(argv)
+    except DeployError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    for model, platform in result["models"].items():
+        print(f"deployed {model} ({platform}) in {result['repository']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
