@@ -47,6 +47,7 @@ Bad input (wrong column count, non-numeric ids, an empty file, a user with a sin
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import io
 import os
@@ -127,16 +128,104 @@ def _read_text(path: str) -> str:
         raise ConversionError(f"{path}: cannot read: {err}") from err
 
 
+# Rows per chunk of the streaming reader: a chunk's parse buffers stay in the tens of MB while the file is read.
+READ_CHUNK_ROWS = 1 << 20
+
+
 def read_ratings(path: str, fmt: Optional[str] = None) -> pd.DataFrame:
     """Read a raw ratings file into columns ``user, item, timestamp`` (the raw ids, int64), in file order.
 
     Raises ConversionError naming the file and the 1-based line for a wrong column count, a non-numeric id or
     timestamp, or an empty file.
     """
+    columns = read_ratings_columns(path, fmt)
+    return pd.DataFrame({name: values.astype(np.int64, copy=False) for name, values in columns.items()})
+
+
+def read_ratings_columns(path: str, fmt: Optional[str] = None) -> dict:
+    """The columns ``user, item, timestamp`` of a raw ratings file as numpy arrays, in file order.
+
+    Each column is int32 when every value fits, else int64 (an ML-20m ``ratings.csv`` of 20M rows then takes
+    240 MB instead of the 6.8 GB that parsing it as text took). Single-character separators are parsed
+    straight from the file in chunks of :data:`READ_CHUNK_ROWS` rows by pandas' C parser with integer dtypes;
+    any file that parser does not accept as plain integers (a bad line, a blank line inside, quoted or
+    float-looking ids, ``::``-separated ML-1m) goes through :func:`_read_ratings_checked`, which either finds
+    the same values or raises the ConversionError naming the line -- so both paths accept the same files and
+    give the same values.
+    """
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
         raise ConversionError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     spec = FORMATS[fmt]
+    if len(spec.separator) == 1 and os.path.isfile(path):
+        try:
+            columns = _read_ratings_streaming(path, spec)
+        except (ValueError, OverflowError, OSError, EOFError):  # pandas' ParserError, EmptyDataError: ValueErrors
+            columns = None
+        if columns is not None:
+            return columns
+    return {name: _narrow(values) for name, values in _read_ratings_checked(path, spec).items()}
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """``values`` as int32 when they all fit (ids and Unix timestamps do), else unchanged (int64)."""
+    info = np.iinfo(np.int32)
+    if values.size == 0 or (values.min() >= info.min and values.max() <= info.max):
+        return values.astype(np.int32)
+    return values
+
+
+def _read_ratings_streaming(path: str, spec: RawFormat) -> Optional[dict]:
+    """The fast path of :func:`read_ratings_columns`: None (or a ValueError) when the file needs the checked path."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        first_line = f.readline().decode("latin-1").rstrip("\r\n")
+    if spec.has_header:
+        names = [h.strip() for h in first_line.split(spec.separator)]
+        if len(set(names)) != len(names) or any(c not in names for c in (spec.user, spec.item, spec.timestamp)):
+            return None  # the checked path names what is wrong with the header
+        skip = 1
+    else:
+        names, skip = list(spec.columns), 0
+    wanted = {spec.user: "user", spec.item: "item", spec.timestamp: "timestamp"}
+    # Every column is parsed (no usecols: with usecols the C parser silently ignores extra fields on a line);
+    # the unused ones as float (MovieLens' rating) or text (a BYO CSV's own columns), one chunk at a time.
+    dtypes = {name: (np.int64 if name in wanted else np.float64 if name in spec.columns else object)
+              for name in names}
+    parts = {target: [] for target in wanted.values()}
+    rows = 0
+    reader = pd.read_csv(path, sep=spec.separator, header=None, names=names, skiprows=skip, dtype=dtypes,
+                         quoting=csv.QUOTE_NONE, skip_blank_lines=False, keep_default_na=False,
+                         encoding="latin-1", engine="c", chunksize=READ_CHUNK_ROWS)
+    with reader:
+        for chunk in reader:
+            rows += len(chunk)
+            for source, target in wanted.items():
+                parts[target].append(_narrow(chunk[source].to_numpy()))
+            del chunk
+    if rows == 0:
+        return None  # the checked path raises the empty-file error
+    return {target: _concatenate(values) for target, values in parts.items()}
+
+
+def _concatenate(parts: list) -> np.ndarray:
+    """Concatenate chunks into one array, freeing each chunk as soon as it is copied (peak: result + one chunk)."""
+    dtype = np.result_type(*parts)
+    out = np.empty(sum(len(p) for p in parts), dtype=dtype)
+    lo = 0
+    while parts:
+        part = parts.pop(0)
+        out[lo: lo + len(part)] = part
+        lo += len(part)
+    return out
+
+
+def _read_ratings_checked(path: str, spec: RawFormat) -> dict:
+    """Read the whole file as text and check every line; int64 columns ``user, item, timestamp``.
+
+    Slow and memory-hungry (about 14x the file), but it names the first bad line; used for ``::`` files and
+    whenever the streaming parser refuses a file.
+    """
     text = _read_text(path)
     if spec.separator == "::":
         text = text.replace("::", "\t")  # lets the fast C parser read ML-1m
@@ -182,15 +271,15 @@ def read_ratings(path: str, fmt: Optional[str] = None) -> pd.DataFrame:
             raise ConversionError(f"{path}: line {i + first_data_line}: column {source!r} must be an integer, "
                                   f"got {frame[source].iloc[i]!r}")
         out[target] = values.to_numpy().astype(np.int64)
-    return pd.DataFrame(out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------- protocol
 @dataclass
 class Split:
     """A converted dataset in memory: training positives and per-user test candidate lists."""
-    train_users: np.ndarray        # int64 [P]
-    train_items: np.ndarray        # int64 [P]
+    train_users: np.ndarray        # int [P] (int32 from convert_ratings, int64 from the paper's split)
+    train_items: np.ndarray        # int [P]
     test_users: np.ndarray         # int64 [U]
     test_candidates: np.ndarray    # int64 [U, 1 + negatives]; column 0 is the held-out positive
     num_users: int
@@ -206,32 +295,72 @@ class FilterReport:
     min_interactions: int
 
 
-def drop_sparse_users(ratings: pd.DataFrame, min_interactions: int) -> tuple:
+def drop_sparse_users(ratings, min_interactions: int) -> tuple:
     """Drop the users with fewer than ``min_interactions`` distinct items; returns (kept ratings, FilterReport).
 
-    Counts distinct (user, item) pairs, as leave-one-out sees them after dropping repeats. Only users are removed,
-    so no other user's count changes and one pass leaves every kept user with at least ``min_interactions``.
+    ``ratings``: a DataFrame or a dict of equal-length arrays ``user, item, timestamp``; the kept rows come back in
+    the same form. Counts distinct (user, item) pairs, as leave-one-out sees them after dropping repeats. Only users
+    are removed, so no other user's count changes and one pass leaves every kept user with at least
+    ``min_interactions``.
     """
     if min_interactions <= 1:
         return ratings, FilterReport(0, 0, min_interactions)
-    distinct = ratings[["user", "item"]].drop_duplicates()
+    distinct = pd.DataFrame({"user": ratings["user"], "item": ratings["item"]}).drop_duplicates()
     per_user = distinct["user"].value_counts()
     sparse = per_user.index[per_user.to_numpy() < min_interactions]
-    drop = np.isin(ratings["user"].to_numpy(), sparse.to_numpy())
-    return ratings[~drop].reset_index(drop=True), FilterReport(int(len(sparse)), int(drop.sum()), min_interactions)
+    drop = np.isin(np.asarray(ratings["user"]), sparse.to_numpy())
+    if isinstance(ratings, pd.DataFrame):
+        kept = ratings[~drop].reset_index(drop=True)
+    else:
+        kept = {name: np.asarray(values)[~drop] for name, values in ratings.items()}
+    return kept, FilterReport(int(len(sparse)), int(drop.sum()), min_interactions)
 
 
-def leave_one_out(ratings: pd.DataFrame, path: str = "<ratings>") -> tuple:
-    """Factorise ids, sort by time, drop repeated pairs; return (train, test, num_users, num_items, raw user ids)."""
-    if ratings.empty:
+@dataclass
+class LeaveOneOut:
+    """What :func:`leave_one_out` returns: training rows in time order, and each user's held-out item."""
+    train_users: np.ndarray   # int32 [P] (factorised ids)
+    train_items: np.ndarray   # int32 [P]
+    test_users: np.ndarray    # int64 [U]: 0..U-1
+    test_items: np.ndarray    # int64 [U]
+    num_users: int
+    num_items: int
+
+
+def _first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """Boolean mask: True at the first row of each distinct key (a stable sort keeps the earliest row first)."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first_sorted = np.ones(len(keys), dtype=bool)
+    first_sorted[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    del sorted_keys
+    first = np.empty(len(keys), dtype=bool)
+    first[order] = first_sorted
+    return first
+
+
+def leave_one_out(ratings, path: str = "<ratings>") -> LeaveOneOut:
+    """Factorise ids, sort by time, drop repeated pairs, hold out each user's latest row.
+
+    ``ratings``: a DataFrame or a dict of arrays ``user, item, timestamp`` (raw ids, in file order). Ids are
+    numbered in order of first appearance; the sort by time is stable, so equal timestamps keep file order; of a
+    repeated (user, item) pair the earliest row is kept; the training rows stay in time order. Works on flat
+    numpy arrays (int32 ids, an int64 argsort) so that ML-20m's 20M rows need a few hundred MB, not several GB.
+    """
+    if len(ratings["user"]) == 0:
         raise ConversionError(f"{path}: no interactions left to convert (--min_interactions dropped every user?)")
-    users, raw_users = pd.factorize(ratings["user"])
-    items, _ = pd.factorize(ratings["item"])
-    frame = pd.DataFrame({"user": users.astype(np.int64), "item": items.astype(np.int64),
-                          "timestamp": ratings["timestamp"].to_numpy()})
-    frame = frame.sort_values("timestamp", kind="mergesort")
-    frame = frame.drop_duplicates(subset=["user", "item"], keep="first")
-    per_user = np.bincount(frame["user"].to_numpy(), minlength=len(raw_users))
+    users, raw_users = pd.factorize(np.asarray(ratings["user"]))
+    users = users.astype(np.int32)
+    items, raw_items = pd.factorize(np.asarray(ratings["item"]))
+    items = items.astype(np.int32)
+    num_users, num_items = len(raw_users), len(raw_items)
+    by_time = np.argsort(np.asarray(ratings["timestamp"]), kind="stable")
+    users, items = users[by_time], items[by_time]
+    del by_time
+    keep = _first_occurrences(users.astype(np.int64) * num_items + items)
+    users, items = users[keep], items[keep]
+    del keep
+    per_user = np.bincount(users, minlength=num_users)
     lonely = np.flatnonzero(per_user < 2)
     if lonely.size:
         examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
@@ -239,10 +368,14 @@ def leave_one_out(ratings: pd.DataFrame, path: str = "<ratings>") -> tuple:
                               f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
                               f"per user (one for training, one for the test). Drop them with --min_interactions 2 "
                               f"(or more), or add interactions.")
-    is_test = ~frame.duplicated(subset=["user"], keep="last")  # each user's latest row
-    test = frame[is_test.to_numpy()].sort_values("user", kind="mergesort")
-    train = frame[~is_test.to_numpy()]
-    return train, test, len(raw_users), int(items.max()) + 1
+    # Each user's latest row: its first occurrence when reading the time-ordered rows backwards. np.unique sorts
+    # the users (stable, with return_index), so the test rows come out ordered by user, every user once.
+    test_users, from_end = np.unique(users[::-1], return_index=True)
+    latest = len(users) - 1 - from_end
+    is_train = np.ones(len(users), dtype=bool)
+    is_train[latest] = False
+    return LeaveOneOut(users[is_train], items[is_train], test_users.astype(np.int64),
+                       items[latest].astype(np.int64), num_users, num_items)
 
 
 def sample_test_negatives(train_users: np.ndarray, train_items: np.ndarray, test_users: np.ndarray,
@@ -255,7 +388,13 @@ def sample_test_negatives(train_users: np.ndarray, train_items: np.ndarray, test
     if num_negatives == 0:
         return np.zeros((len(test_users), 0), dtype=np.int64)
     rng = np.random.default_rng(seed)
-    train_keys = np.unique(train_users.astype(np.int64) * num_items + train_items.astype(np.int64))
+    # np.unique's result, built in place: at ML-20m scale each temporary int64 copy is another 160 MB
+    train_keys = train_users.astype(np.int64)
+    train_keys *= num_items
+    train_keys += train_items
+    train_keys.sort()
+    if len(train_keys):
+        train_keys = train_keys[np.concatenate([[True], train_keys[1:] != train_keys[:-1]])]
     per_user = np.bincount(train_users, minlength=int(test_users.max()) + 1)
     full = np.flatnonzero(per_user[test_users] >= num_items)
     if full.size:
@@ -280,14 +419,14 @@ def convert_ratings(path: str, valid_negative: int = 100, seed: int = 1, fmt: Op
 
     ``min_interactions``: drop users with fewer distinct items first (0: keep all); ``Split.dropped`` says what went.
     """
-    ratings, dropped = drop_sparse_users(read_ratings(path, fmt), min_interactions)
-    train, test, num_users, num_items = leave_one_out(ratings, path)
-    train_users = train["user"].to_numpy()
-    train_items = train["item"].to_numpy()
-    test_users = test["user"].to_numpy()
-    negatives = sample_test_negatives(train_users, train_items, test_users, num_items, valid_negative, seed)
-    candidates = np.concatenate([test["item"].to_numpy()[:, None], negatives], axis=1)
-    return Split(train_users, train_items, test_users, candidates, num_users, num_items, dropped)
+    ratings, dropped = drop_sparse_users(read_ratings_columns(path, fmt), min_interactions)
+    split = leave_one_out(ratings, path)
+    del ratings
+    negatives = sample_test_negatives(split.train_users, split.train_items, split.test_users, split.num_items,
+                                      valid_negative, seed)
+    candidates = np.concatenate([split.test_items[:, None], negatives], axis=1)
+    return Split(split.train_users, split.train_items, split.test_users, candidates, split.num_users,
+                 split.num_items, dropped)
 
 
 def read_paper_negatives(path: str) -> tuple:
@@ -400,7 +539,8 @@ def write_split(split: Split, output: str, overwrite: bool = False) -> str:
     test_labels = np.zeros(split.test_candidates.shape, dtype=np.float32)
     test_labels[:, 0] = 1.0
     tables = {
-        TRAIN_FILE: pa.table({USER: split.train_users.astype(np.int32), ITEM: split.train_items.astype(np.int32),
+        TRAIN_FILE: pa.table({USER: split.train_users.astype(np.int32, copy=False),
+                              ITEM: split.train_items.astype(np.int32, copy=False),
                               LABEL: np.ones(len(split.train_users), dtype=np.float32)}),
         TEST_FILE: pa.table({USER: np.repeat(split.test_users, samples).astype(np.int32),
                              ITEM: split.test_candidates.reshape(-1).astype(np.int32),

@@ -207,3 +207,80 @@ def test_min_interactions_makes_a_random_movielens_sample_convertible(tmp_path, 
     assert f"dropped {lonely} user(s) and {lonely} row(s)" in capsys.readouterr().out
     data = load_dataset(str(out))
     assert data.num_users == len(users) - lonely and data.samples_per_series == 101
+
+
+# ------------------------------------------------------------------ streaming reader vs the previous implementation
+def _reference_convert(path, fmt, valid_negative, seed, min_interactions):
+    """The converter before it streamed (whole-file text parse + pandas leave-one-out), kept as the reference."""
+    raw = pd.DataFrame(convert._read_ratings_checked(path, convert.FORMATS[fmt]))
+    if min_interactions > 1:
+        distinct = raw[["user", "item"]].drop_duplicates()
+        per_user = distinct["user"].value_counts()
+        sparse = per_user.index[per_user.to_numpy() < min_interactions]
+        raw = raw[~np.isin(raw["user"].to_numpy(), sparse.to_numpy())].reset_index(drop=True)
+    users, raw_users = pd.factorize(raw["user"])
+    items, _ = pd.factorize(raw["item"])
+    frame = pd.DataFrame({"user": users.astype(np.int64), "item": items.astype(np.int64),
+                          "timestamp": raw["timestamp"].to_numpy()})
+    frame = frame.sort_values("timestamp", kind="mergesort").drop_duplicates(subset=["user", "item"], keep="first")
+    is_test = ~frame.duplicated(subset=["user"], keep="last")
+    test = frame[is_test.to_numpy()].sort_values("user", kind="mergesort")
+    train = frame[~is_test.to_numpy()]
+    num_items = int(items.max()) + 1
+    negatives = convert.sample_test_negatives(train["user"].to_numpy(), train["item"].to_numpy(),
+                                              test["user"].to_numpy(), num_items, valid_negative, seed)
+    candidates = np.concatenate([test["item"].to_numpy()[:, None], negatives], axis=1)
+    return convert.Split(train["user"].to_numpy(), train["item"].to_numpy(), test["user"].to_numpy(), candidates,
+                         len(raw_users), num_items)
+
+
+def _ml20m_text(rng, rows, extra=""):
+    users = np.sort(rng.integers(1, 60, rows))
+    items = rng.zipf(1.3, rows) % 400 + 1                       # popular items repeat: duplicate pairs
+    stamps = rng.integers(1_000_000_000, 1_000_000_050, rows)    # few distinct times: many ties
+    return "".join(f"{u},{i},{rng.integers(1, 11) / 2},{t}{extra}\n" for u, i, t in zip(users, items, stamps))
+
+
+@pytest.mark.parametrize("case", ["ml-20m", "ml-20m-gz", "ml-20m-small-chunks", "ml-100k", "byo-extra-column",
+                                  "checked-path-float-ids", "min-interactions"])
+def test_output_is_byte_identical_to_the_previous_converter(tmp_path, monkeypatch, case):
+    rng = np.random.default_rng(7)
+    d = tmp_path / "ml-20m"
+    d.mkdir()
+    fmt, min_interactions = "ml-20m", 0
+    if case.startswith("ml-20m"):
+        path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + _ml20m_text(rng, 3000))
+        if case == "ml-20m-gz":
+            import gzip
+            with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+                g.write(f.read())
+            os.remove(path)
+            path += ".gz"
+        if case == "ml-20m-small-chunks":  # chunks mixing int32 and int64 columns are joined in order
+            monkeypatch.setattr(convert, "READ_CHUNK_ROWS", 7)
+            text = open(path).read().replace("1000000001\n", "99000000001\n", 3)
+            path = write(d / "ratings.csv", text)
+    elif case == "ml-100k":
+        fmt, path = "ml-100k", write(d / "u.data", _ml20m_text(rng, 2000).replace(",", "\t"))
+    elif case == "byo-extra-column":
+        body = "".join(f"{t},note {k},{i},{u}\n" for k, (u, i, _r, t) in
+                       enumerate(line.split(",") for line in _ml20m_text(rng, 2000).splitlines()))
+        fmt, path = "csv", write(d / "mine.csv", "timestamp,note,item_id,user_id\n" + body)
+    elif case == "checked-path-float-ids":  # ids the C parser refuses as integers: the checked path reads them
+        text = _ml20m_text(rng, 2000)
+        path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + text.replace(",7,", ",7.0,") + "\n\n")
+    else:
+        path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + _ml20m_text(rng, 400) + "999,1,3,5\n")
+        min_interactions = 2
+    out_new, out_ref = tmp_path / "new", tmp_path / "ref"
+    checked_calls = []
+    real_checked = convert._read_ratings_checked
+    monkeypatch.setattr(convert, "_read_ratings_checked", lambda *a: checked_calls.append(a) or real_checked(*a))
+    assert convert.main(["--path", path, "--output", str(out_new), "--format", fmt, "--valid_negative", "20",
+                         "--min_interactions", str(min_interactions)]) == 0
+    assert len(checked_calls) == (1 if case == "checked-path-float-ids" else 0)  # which reader did the work
+    monkeypatch.setattr(convert, "_read_ratings_checked", real_checked)
+    convert.write_split(_reference_convert(path, fmt, 20, 1, min_interactions), str(out_ref))
+    for name in ("feature_spec.yaml", "train.parquet", "test.parquet"):
+        assert (out_new / name).read_bytes() == (out_ref / name).read_bytes(), name
+    assert len(pd.read_parquet(out_new / "train.parquet")) > 200  # the cases are not trivially small
