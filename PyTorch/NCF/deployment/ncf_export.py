@@ -109,7 +109,7 @@ def sidecar(config: Dict, fmt: str, checkpoint: Optional[str]) -> Dict:
     return {"recipe": "PyTorch/NCF", "format": fmt,
             "inputs": {"user": {"dtype": "int64", "dims": [1], "max_id": int(config["num_users"])},
                        "item": {"dtype": "int64", "dims": [1], "max_id": int(config["num_items"])}},
-            "outputs": [{"name": OUTPUT_NAME, "dtype": "float32", "dims": [1]}],
+            "outputs": [OUTPUT_NAME],
             "feature_spec": None, "created_by": "PyTorch/NCF/deployment/deployer.py",
             "model_config": dict(config), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
 
