@@ -1,0 +1,20 @@
+"""Serving: Triton model repositories, a KServe-v2 client, and MLServer as the stand-in server on machines without
+Triton.
+
+Modules (import them directly; this package imports nothing heavy, so that the MLServer process, which loads
+``mlserver_runtime``, never pulls in ``tritonclient.grpc``; the two define the same protobuf symbols and cannot live in
+one process):
+
+    model_config      ``config.pbtxt`` written through Triton's own protobuf (``TensorSpec``, ``EnsembleStep``,
+                      ``model_config_text``, ``parse_model_config``, ``check_model_directory``).
+    repository        ``model_repository``: an atomic writer of a Triton model repository (``--overwrite`` replaces
+                      only this tool's files); ``read_sidecar`` reads ``recsys_serving.json``.
+    mlserver_runtime  ``OnnxModel``: the MLServer runtime (onnxruntime) that serves a repository's ONNX models;
+                      imported only inside the MLServer process.
+    mlserver_launcher ``serve_repository``: MLServer on loopback serving a Triton repository's ONNX models, always
+                      stopped (``python -m recsys_common.serving.mlserver_launcher --model-repository DIR``).
+    client            ``InferenceClient`` (tritonclient HTTP / gRPC with timeouts, ``ServingError``),
+                      ``infer_in_batches``.
+    latency           ``measure_latency``, ``write_latency_report`` (JSON + PNG), ``add_latency_arguments``,
+                      ``run_latency``: the core of every recipe's ``evaluate_latency``.
+"""
