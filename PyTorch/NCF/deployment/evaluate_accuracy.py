@@ -67,7 +67,7 @@ def served_scores(url: str, protocol: str, model_name: str, users: np.ndarray, i
     with InferenceClient(url, protocol=protocol, timeout_s=timeout_s) as client:
         client.wait_until_ready(model_name, timeout_s)
         out = infer_in_batches(client, model_name, {"user": users.reshape(-1, 1), "item": items.reshape(-1, 1)},
-                               [OUTPUT_NAME], batch_size, progress=False)
+                               [OUTPUT_NAME], batch_size, progress=True)
     return np.asarray(out[OUTPUT_NAME], dtype=np.float32).reshape(-1)
 
 
