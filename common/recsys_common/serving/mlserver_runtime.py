@@ -25,6 +25,7 @@ from mlserver.errors import InferenceError
 from mlserver.types import InferenceRequest, InferenceResponse
 
 from .repository import SIDECAR_NAME, read_sidecar
+from .request_checks import check_request_arrays
 
 # onnxruntime tensor type -> KServe-v2 datatype.
 _ONNX_TO_KSERVE = {
@@ -40,55 +41,6 @@ def _latest_version(model_dir: str) -> str:
     if not versions:
         raise FileNotFoundError(f"{model_dir}: no version directory with a model.onnx")
     return str(versions[-1])
-
-
-def check_request_arrays(arrays: Dict[str, np.ndarray], datatypes: Dict[str, str], expected: Dict[str, dict],
-                         max_ids: Dict[str, Optional[int]]) -> None:
-    """Check decoded request inputs against the model; raise ``ValueError`` with a message naming the input.
-
-    Args:
-        arrays: {input name: array} as decoded from the request.
-        datatypes: {input name: the request's KServe datatype}.
-        expected: {input name: {"datatype": KServe datatype, "shape": ONNX shape (ints, or None/str for free dims)}}.
-        max_ids: {input name: max_id or None}; ids must be in [0, max_id).
-    """
-    missing = [n for n in expected if n not in arrays]
-    if missing:
-        raise ValueError(f"missing input(s) {missing}; the model takes {sorted(expected)}")
-    unknown = [n for n in arrays if n not in expected]
-    if unknown:
-        raise ValueError(f"unknown input(s) {unknown}; the model takes {sorted(expected)}")
-    batch = None
-    for name, spec in expected.items():
-        array = arrays[name]
-        if datatypes[name] != spec["datatype"]:
-            raise ValueError(f"input {name!r}: expected datatype {spec['datatype']}, got {datatypes[name]}")
-        shape = spec["shape"]
-        if array.ndim != len(shape):
-            raise ValueError(f"input {name!r}: expected shape {_show_shape(shape)} (rank {len(shape)}), got "
-                             f"{list(array.shape)}")
-        for axis, (want, got) in enumerate(zip(shape, array.shape)):
-            if isinstance(want, int) and want > 0 and want != got:
-                raise ValueError(f"input {name!r}: expected shape {_show_shape(shape)}, got {list(array.shape)} "
-                                 f"(dimension {axis})")
-        if array.ndim and batch is not None and array.shape[0] != batch[1]:
-            raise ValueError(f"input {name!r}: batch size {array.shape[0]} differs from input {batch[0]!r}'s "
-                             f"{batch[1]}")
-        if array.ndim and batch is None:
-            batch = (name, array.shape[0])
-        max_id = max_ids.get(name)
-        if max_id is not None and array.size:
-            low, high = int(array.min()), int(array.max())
-            if low < 0 or high >= max_id:
-                bad = low if low < 0 else high
-                row = int(np.argwhere(array == bad)[0][0])
-                raise ValueError(f"input {name!r}: id {bad} (row {row}) is out of range; ids must be in "
-                                 f"[0, {max_id})")
-
-
-def _show_shape(shape) -> str:
-    return "[" + ", ".join(str(d) if isinstance(d, int) and d > 0 else "B" if i == 0 else "?"
-                           for i, d in enumerate(shape)) + "]"
 
 
 class OnnxModel(MLModel):

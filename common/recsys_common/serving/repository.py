@@ -13,7 +13,8 @@ The sidecar ``recsys_serving.json`` (Triton ignores it) records what a client ne
 
     {"recipe": "dlrm", "format": "onnx",
      "inputs": {"numerical": {"dtype": "float32", "dims": [13], "max_id": null},
-                "cat_0": {"dtype": "int64", "dims": [1], "max_id": 1000}},     # ids must be in [0, max_id)
+                "cat_0": {"dtype": "int64", "dims": [1], "max_id": 1000},      # ids must be in [0, max_id)
+                "categorical": {"dtype": "int64", "dims": [3], "max_id": [10, 20, 5]}},  # one bound per column
      "outputs": ["probability"], "feature_spec": {...} or null, "created_by": "dlrm.deploy"}
 
 This module must stay importable in the MLServer process (``read_sidecar`` is used there): it imports
@@ -49,8 +50,14 @@ def validate_sidecar(sidecar: Dict[str, Any], source: str = "sidecar") -> Dict[s
         if not isinstance(entry, dict) or "dtype" not in entry or "dims" not in entry:
             raise SidecarError(f"{source}: inputs.{name} must be an object with 'dtype', 'dims' and 'max_id'")
         max_id = entry.get("max_id")
-        if max_id is not None and (isinstance(max_id, bool) or not isinstance(max_id, int) or max_id <= 0):
-            raise SidecarError(f"{source}: inputs.{name}.max_id must be a positive integer or null, got {max_id!r}")
+        bounds = max_id if isinstance(max_id, list) else [max_id]
+        if max_id is not None and (not bounds or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0
+                                                     for b in bounds)):
+            raise SidecarError(f"{source}: inputs.{name}.max_id must be a positive integer, a list of them (one per "
+                               f"column of the last dimension) or null, got {max_id!r}")
+        if isinstance(max_id, list) and (not entry["dims"] or entry["dims"][-1] != len(max_id)):
+            raise SidecarError(f"{source}: inputs.{name}.max_id has {len(max_id)} bounds but dims {entry['dims']} "
+                               f"end in {entry['dims'][-1] if entry['dims'] else 'nothing'} columns")
     outputs = sidecar.get("outputs")
     if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) for o in outputs):
         raise SidecarError(f"{source}: 'outputs' must be a non-empty list of output names")
