@@ -49,6 +49,8 @@ def write_feature_spec(directory, model, rows=64, seed=5, fmt="split_binary"):
             spec.feature_spec[name]["max_hotness"] = h
     if fmt != "split_binary" or max(shape["hotness"]) > 1:
         fmt = "parquet" if fmt == "split_binary" else fmt
+        for name in spec.channel_spec["numerical"]:
+            spec.feature_spec[name]["dtype"] = "float32"  # parquet has no float16
         for mapping in list(spec.source_spec):
             features = [f for chunk in spec.source_spec[mapping] for f in chunk["features"]]
             spec.source_spec[mapping] = [{"type": fmt, "features": features,
