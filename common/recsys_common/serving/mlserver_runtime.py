@@ -64,9 +64,11 @@ class OnnxModel(MLModel):
             self._expected[i.name] = {"datatype": _ONNX_TO_KSERVE[i.type], "shape": list(i.shape)}
         self._output_names: List[str] = [o.name for o in self._session.get_outputs()]
         self._max_ids: Dict[str, Optional[int]] = {}
+        self._min_ids: Dict[str, int] = {}
         if os.path.exists(os.path.join(model_dir, SIDECAR_NAME)):
             sidecar = read_sidecar(model_dir)
             self._max_ids = {name: entry.get("max_id") for name, entry in sidecar["inputs"].items()}
+            self._min_ids = {name: entry.get("min_id", 0) for name, entry in sidecar["inputs"].items()}
         self._path = path
         return True
 
@@ -83,7 +85,7 @@ class OnnxModel(MLModel):
                                      f"{list(request_input.shape)}, datatype {datatypes[request_input.name]}) "
                                      f"cannot be decoded: {e}") from None
         try:
-            check_request_arrays(arrays, datatypes, self._expected, self._max_ids)
+            check_request_arrays(arrays, datatypes, self._expected, self._max_ids, self._min_ids)
         except ValueError as e:
             raise InferenceError(f"model {self.name}: {e}") from None
         wanted = [o.name for o in payload.outputs] if payload.outputs else self._output_names

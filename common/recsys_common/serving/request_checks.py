@@ -19,7 +19,7 @@ MaxId = Optional[Union[int, Sequence[int]]]
 
 
 def check_request_arrays(arrays: Dict[str, np.ndarray], datatypes: Dict[str, str], expected: Dict[str, dict],
-                         max_ids: Dict[str, MaxId]) -> None:
+                         max_ids: Dict[str, MaxId], min_ids: Optional[Dict[str, int]] = None) -> None:
     """Check decoded request inputs against the model; raise ``ValueError`` with a message naming the input.
 
     Args:
@@ -28,6 +28,8 @@ def check_request_arrays(arrays: Dict[str, np.ndarray], datatypes: Dict[str, str
         expected: {input name: {"datatype": KServe datatype, "shape": ONNX shape (ints, or None/str for free dims)}}.
         max_ids: {input name: max_id (int, or a list: one bound per column of the last dimension) or None};
             ids must be in [0, max_id).
+        min_ids: {input name: lowest allowed id} (the sidecar's ``min_id``, default 0): -1 where an input holds
+            multi-hot ids padded with -1 (TF2 DLRM_DCNv2), so the padding is not refused.
     """
     missing = [n for n in expected if n not in arrays]
     if missing:
@@ -59,13 +61,14 @@ def check_request_arrays(arrays: Dict[str, np.ndarray], datatypes: Dict[str, str
             bounds = np.asarray(max_id, dtype=np.int64)
             if bounds.ndim == 1 and array.shape[-1] != len(bounds):
                 raise ValueError(f"input {name!r}: {array.shape[-1]} columns, the model has {len(bounds)} id bounds")
-            bad = (array < 0) | (array >= bounds)
+            low = int((min_ids or {}).get(name) or 0)
+            bad = (array < low) | (array >= bounds)
             if bad.any():
                 where = tuple(int(i) for i in np.argwhere(bad)[0])
                 limit = int(bounds) if bounds.ndim == 0 else int(bounds[where[-1]])
                 column = "" if bounds.ndim == 0 else f", column {where[-1]}"
                 raise ValueError(f"input {name!r}: id {int(array[where])} (row {where[0]}{column}) is out of range; "
-                                 f"ids must be in [0, {limit})")
+                                 f"ids must be in [{low}, {limit})")
 
 
 def _show_shape(shape) -> str:
