@@ -135,3 +135,128 @@ def test_unreachable_server_raises_within_the_timeout(protocol):
         with pytest.raises(ServingError, match="not ready after 1 s"):
             client.wait_until_ready(MODEL_NAME, timeout_s=1)
     assert time.monotonic() - start < 15
+
+
+# ------------------------------------------------------------------------------------------------ latency
+def test_latency_report_json_and_png(server, tmp_path):
+    import json
+    from recsys_common.serving.latency import measure_latency, write_latency_report
+    records = measure_latency(server.grpc_url, "grpc", MODEL_NAME, tiny_inputs, ["probability"], [1, 8], [1, 2],
+                              num_requests=6, warmup_requests=2, timeout_s=20, verbose=False)
+    assert [(r["batch_size"], r["concurrency"], r["requests"]) for r in records] == \
+        [(1, 1, 6), (1, 2, 6), (8, 1, 6), (8, 2, 6)]
+    for r in records:
+        lat = r["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
+        # one client at a time: wall time >= sum of latencies, so throughput <= rows / sum(latency)
+        if r["concurrency"] == 1:
+            assert r["throughput_samples_per_s"] <= r["batch_size"] * 1000.0 / lat["mean"] * 1.01
+        assert r["throughput_samples_per_s"] == pytest.approx(r["throughput_requests_per_s"] * r["batch_size"])
+    json_path, png_path = str(tmp_path / "out" / "latency.json"), str(tmp_path / "out" / "latency.png")
+    write_latency_report(records, json_path, png_path, "tiny model")
+    with open(json_path) as f:
+        report = json.load(f)
+    assert report["records"] == records and report["title"] == "tiny model" and report["cpu"]
+    import matplotlib.image
+    image = matplotlib.image.imread(png_path)
+    assert image.shape[0] == 420 and image.shape[1] == 1100   # figsize (11, 4.2) at 100 dpi
+    assert image[..., :3].std() > 0.05   # not blank
+
+
+def test_run_latency_from_the_shared_flags_over_http(server, tmp_path, capsys):
+    import argparse
+    import json
+    from recsys_common.serving.latency import add_latency_arguments, run_latency
+    parser = add_latency_arguments(argparse.ArgumentParser(), default_model_name=MODEL_NAME)
+    args = parser.parse_args(["--server-url", server.http_url, "--protocol", "http", "--batch-sizes", "4",
+                              "--concurrency", "2", "--num-requests", "4", "--warmup-requests", "1",
+                              "--output-json", str(tmp_path / "l.json"), "--output-png", str(tmp_path / "l.png")])
+    records = run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
+                          batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
+                          warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
+                          output_png=args.output_png, make_inputs=tiny_inputs, output_names=["probability"])
+    assert [(r["batch_size"], r["concurrency"], r["protocol"]) for r in records] == [(4, 2, "http")]
+    assert "batch      4  concurrency   2" in capsys.readouterr().out
+    assert json.load(open(tmp_path / "l.json"))["records"] == records
+    with open(tmp_path / "l.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_latency_against_a_bad_request_or_no_server_raises(server):
+    from recsys_common.serving.latency import measure_latency
+    with pytest.raises(ServingError, match="expected datatype FP32"):
+        measure_latency(server.grpc_url, "grpc", MODEL_NAME,
+                        lambda n: dict(tiny_inputs(n), numerical=np.zeros((n, 3))), ["probability"], [2], [2],
+                        num_requests=4, warmup_requests=0, timeout_s=10, verbose=False)
+    start = time.monotonic()
+    with pytest.raises(ServingError, match="server not reachable"):
+        measure_latency(f"127.0.0.1:{free_port()}", "http", MODEL_NAME, tiny_inputs, ["probability"], [2], [2],
+                        num_requests=4, warmup_requests=1, timeout_s=3, verbose=False)
+    assert time.monotonic() - start < 20
+
+
+# ------------------------------------------------------------------------------------------------ server lifetime
+def test_server_group_is_gone_after_a_failing_body(repo):
+    with pytest.raises(RuntimeError, match="the body failed"):
+        with serve_repository(repo, startup_timeout_s=120) as handle:
+            assert _group_alive(handle.pid)
+            raise RuntimeError("the body failed")
+    assert not _alive(handle.pid) and not _group_alive(handle.pid)
+
+
+def test_server_that_fails_to_start_reports_the_log_tail(tmp_path):
+    from serving_tiny_model import tiny_config_text
+    model_dir = tmp_path / "repo" / MODEL_NAME
+    os.makedirs(model_dir / "1")
+    (model_dir / "config.pbtxt").write_text(tiny_config_text())
+    (model_dir / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    with pytest.raises(ServingError) as info:
+        with serve_repository(str(tmp_path / "repo"), startup_timeout_s=60):
+            pass
+    message = str(info.value)
+    assert "exited with status" in message and f"{MODEL_NAME}" in message
+    assert str(model_dir / "1" / "model.onnx") in message  # the cause, from the server log
+
+
+def test_non_onnx_model_named_is_refused(tmp_path):
+    from recsys_common.serving.model_config import TensorSpec, model_config_text
+    model_dir = tmp_path / "repo" / "m-ts"
+    os.makedirs(model_dir / "1")
+    (model_dir / "config.pbtxt").write_text(model_config_text(
+        "m-ts", "pytorch_libtorch", [TensorSpec("x", "float32", [3])], [TensorSpec("y", "float32", [1])], 8))
+    (model_dir / "1" / "model.pt").write_bytes(b"x")
+    with pytest.raises(ServingError, match="platform 'pytorch_libtorch'; MLServer here serves only ONNX"):
+        with serve_repository(str(tmp_path / "repo"), ["m-ts"]):
+            pass
+    with pytest.raises(ServingError, match="no ONNX model to serve"):
+        with serve_repository(str(tmp_path / "repo")):
+            pass
+
+
+def test_launcher_cli_serves_until_interrupted(repo):
+    import re
+    http_port, grpc_port = free_port(), free_port()
+    command = [sys.executable, "-m", "recsys_common.serving.mlserver_launcher", "--model-repository", repo,
+               "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # the launcher prints one line once every model is ready
+        match = re.search(r"server pid (\d+)", line)
+        assert match and f"HTTP 127.0.0.1:{http_port}" in line and f"gRPC 127.0.0.1:{grpc_port}" in line, line
+        server_pid = int(match.group(1))
+        with InferenceClient(f"127.0.0.1:{grpc_port}", "grpc", timeout_s=20) as client:
+            inputs = tiny_inputs(3)
+            np.testing.assert_allclose(client.infer(MODEL_NAME, inputs, ["probability"])["probability"],
+                                       expected_probability(**inputs), rtol=1e-6)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "server stopped" in output, output
+        assert not _group_alive(server_pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -243,7 +243,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               log_path=args.log_path, host=args.host,
                               intra_op_threads=args.intra_op_threads) as server:
             print(f"serving {', '.join(server.models)}: HTTP {server.http_url}, gRPC {server.grpc_url} "
-                  f"(log {server.log_path}); Ctrl-C stops", flush=True)
+                  f"(server pid {server.pid}, log {server.log_path}); Ctrl-C stops", flush=True)
             stop = []
             # SIGTERM stops like Ctrl-C, so that the server group is always taken down with us
             signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
