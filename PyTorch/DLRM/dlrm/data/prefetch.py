@@ -17,7 +17,10 @@ the host-to-device copy) would otherwise run on the training thread, between two
 :class:`DeviceTransfer` does the device side: on a CPU nothing (the tensors are used where they are); on CUDA the
 worker pins the host tensors and copies them on its own stream, recording an event; the training thread makes its
 current stream wait for that event and marks the tensors as used by that stream (``record_stream``), so the caching
-allocator does not hand their memory to the next batch while the step still reads it.
+allocator does not hand their memory to the next batch while the step still reads it. A running worker allocates
+and copies on the GPU, which a CUDA graph capture in PyTorch's default ``global`` error mode refuses: capture before
+the first batch is read (``--cuda_graphs`` does, in ``train`` before the loop) or capture with
+``capture_error_mode="thread_local"``.
 """
 from __future__ import annotations
 
