@@ -9,6 +9,7 @@ import numpy as np
 
 MODEL_NAME = "tiny-onnx"
 MAX_ID = 10
+MAX_BATCH_SIZE = 1 << 18   # a full batch (20 bytes a row) is a 5 MiB gRPC message, above gRPC's 4 MiB default
 WEIGHTS = np.array([[0.5], [-1.0], [0.25]], np.float32)
 TABLE = np.linspace(-1, 1, MAX_ID, dtype=np.float32).reshape(MAX_ID, 1)
 
@@ -42,7 +43,7 @@ def tiny_config_text(name: str = MODEL_NAME, **kwargs) -> str:
     from recsys_common.serving.model_config import TensorSpec, model_config_text
     return model_config_text(name, "onnxruntime_onnx",
                              [TensorSpec("numerical", "float32", [3]), TensorSpec("cat", "int64", [1])],
-                             [TensorSpec("probability", "float32", [1])], max_batch_size=64, **kwargs)
+                             [TensorSpec("probability", "float32", [1])], max_batch_size=MAX_BATCH_SIZE, **kwargs)
 
 
 TINY_SIDECAR = {"recipe": "tests", "format": "onnx",

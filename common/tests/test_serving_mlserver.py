@@ -15,7 +15,7 @@ import pytest
 
 from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches
 from recsys_common.serving.mlserver_launcher import free_port, serve_repository
-from serving_tiny_model import MAX_ID, MODEL_NAME, expected_probability, tiny_inputs, write_tiny_repository
+from serving_tiny_model import MAX_BATCH_SIZE, MAX_ID, MODEL_NAME, expected_probability, tiny_inputs, write_tiny_repository
 
 PROTOCOLS = ["grpc", "http"]
 
@@ -108,6 +108,19 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server, prot
         # the server still answers good requests
         out = client.infer(MODEL_NAME, good, ["probability"])
     np.testing.assert_allclose(out["probability"], expected_probability(**good), rtol=1e-6, atol=1e-7)
+
+
+def test_large_grpc_requests_and_max_batch_size(server):
+    """A full batch (a 5 MiB message, above gRPC's 4 MiB default) is answered; one row more is refused with the
+    model's limit, as Triton refuses it."""
+    inputs = tiny_inputs(MAX_BATCH_SIZE + 1)
+    with InferenceClient(server.grpc_url, "grpc", timeout_s=60) as client:
+        with pytest.raises(ServingError, match=f"batch size {MAX_BATCH_SIZE + 1} exceeds the model's max_batch_size "
+                                               f"{MAX_BATCH_SIZE}"):
+            client.infer(MODEL_NAME, inputs, ["probability"])
+        full = {name: a[:MAX_BATCH_SIZE] for name, a in inputs.items()}
+        out = client.infer(MODEL_NAME, full, ["probability"])
+    np.testing.assert_allclose(out["probability"], expected_probability(**full), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

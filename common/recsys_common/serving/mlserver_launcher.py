@@ -107,17 +107,21 @@ def write_mlserver_settings(directory: str, model_dirs: Dict[str, str], host: st
         "environments_dir": os.path.join(directory, ".envs"),
         "metrics_dir": os.path.join(directory, ".metrics"),
         "gzip_enabled": False,
+        # Triton's limit (INT32_MAX) rather than gRPC's 4 MiB default, so large evaluation batches pass as on Triton
+        "grpc_max_message_length": 2**31 - 1,
     }
     with open(os.path.join(directory, "settings.json"), "w", encoding="utf-8") as f:
         json.dump(settings, f, indent=1)
-    from .model_config import version_directories
+    from .model_config import parse_model_config, version_directories
     for name, model_dir in model_dirs.items():
+        max_batch_size = parse_model_config(os.path.join(model_dir, "config.pbtxt")).max_batch_size
         versions = [v for v in version_directories(model_dir)
                     if os.path.isfile(os.path.join(model_dir, str(v), "model.onnx"))]
         os.makedirs(os.path.join(directory, "models", name))
         model_settings = {"name": name, "implementation": RUNTIME,
                           "parameters": {"uri": model_dir, "version": str(versions[-1]),
-                                         "extra": {"intra_op_threads": int(intra_op_threads)}}}
+                                         "extra": {"intra_op_threads": int(intra_op_threads),
+                                                   "max_batch_size": int(max_batch_size)}}}
         with open(os.path.join(directory, "models", name, "model-settings.json"), "w", encoding="utf-8") as f:
             json.dump(model_settings, f, indent=1)
 

@@ -6,7 +6,8 @@ next to ``tritonclient.grpc``: the two define the same protobuf symbols.
 
 Model settings it reads (``parameters``): ``uri`` = the Triton model directory (``<repo>/<model>``), ``version`` =
 the version directory to load (default: the highest), ``extra.intra_op_threads`` = onnxruntime's intra-op threads
-(0: onnxruntime's default).
+(0: onnxruntime's default), ``extra.max_batch_size`` = config.pbtxt's ``max_batch_size`` (requests with more rows are
+refused, as Triton refuses them; 0 or absent: no limit). The launcher fills these in.
 
 Every request is checked before it reaches onnxruntime: input names (missing / unknown), KServe datatypes, shapes
 (rank, the non-batch dims of the ONNX graph, one batch size across inputs) and ids against the sidecar's ``max_id``
@@ -69,6 +70,7 @@ class OnnxModel(MLModel):
             sidecar = read_sidecar(model_dir)
             self._max_ids = {name: entry.get("max_id") for name, entry in sidecar["inputs"].items()}
             self._min_ids = {name: entry.get("min_id", 0) for name, entry in sidecar["inputs"].items()}
+        self._max_batch_size = int(extra.get("max_batch_size", 0))
         self._path = path
         return True
 
@@ -88,6 +90,11 @@ class OnnxModel(MLModel):
             check_request_arrays(arrays, datatypes, self._expected, self._max_ids, self._min_ids)
         except ValueError as e:
             raise InferenceError(f"model {self.name}: {e}") from None
+        if self._max_batch_size:
+            rows = max((len(a) for a in arrays.values() if a.ndim), default=0)
+            if rows > self._max_batch_size:
+                raise InferenceError(f"model {self.name}: batch size {rows} exceeds the model's max_batch_size "
+                                     f"{self._max_batch_size} (config.pbtxt); send smaller requests")
         wanted = [o.name for o in payload.outputs] if payload.outputs else self._output_names
         unknown = [n for n in wanted if n not in self._output_names]
         if unknown:
