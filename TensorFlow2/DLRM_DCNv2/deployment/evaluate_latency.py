@@ -1,0 +1,99 @@
+"""Throughput and p50/p90/p95/p99 latency of a deployed model against batch size and concurrency (JSON + PNG).
+
+    python -m deployment.evaluate_latency --model-name dlrm-onnx --server-url 127.0.0.1:8001 \\
+        --dataset_path DIR --batch-sizes 1 64 1024 8192 --concurrency 1 2 --output-json lat.json --output-png lat.png
+
+A thin wrapper over ``recsys_common.serving.latency`` (flags ``--server-url --protocol --model-name --batch-sizes
+--concurrency --num-requests --warmup-requests --timeout --output-json --output-png``, as the seed's
+``evaluate_latency.py``). Requests are real rows: the first ``max(--batch-sizes)`` rows of the test split of
+``--dataset_path`` (``--feature_spec``; any split-binary / CSV / parquet spec), each request the next rows,
+cycling; or, with ``--model-repository-path`` instead, random valid rows drawn from the model's
+``recsys_serving.json`` (ids uniform in each table, N(0, 1) numericals).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.serving.latency import add_latency_arguments
+    p = argparse.ArgumentParser(prog="python -m deployment.evaluate_latency", description=__doc__.split("\n\n")[0])
+    add_latency_arguments(p, default_batch_sizes=(1, 64, 1024, 8192), default_concurrency=(1, 2))
+    p.add_argument("--dataset_path", default=None, help="rows of this dataset's test split make the requests")
+    p.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec, relative to --dataset_path")
+    p.add_argument("--model-repository-path", default=None,
+                   help="instead of --dataset_path: random rows from <repo>/<model>/recsys_serving.json")
+    return p
+
+
+def rows_from_dataset(dataset_path: str, feature_spec: str, rows: int) -> Dict[str, np.ndarray]:
+    """The first ``rows`` rows (fewer if the split is shorter) of the test split as serving inputs."""
+    from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
+    from dlrm_dcnv2.scripts.predict import read_feature_batches
+    spec = load_spec(dataset_path, feature_spec, "--feature_spec")
+    meta = metadata_from_spec(spec)
+    _, batch = next(read_feature_batches(spec, "test", meta.categorical_features, meta.numerical_features, rows))
+    return batch
+
+
+def rows_from_sidecar(model_dir: str, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
+    """``rows`` random valid rows for the model of ``model_dir`` (its sidecar's inputs, dims and id ranges)."""
+    from recsys_common.serving.repository import read_sidecar
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, entry in read_sidecar(model_dir)["inputs"].items():
+        shape = (rows, *[int(d) for d in entry["dims"]])
+        if entry.get("max_id") is not None:
+            out[name] = rng.integers(0, entry["max_id"], size=shape).astype(entry["dtype"])
+        else:
+            out[name] = rng.normal(size=shape).astype(entry["dtype"])
+    return out
+
+
+def cycling_inputs(pool: Dict[str, np.ndarray]) -> Callable[[int], Dict[str, np.ndarray]]:
+    """``make_inputs(batch_size)``: the next ``batch_size`` rows of ``pool`` (wrapping around)."""
+    size = len(next(iter(pool.values())))
+    state = {"next": 0}
+
+    def make_inputs(batch_size: int) -> Dict[str, np.ndarray]:
+        index = (state["next"] + np.arange(batch_size)) % size
+        state["next"] = int((state["next"] + batch_size) % size)
+        return {name: np.ascontiguousarray(array[index]) for name, array in pool.items()}
+
+    return make_inputs
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """Parse ``argv``, measure, write the report; returns the records (one per batch size x concurrency)."""
+    from recsys_common.serving.latency import run_latency
+    from deployment.export import PROBABILITY
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    if bool(args.dataset_path) == bool(args.model_repository_path):
+        raise ValueError("give exactly one of --dataset_path (real rows) and --model-repository-path (random rows)")
+    if min(args.batch_sizes) < 1 or min(args.concurrency) < 1:
+        raise ValueError("--batch-sizes and --concurrency must be at least 1")
+    largest = max(args.batch_sizes)
+    pool = (rows_from_dataset(args.dataset_path, args.feature_spec, largest) if args.dataset_path
+            else rows_from_sidecar(os.path.join(args.model_repository_path, args.model_name), largest))
+    return run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
+                       batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
+                       warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
+                       output_png=args.output_png, make_inputs=cycling_inputs(pool), output_names=[PROBABILITY])
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        main(argv)
+    except (ValueError, OSError, RuntimeError) as error:
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
