@@ -1,0 +1,201 @@
+"""Serving of the Wide & Deep (issue 10): a checkpoint trained on the tiny generated ETL output -> Triton repository
+(SavedModel + ONNX) -> MLServer (one per module) -> tritonclient over HTTP and gRPC.
+
+Parity: Keras vs SavedModel vs onnxruntime vs served, on the same validation batch; measured differences on
+2026-11-24 (AMD EPYC): at most ~1e-7 (float32 rounding), asserted below 1e-5."""
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+
+PARITY_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def trained(etl_single, tmp_path_factory):
+    """A 1-epoch checkpoint of a small W&D (8-wide embeddings, 16 16 hidden) and its flags."""
+    from wide_deep.trainer.run import main
+    root = tmp_path_factory.mktemp("wd_serving")
+    sizes = str(root / "emb.json")
+    from wide_deep.data.outbrain.features import CATEGORICAL_FEATURES
+    with open(sizes, "w") as f:
+        json.dump({feature.name: 4 for feature in CATEGORICAL_FEATURES}, f)
+    flags = ["--dataset_path", etl_single, "--embedding_sizes_file", sizes, "--deep_hidden_units", "16", "16",
+             "--combiner", "sum"]
+    rc = main(flags + ["--cpu", "--global_batch_size", "256", "--eval_batch_size", "512", "--num_epochs", "1",
+                       "--deep_warmup_epochs", "0", "--deep_learning_rate", "0.01", "--linear_learning_rate", "0.1",
+                       "--model_dir", str(root / "model"), "--results_dir", str(root / "results"),
+                       "--no_shuffle"])
+    assert rc == 0
+    return {"root": root, "flags": ["--checkpoint-dir", str(root / "model")] + flags,
+            "log": str(root / "results" / "log.json")}
+
+
+@pytest.fixture(scope="module")
+def repo(trained):
+    from wide_deep.serving.export import main
+    path = str(trained["root"] / "repo")
+    assert main(trained["flags"] + ["--model-repository", path, "--max-batch-size", "4096",
+                                    "--max-queue-delay-us", "100", "--engine-count-per-device", "2"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    from recsys_common.serving.mlserver_launcher import serve_repository
+    with serve_repository(repo, ["widedeep-onnx"], startup_timeout_s=180) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def model_and_batch(trained):
+    from wide_deep.serving.accuracy import to_request_arrays
+    from wide_deep.serving.export import load_model, serving_inputs
+    flags = dict(zip(trained["flags"][::2], trained["flags"][1::2]))
+    model, config, spec = load_model("wide_deep", flags["--checkpoint-dir"], dataset_path=flags["--dataset_path"],
+                                     embedding_sizes_file=flags["--embedding_sizes_file"], hidden_units=[16, 16])
+    from wide_deep.trainer.dataloader import ParquetBatches
+    features, _, _ = next(iter(ParquetBatches(spec, "test", 300)))
+    return model, config, spec, features, to_request_arrays({k: v.numpy() for k, v in features.items()},
+                                                            serving_inputs(config, spec))
+
+
+def test_repository_layout_configs_and_sidecar(repo):
+    from recsys_common.serving.model_config import check_model_directory
+    from recsys_common.serving.repository import read_sidecar
+    from wide_deep.data.outbrain.features import FEATURES
+    onnx_cfg = check_model_directory(os.path.join(repo, "widedeep-onnx"))
+    tf_cfg = check_model_directory(os.path.join(repo, "widedeep-savedmodel"))
+    assert (onnx_cfg.platform, tf_cfg.platform) == ("onnxruntime_onnx", "tensorflow_savedmodel")
+    for cfg in (onnx_cfg, tf_cfg):
+        assert cfg.max_batch_size == 4096
+        assert cfg.dynamic_batching.max_queue_delay_microseconds == 100
+        assert cfg.instance_group[0].count == 2
+        assert [i.name for i in cfg.input] == [f.name for f in FEATURES]
+    sidecar = read_sidecar(os.path.join(repo, "widedeep-onnx"))
+    assert sidecar["inputs"]["ad_id"] == {"dtype": "int32", "dims": [1], "max_id": 250000, "min_id": 0}
+    assert sidecar["inputs"]["topic_id_list"] == {"dtype": "int32", "dims": [3], "max_id": 350, "min_id": -1}
+    assert sidecar["inputs"]["ad_id_ctr"] == {"dtype": "float32", "dims": [1], "max_id": None}
+    assert sidecar["outputs"] == ["probability"]
+
+
+def test_parity_keras_savedmodel_onnxruntime_served(repo, server, model_and_batch):
+    import onnxruntime as ort
+    import tensorflow as tf
+    from recsys_common.serving.client import InferenceClient
+    model, _, _, features, request = model_and_batch
+    keras = tf.sigmoid(model(features, training=False)).numpy()
+    saved = tf.saved_model.load(os.path.join(repo, "widedeep-savedmodel", "1", "model.savedmodel"))
+    savedmodel = saved.signatures["serving_default"](**{k: tf.constant(v) for k, v in request.items()})
+    savedmodel = savedmodel["probability"].numpy().reshape(-1)
+    session = ort.InferenceSession(os.path.join(repo, "widedeep-onnx", "1", "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    onnx = session.run(["probability"], request)[0].reshape(-1)
+    served = {}
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with InferenceClient(url, protocol, timeout_s=60) as client:
+            served[protocol] = client.infer("widedeep-onnx", request, ["probability"])["probability"].reshape(-1)
+    assert keras.shape == (300,) and np.std(keras) > 1e-4  # a trained model, not a constant
+    for name, other in (("savedmodel", savedmodel), ("onnxruntime", onnx), ("http", served["http"]),
+                        ("grpc", served["grpc"])):
+        diff = float(np.max(np.abs(other - keras)))
+        print(f"parity keras vs {name}: max |diff| {diff:.2e}")
+        assert diff <= PARITY_ATOL, name
+    np.testing.assert_array_equal(served["http"], onnx)  # the server runs the same onnxruntime graph
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, protocol):
+    from recsys_common.logger import read_log
+    from wide_deep.serving.accuracy import main
+    out = str(tmp_path / f"acc_{protocol}.json")
+    url = server.http_url if protocol == "http" else server.grpc_url
+    rc = main(trained["flags"] + ["--server-url", url, "--protocol", protocol, "--batch-size", "700",
+                                  "--tolerance", "1e-6", "--output-json", out])
+    assert rc == 0
+    result = json.load(open(out))
+    final = [r["data"] for r in read_log(trained["log"]) if r["step"] == []][-1]
+    # the framework side is the recipe's evaluation: the training run's final MAP@12 of the same checkpoint
+    assert result["framework"]["map12"] == pytest.approx(final["eval_map12"], abs=1e-9)
+    assert result["framework"]["auc"] == pytest.approx(final["eval_auc"], abs=1e-9)
+    assert abs(result["server"]["map12"] - final["eval_map12"]) <= 1e-6
+    from wide_deep.trainer.dataloader import count_rows, mapping_files, read_feature_spec
+    spec = read_feature_spec(trained["flags"][3], "feature_spec.yaml")
+    assert result["rows"] == count_rows(mapping_files(spec, "test")) and result["passed"] is True
+
+
+def test_evaluate_accuracy_fails_above_tolerance_and_on_unreachable_server(trained, server, capsys):
+    from wide_deep.serving.accuracy import main
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    assert main(trained["flags"] + ["--server-url", closed, "--protocol", "http", "--timeout", "3"]) == 2
+    assert closed in capsys.readouterr().err
+    # a wrong model name is a clear error too
+    assert main(trained["flags"] + ["--server-url", server.grpc_url, "--model-name", "nope", "--timeout", "3"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["dtype", "shape", "id", "missing"])
+def test_bad_requests_are_clear_errors(server, model_and_batch, case):
+    from recsys_common.serving.client import InferenceClient, ServingError
+    request = {k: v[:4].copy() for k, v in model_and_batch[4].items()}
+    if case == "dtype":
+        request["ad_id"] = request["ad_id"].astype(np.int64)
+        expect = "ad_id"
+    elif case == "shape":
+        request["topic_id_list"] = request["topic_id_list"][:, :2]
+        expect = "topic_id_list"
+    elif case == "id":
+        request["ad_id"][2, 0] = 250000  # the hash-bucket count: one past the last id
+        expect = "250000"
+    else:
+        del request["platform"]
+        expect = "platform"
+    with InferenceClient(server.grpc_url, "grpc", timeout_s=30) as client:
+        with pytest.raises(ServingError, match=expect):
+            client.infer("widedeep-onnx", request, ["probability"])
+        # the server survives a bad request
+        good = {k: v[:4] for k, v in model_and_batch[4].items()}
+        assert client.infer("widedeep-onnx", good, ["probability"])["probability"].shape == (4, 1)
+
+
+def test_existing_repository_needs_overwrite_and_keeps_user_files(trained, repo, capsys):
+    from wide_deep.serving.export import main
+    before = os.path.getmtime(os.path.join(repo, "widedeep-onnx", "config.pbtxt"))
+    assert main(trained["flags"] + ["--model-repository", repo, "--output-types", "onnx"]) == 2
+    assert "overwrite" in capsys.readouterr().err
+    assert os.path.getmtime(os.path.join(repo, "widedeep-onnx", "config.pbtxt")) == before
+    other = str(trained["root"] / "repo2")
+    os.makedirs(other)
+    with open(os.path.join(other, "notes.txt"), "w") as f:
+        f.write("mine")
+    assert main(trained["flags"] + ["--model-repository", other, "--output-types", "onnx"]) == 2
+    assert main(trained["flags"] + ["--model-repository", other, "--output-types", "onnx", "--overwrite"]) == 0
+    assert open(os.path.join(other, "notes.txt")).read() == "mine"
+    assert os.path.isfile(os.path.join(other, "widedeep-onnx", "1", "model.onnx"))
+
+
+@pytest.mark.parametrize("flag,value,expect", [
+    ("--deep_hidden_units", ["16", "8"], "model/deep/hidden/1/kernel"),
+    ("--deep_hidden_units", ["16"], "hidden/1"),
+    ("--embedding_sizes_file", None, "embedding_"),
+])
+def test_checkpoint_flag_mismatch_is_named(trained, tmp_path, capsys, flag, value, expect):
+    from wide_deep.serving.export import main
+    flags = list(trained["flags"])
+    i = flags.index(flag)
+    if flag == "--deep_hidden_units":
+        flags[i + 1:i + 3] = value
+    else:
+        wider = str(tmp_path / "wider.json")
+        sizes = json.load(open(flags[i + 1]))
+        json.dump({k: 6 for k in sizes}, open(wider, "w"))
+        flags[i + 1] = wider
+    out = str(tmp_path / "repo")
+    assert main(flags + ["--model-repository", out]) == 2
+    err = capsys.readouterr().err
+    assert expect in err and ("shape" in err or "not in the model" in err or "has no variable" in err), err
+    assert not os.path.exists(out)
