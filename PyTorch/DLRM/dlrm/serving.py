@@ -250,7 +250,7 @@ def sidecar(config: ModelConfig, fmt: str, checkpoint: Optional[str], feature_sp
                        CATEGORICAL: {"dtype": "int64", "dims": [len(config.table_sizes)],
                                      "max_id": None if config.hash_indices else [int(n) for n in config.table_sizes],
                                      "features": list(config.feature_names)}},
-            "outputs": [{"name": OUTPUT_NAME, "dtype": "float32", "dims": [1]}],
+            "outputs": [OUTPUT_NAME],
             "feature_spec": feature_spec, "created_by": "PyTorch/DLRM/deployment/deployer.py",
             "model_config": config.to_dict(), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
 

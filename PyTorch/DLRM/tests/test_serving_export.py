@@ -17,7 +17,7 @@ def checkpoint(small_dataset, tmp_path_factory):
     """A briefly trained checkpoint of the tests' small model (default embedding type: TorchRec where installed)."""
     from dlrm.scripts.main import main
     out = tmp_path_factory.mktemp("serving_ckpt")
-    main(train_args(small_dataset, out / "log.json", "--max_steps", "12", "--save_checkpoint_path",
+    main(train_args(small_dataset, out / "log.json", "--max_steps", "32", "--save_checkpoint_path",
                     str(out / "ck")))
     return str(out / "ck")
 

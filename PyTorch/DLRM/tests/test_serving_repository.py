@@ -1,0 +1,51 @@
+"""The deployer: checkpoint -> Triton model repository (config.pbtxt checked with Triton's protobuf definitions through
+recsys_common.serving), and its refusals (existing repository, mismatching flags, missing checkpoint)."""
+import os
+
+import pytest
+
+from test_serving_export import ONNX_TOLERANCE, checkpoint  # noqa: F401  (module-scoped fixture)
+
+
+def test_deployer_writes_a_triton_repository(checkpoint, small_dataset, tmp_path):
+    from deployment import deployer
+    from recsys_common.serving.model_config import check_model_directory
+    from recsys_common.serving.repository import read_sidecar
+    repo = tmp_path / "repo"
+    result = deployer.deploy(["--ts-trace", "--onnx", "--deploy_cpu", "--triton-max-batch-size", "4096",
+                              "--triton-dyn-batching-delay", "0.5", "--triton-engine-count", "2", "--save-dir",
+                              str(repo), "--", "--model_checkpoint", checkpoint, "--dataset", small_dataset,
+                              "--bottom_mlp_sizes", "32", "16", "--embedding_dim", "16", "--check_rows", "256"])
+    assert sorted(p for p in os.listdir(repo) if not p.startswith(".")) == ["dlrm-onnx", "dlrm-ts"]
+    assert max(result["max_abs_diff"].values()) <= ONNX_TOLERANCE
+    onnx_config = check_model_directory(str(repo / "dlrm-onnx"))
+    ts_config = check_model_directory(str(repo / "dlrm-ts"))
+    assert onnx_config.platform == "onnxruntime_onnx" and ts_config.platform == "pytorch_libtorch"
+    assert onnx_config.max_batch_size == 4096
+    assert onnx_config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert list(onnx_config.dynamic_batching.preferred_batch_size) == [2048, 4096]
+    assert onnx_config.instance_group[0].count == 2
+    assert [(i.name, list(i.dims)) for i in onnx_config.input] == [("numerical", [13]), ("categorical", [8])]
+    sidecar = read_sidecar(str(repo / "dlrm-onnx"))
+    assert sidecar["inputs"]["categorical"]["max_id"] == [1000, 500, 200, 100, 50, 20, 10, 5]
+    assert sidecar["feature_spec"]["channel_spec"]["categorical"][0] == "cat_0.bin"
+
+
+def test_deployer_refuses_bad_input(checkpoint, small_dataset, tmp_path, capsys):
+    from deployment import deployer
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "notes.txt").write_text("mine")
+    base = ["--onnx", "--save-dir", str(repo), "--model_checkpoint", checkpoint, "--check_rows", "0"]
+    assert deployer.main(base) == 2  # an existing, non-empty repository without --overwrite
+    assert "overwrite" in capsys.readouterr().err
+    assert deployer.main(base + ["--overwrite"]) == 0
+    assert (repo / "notes.txt").read_text() == "mine"  # a file the tool did not write survives --overwrite
+    assert deployer.main(base + ["--overwrite", "--top_mlp_sizes", "64,16,1"]) == 2
+    assert "top MLP layer 1 has 32 units in the checkpoint, --top_mlp_sizes gives 16" in capsys.readouterr().err
+    assert deployer.main(["--ts-script", "--ts-trace", "--model_checkpoint", checkpoint]) == 2
+    assert "choose one" in capsys.readouterr().err
+    assert deployer.main(["--onnx", "--save-dir", str(tmp_path / "r2"), "--model_checkpoint",
+                          str(tmp_path / "nothing")]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
