@@ -117,11 +117,13 @@ def test_output_json_is_written_atomically_and_never_clobbers_another_file(tmp_p
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/sh\n")
     with pytest.raises(FileExistsError, match="run.sh: --output_json exists and is not a JSON file"):
-        benchmark.main(["--repeats", "1", "--skip_inference", "--output_json", str(script)])
+        benchmark.main(["--compare", "embedding_types", "--repeats", "1", "--skip_inference",
+                        "--output_json", str(script)])
     assert runs == [] and script.read_text() == "#!/bin/sh\n"            # refused before any run
     result_path = tmp_path / "result.json"
     for _ in range(2):                                                    # a re-run replaces its own result
-        benchmark.main(["--repeats", "1", "--skip_inference", "--output_json", str(result_path)])
+        benchmark.main(["--compare", "embedding_types", "--repeats", "1", "--skip_inference",
+                        "--output_json", str(result_path)])
     assert json.loads(result_path.read_text())["ratio_fused_over_multi_table"]["train_samples_per_s"] == 2.0
     with pytest.raises(FileExistsError, match="run.sh: --output_json exists and is not a JSON file"):
         logistic_baseline.main(["--dataset", str(tmp_path / "unused"), "--output_json", str(script)])

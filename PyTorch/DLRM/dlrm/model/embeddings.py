@@ -81,6 +81,90 @@ class MultiTableEmbeddings(nn.Module):
         return [t.weight for t in self.tables]
 
 
+class _LookupWithFusedSGD(torch.autograd.Function):
+    """Rows of ``flat`` at ``ids`` in the forward pass; in the backward pass ``flat[ids] -= lr * grad`` in place.
+
+    The update happens inside the backward pass (as FBGEMM's fused optimizers do), so no gradient tensor, sparse or
+    dense, is ever built for the tables and no optimizer walks them afterwards. ``anchor`` is a parameter that
+    requires grad, passed only so that autograd calls this backward; it receives no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, ids: torch.Tensor, anchor: torch.Tensor, owner: "FusedSGDTableEmbeddings"):
+        ctx.save_for_backward(ids)
+        ctx.flat, ctx.owner = flat, owner
+        return flat.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (ids,) = ctx.saved_tensors
+        owner = ctx.owner
+        grad = grad.to(ctx.flat.dtype)
+        multiplier = owner.grad_multiplier
+        if not (isinstance(multiplier, float) and multiplier == 1.0):  # float16 loss scale: unscale, drop overflows
+            grad = torch.nan_to_num(grad * multiplier, nan=0.0, posinf=0.0, neginf=0.0)
+        # index_add_ sums the rows of repeated ids first, exactly as SGD on the summed sparse gradient would.
+        ctx.flat.index_add_(0, ids, grad, alpha=-owner.lr)
+        return None, None, None, None
+
+
+class FusedSGDTableEmbeddings(MultiTableEmbeddings):
+    """:class:`MultiTableEmbeddings` whose tables live in one contiguous ``[sum(rows), d]`` buffer, looked up with
+    one gather and updated by SGD inside the backward pass (one ``index_add_`` for all tables).
+
+    Each ``tables.{i}.weight`` parameter is a view of its rows of the shared buffer, so ``state_dict`` keys, checkpoints
+    and serving stay those of :class:`MultiTableEmbeddings` (and loading a state dict writes into the buffer). The
+    learning rate used by the backward is ``self.lr``, set before each step by the training loop (the table optimizer
+    then holds no gradient and does nothing); ``grad_multiplier`` scales the incoming gradient (see
+    :class:`ScaleGradient`). For one process with SGD: data-parallel replicas would need their gradients all-reduced
+    first, so they use the plain class. Not scriptable (a custom autograd function): export the plain class.
+
+        >>> emb = FusedSGDTableEmbeddings([10, 20], embedding_dim=4)
+        >>> emb.lr = 0.1
+        >>> emb(torch.tensor([[1, 2], [9, 19]])).shape
+        torch.Size([2, 2, 4])
+    """
+
+    def __init__(self, table_sizes: Sequence[int], embedding_dim: int, device: torch.device = torch.device("cpu")):
+        super().__init__(table_sizes, embedding_dim, sparse=True, device=device)
+        flat = torch.empty(sum(self.table_sizes), embedding_dim, device=device)
+        offset = 0
+        for table in self.tables:
+            rows = table.weight.shape[0]
+            flat[offset:offset + rows].copy_(table.weight.detach())
+            table.weight = nn.Parameter(flat[offset:offset + rows])  # a view: the buffer is the storage
+            offset += rows
+        self._flat = flat  # not a buffer: the per-table views are what the state dict holds
+        self.register_buffer("_offsets", torch.tensor([0] + self.table_sizes[:-1], dtype=torch.int64,
+                                                      device=device).cumsum(0), persistent=False)
+        self.register_buffer("_sizes", torch.tensor(self.table_sizes, dtype=torch.int64, device=device),
+                             persistent=False)
+        self.lr = 0.0
+        self.grad_multiplier = 1.0
+
+    def _check_views(self) -> None:
+        if self.tables[0].weight.data_ptr() != self._flat.data_ptr():
+            raise RuntimeError("FusedSGDTableEmbeddings: its table parameters were replaced (e.g. by .to(device) or "
+                               "load_state_dict(assign=True)); build the module on its device instead")
+
+    def forward(self, categorical: torch.Tensor) -> torch.Tensor:
+        self._check_views()
+        batch, num_tables = categorical.shape
+        if not categorical.is_cuda:  # an id past its table would silently read the next table's rows (no sync on CPU)
+            bad = (categorical < 0) | (categorical >= self._sizes)
+            if bool(bad.any()):
+                column = int(bad.any(0).nonzero()[0])
+                raise IndexError(f"categorical feature {column}: id {int(categorical[:, column][bad[:, column]][0])} "
+                                 f"outside its table of {self.table_sizes[column]} rows")
+        ids = (categorical + self._offsets).reshape(-1)     # row of each id in the shared buffer, sample-major
+        anchor = self.tables[0].weight
+        if torch.is_grad_enabled() and anchor.requires_grad:
+            rows = _LookupWithFusedSGD.apply(self._flat, ids, anchor, self)
+        else:
+            rows = self._flat.index_select(0, ids)
+        return rows.view(batch, num_tables, self.embedding_dim)
+
+
 class TorchRecEmbeddings(nn.Module):
     """A TorchRec ``EmbeddingBagCollection`` with one table per feature, fed from a dense ``[B, T]`` id matrix.
 

@@ -32,6 +32,10 @@ class DotInteraction(nn.Module):
         self.register_buffer("cols", cols, persistent=False)
         self.embedding_dim = embedding_dim
         self.output_width = embedding_dim + rows.numel()
+        # Pad the T+1 stacked vectors with zero rows to a multiple of this before the batched matmul: on GPUs, tensor
+        # cores need matrix sides that are multiples of 8 (27 -> 32). The zero rows add only zero products that are
+        # never gathered, so the output is the same. 1 = no padding (CPU); set to 8 on CUDA by the training code.
+        self.pad_multiple = 1
 
     def forward(self, bottom: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         if bottom.shape[-1] != embeddings.shape[-1]:
@@ -40,6 +44,9 @@ class DotInteraction(nn.Module):
         # Under autocast the bottom MLP output may be bf16/fp16 while embeddings stay fp32: compute in a common type.
         embeddings = embeddings.to(bottom.dtype)
         stacked = torch.cat([bottom.unsqueeze(1), embeddings], dim=1)      # [B, T+1, d]
+        padding = (-stacked.shape[1]) % self.pad_multiple
+        if padding:
+            stacked = torch.nn.functional.pad(stacked, [0, 0, 0, padding])  # [B, T+1+padding, d], zero rows
         gram = torch.bmm(stacked, stacked.transpose(1, 2))                  # [B, T+1, T+1]
         pairs = gram[:, self.rows, self.cols]                               # [B, (T+1)T/2]
         return torch.cat([bottom, pairs], dim=1)

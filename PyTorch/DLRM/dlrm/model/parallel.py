@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .dlrm import DLRM
-from .embeddings import MultiTableEmbeddings, TorchRecEmbeddings, table_key, torchrec_available
+from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRecEmbeddings, table_key,
+                         torchrec_available)
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
@@ -117,8 +118,10 @@ class TrainableModel:
         if self.embedding_optimizer is not None:
             # For the fused optimizer this also pushes the current learning rate into the FBGEMM kernel.
             self.embedding_optimizer.zero_grad()
-        if self.embedding_type == "torchrec_fused":
+        if self.embedding_type == "torchrec_fused" or self.fused_sgd:
             self.core.embeddings.grad_multiplier = 1.0 / loss_scale(scaler) if scaler is not None else 1.0
+        if self.fused_sgd:  # the tables' update runs in backward, at the learning rate the schedule just set
+            self.core.embeddings.lr = self.embedding_optimizer.param_groups[0]["lr"]
 
     def step(self, scaler=None) -> None:
         """Apply the optimizers after the backward pass of ``scaler.scale(loss)`` (or of ``loss`` without scaler).
@@ -136,7 +139,7 @@ class TrainableModel:
             return
         scaler.step(self.dense_optimizer)
         if self.embedding_optimizer is not None:
-            if self.embedding_type == "torchrec_fused":
+            if self.embedding_type == "torchrec_fused" or self.fused_sgd:  # updated in backward: no .grad to unscale
                 self.embedding_optimizer.step()
             else:
                 scaler.step(self.embedding_optimizer)
@@ -145,6 +148,11 @@ class TrainableModel:
     def state_dict(self) -> Dict[str, object]:
         """State with the wrapper prefixes removed (``module.``, ``_dmp_wrapped_module.``)."""
         return {_canonical(k): v for k, v in self.module.state_dict().items()}
+
+    @property
+    def fused_sgd(self) -> bool:
+        """True when the tables take their SGD step inside the backward pass (:class:`FusedSGDTableEmbeddings`)."""
+        return isinstance(self.core.embeddings, FusedSGDTableEmbeddings)
 
     def dense_named_parameters(self):
         return [(n, p) for n, p in self.core.named_parameters() if not n.startswith("embeddings.")]
@@ -166,8 +174,12 @@ def _canonical(key: str) -> str:
 def build_trainable_model(config: ModelConfig, embedding_type: str, device: torch.device, world_size: int,
                           lr: float, adam_mlp: bool = False, adam_embeddings: bool = False,
                           sharding_type: str = "auto", local_batch_size: int = 512,
-                          grad_multiplier: float = 1.0) -> TrainableModel:
+                          grad_multiplier: float = 1.0, fused_sgd: Optional[bool] = None) -> TrainableModel:
     """Create the DLRM for ``embedding_type`` (already resolved) and wrap it for ``world_size`` processes.
+
+    ``fused_sgd`` (``multi_table`` only; default: on with one process and SGD embeddings): the tables share one
+    buffer and take their SGD step inside the backward pass (:class:`FusedSGDTableEmbeddings`); False keeps one
+    ``nn.EmbeddingBag`` per table with sparse gradients stepped by ``torch.optim.SGD``.
 
     A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
     """
@@ -177,8 +189,17 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
     if embedding_type != "multi_table":
         raise ValueError(f"unresolved embedding type {embedding_type!r}")
     sparse = world_size == 1
-    embeddings = MultiTableEmbeddings(config.table_sizes, config.embedding_dim, sparse=sparse, device=device)
+    if fused_sgd is None:
+        fused_sgd = sparse and not adam_embeddings
+    if fused_sgd and not (sparse and not adam_embeddings):
+        raise ValueError("fused_sgd needs one process and SGD for the embeddings")
+    if fused_sgd:  # one gather for all tables, SGD applied inside the backward pass (same update as sparse SGD)
+        embeddings = FusedSGDTableEmbeddings(config.table_sizes, config.embedding_dim, device=device)
+    else:
+        embeddings = MultiTableEmbeddings(config.table_sizes, config.embedding_dim, sparse=sparse, device=device)
     core = _dlrm(config, embeddings).to(device)
+    if device.type == "cuda" and hasattr(core.interaction, "pad_multiple"):
+        core.interaction.pad_multiple = 8  # tensor-core friendly batched matmul in the dot interaction
     dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
     dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
     table_params = list(embeddings.parameters())

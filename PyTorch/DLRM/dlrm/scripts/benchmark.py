@@ -10,6 +10,21 @@ is what survives the noise of a shared machine. The processes run with ``MALLOC_
 MALLOC_TRIM_THRESHOLD_=1000000000000`` (glibc otherwise returns and re-faults big gradient buffers every step; see
 the README). The seed's published single-V100 figures are printed alongside for reference: 494k samples/s FP32,
 875k AMP, batch 32768 on the Criteo Terabyte tables.
+
+Against TorchRec (the default, ``--compare torchrec_peer``, CPU): our training step against TorchRec's own
+``torchrec.models.dlrm.DLRM`` in the same process, on the same pre-generated batches, at the Kaggle shape (dim 16,
+MLPs 13-512-256-64-16 / 512-256-1) and the seed's (dim 128, 13-512-256-128 / 1024-1024-512-256-1), 26 tables of
+100,000 rows, batch 2048, SGD lr 0.1 for all. The peer runs in its two fast forms: ``FusedEmbeddingBagCollection``
+(FBGEMM table-batched bags, SGD inside the backward) and ``DistributedModelParallel`` (one rank, gloo). Each round
+times ``--steps`` steps of every variant back to back (after ``--warmup_steps``); per round the ratio is ours over
+the faster peer variant, and the JSON reports the median over ``--rounds``. Ours is the recipe's own training step:
+``build_trainable_model`` (one-buffer tables with SGD fused into the backward), bf16 autocast where the CPU runs it
+natively (``--precision auto``), the dense part compiled with ``torch.compile`` (``--compile``, the default here;
+compilation happens in the warmup and is reported as ``compile_s``). Run it with
+``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000`` (it warns otherwise).
+
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python -m dlrm.scripts.benchmark
+    python -m dlrm.scripts.benchmark --compare embedding_types     # the subprocess comparison above
 """
 from __future__ import annotations
 
@@ -29,6 +44,19 @@ NVIDIA_V100_SEED = {"fp32_samples_per_s": 494_000, "amp_samples_per_s": 875_000,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dlrm.scripts.benchmark", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", default="torchrec_peer", choices=["torchrec_peer", "embedding_types"],
+                   help="torchrec_peer: ours against torchrec.models.dlrm.DLRM in one process (CPU); "
+                        "embedding_types: whole dlrm.scripts.main runs per --embedding_types")
+    p.add_argument("--shapes", default="kaggle,seed", help="torchrec_peer: shapes to run (kaggle, seed)")
+    p.add_argument("--peer_batch_size", type=int, default=2048, help="torchrec_peer: batch of ours and the peer")
+    p.add_argument("--peer_table_size", type=int, default=100000, help="torchrec_peer: rows of each of 26 tables")
+    p.add_argument("--peer_variants", default="fused,dmp", help="torchrec_peer: TorchRec forms to run (fused, dmp)")
+    p.add_argument("--rounds", type=int, default=5, help="torchrec_peer: rounds (each times every variant)")
+    p.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="torchrec_peer, ours: auto = bfloat16 autocast where the CPU has bf16 instructions")
+    p.add_argument("--compile", default=True, action=argparse.BooleanOptionalAction,
+                   help="torchrec_peer, ours: torch.compile the dense part")
+    p.add_argument("--threads", type=int, default=None, help="torchrec_peer: torch.set_num_threads")
     p.add_argument("--embedding_types", default="torchrec_fused,multi_table")
     p.add_argument("--base_device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch_size", type=int, default=4096)
@@ -85,6 +113,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     from recsys_common.io import check_json_output, write_json_output
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)   # before minutes of runs, not after
+    if args.compare == "torchrec_peer":
+        from dlrm.scripts.benchmark_peer import compare_with_torchrec
+        result = compare_with_torchrec(shapes=[s for s in args.shapes.split(",") if s],
+                                       batch_size=args.peer_batch_size, table_size=args.peer_table_size,
+                                       peer_variants=[v for v in args.peer_variants.split(",") if v],
+                                       rounds=args.rounds, steps=args.steps, warmup_steps=args.warmup_steps,
+                                       precision=args.precision, compile_dense=args.compile, threads=args.threads)
+        print(json.dumps(result, indent=2))
+        if args.output_json:
+            write_json_output(args.output_json, result)
+        return result
     types = [t for t in args.embedding_types.split(",") if t]
     runs: List[Dict] = []
     for repeat in range(args.repeats):

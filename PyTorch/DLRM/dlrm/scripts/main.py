@@ -122,6 +122,11 @@ def _define_flags(f: flags.FlagValues) -> None:
                    flag_values=f)
     d.DEFINE_boolean("cuda_graphs", False, "Capture the MLPs of the training and inference steps in CUDA graphs "
                      "(CUDA only)", flag_values=f)
+    d.DEFINE_boolean("compile", False, "torch.compile the bottom MLP, interaction and top MLP for training (the "
+                     "embeddings stay eager); compilation takes tens of seconds per batch shape at the start",
+                     flag_values=f)
+    d.DEFINE_boolean("tf32", True, "On CUDA, let float32 matmuls use TF32 tensor cores (as NVIDIA's FP32 figures do "
+                     "on A100 and newer); --notf32 keeps full float32 matmuls", flag_values=f)
     d.DEFINE_list("inference_benchmark_batch_sizes", ["1", "64", "4096"],
                   "Batch sizes for inference throughput and latency measurements", flag_values=f)
     d.DEFINE_integer("inference_benchmark_steps", 200, "Number of steps for measuring inference latency and "
@@ -544,6 +549,14 @@ def run(args) -> Dict[str, Any]:
         trainable = build_trainable_model(config, embedding_type, ctx.device, ctx.world_size, args.lr,
                                           args.Adam_MLP_optimizer, args.Adam_embedding_optimizer,
                                           args.sharding_type, local_batch)
+        if ctx.device.type == "cuda":  # TF32 for float32 matmuls and convolutions (Ampere and newer)
+            torch.backends.cuda.matmul.allow_tf32 = args.tf32
+            torch.backends.cudnn.allow_tf32 = args.tf32
+        if args.compile and args.cuda_graphs:
+            raise ValueError("--compile and --cuda_graphs cannot be combined: pick one for the MLPs")
+        if args.compile and args.mode == "train":
+            from dlrm.utils.compile import compile_dense
+            compile_dense(trainable.core)  # in place: the module classes and state_dict keys are unchanged
         params = {k: v for k, v in vars(args).items()}
         params.update({"resolved_embedding_type": embedding_type, "device": str(ctx.device),
                        "world_size": ctx.world_size, "amp_dtype_used": amp.dtype_name,
