@@ -199,3 +199,67 @@ def test_checkpoint_flag_mismatch_is_named(trained, tmp_path, capsys, flag, valu
     err = capsys.readouterr().err
     assert expect in err and ("shape" in err or "not in the model" in err or "has no variable" in err), err
     assert not os.path.exists(out)
+
+
+# --------------------------------------------------------------------------------------------- predict.py
+def _first_test_file(trained):
+    from wide_deep.trainer.dataloader import mapping_files, read_feature_spec
+    return mapping_files(read_feature_spec(trained["flags"][3], "feature_spec.yaml"), "test")[0]
+
+
+def test_predict_parquet_and_csv_match_keras(trained, model_and_batch, tmp_path):
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+    from wide_deep.serving.predict import main
+    model, _, _, features, _ = model_and_batch
+    source = _first_test_file(trained)
+    out = str(tmp_path / "p.csv")
+    assert main(trained["flags"] + ["--input", source, "--output", out, "--batch_size", "100"]) == 0
+    lines = open(out).read().splitlines()
+    assert lines[0] == "display_id,probability"
+    predicted = np.array([float(l.split(",")[1]) for l in lines[1:]])
+    table = pq.read_table(source).to_pydict()
+    assert len(predicted) == len(table["ad_id"])
+    # the loader reads the test files in order: its first batch is the first rows of this file
+    keras = tf.sigmoid(model(features, training=False)).numpy()
+    np.testing.assert_allclose(predicted[:len(keras)], keras, atol=1e-6)
+    # the same rows as CSV (multi-hot ids space-separated) give the same probabilities
+    csv_path = str(tmp_path / "rows.csv")
+    names = list(table)
+    with open(csv_path, "w") as f:
+        f.write(",".join(names) + "\n")
+        for i in range(len(table["ad_id"])):
+            f.write(",".join(" ".join(map(str, table[n][i])) if isinstance(table[n][i], list) else repr(table[n][i])
+                             for n in names) + "\n")
+    out_npy = str(tmp_path / "p.npy")
+    assert main(trained["flags"] + ["--input", csv_path, "--output", out_npy]) == 0
+    np.testing.assert_allclose(np.load(out_npy), predicted, atol=1e-6)
+    assert main(trained["flags"] + ["--input", csv_path, "--output", out_npy]) == 2  # exists: needs --overwrite
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("id", "data row 5, feature 'ad_id': id 250000 is out of range [0, 250000)"),
+    ("hotness", "data row 2, feature 'topic_id_list': 4 ids, more than its max_hotness 3"),
+    ("nan", "data row 3, feature 'ad_id_ctr'"),
+    ("missing", "column(s) ['platform']"),
+])
+def test_predict_bad_rows_name_row_and_feature(trained, tmp_path, capsys, case, expect):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from wide_deep.serving.predict import main
+    table = pq.read_table(_first_test_file(trained)).slice(0, 8).to_pydict()
+    if case == "id":
+        table["ad_id"][4] = 250000
+    elif case == "hotness":
+        table["topic_id_list"][1] = [1, 2, 3, 4]
+    elif case == "nan":
+        table["ad_id_ctr"][2] = float("nan")
+    else:
+        del table["platform"]
+    bad = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.table(table), bad)
+    out = str(tmp_path / "p.csv")
+    assert main(trained["flags"] + ["--input", bad, "--output", out]) == 2
+    err = capsys.readouterr().err
+    assert expect in err and bad in err, err
+    assert not os.path.exists(out)
