@@ -79,3 +79,20 @@ def test_export_sees_eval_mode_not_dropout(tmp_path):
         eval_out = ncf_export.ServingNCF(net.eval())(torch.from_numpy(batch["user"]),
                                                      torch.from_numpy(batch["item"])).numpy()
     np.testing.assert_allclose(first, eval_out, atol=1e-6)
+
+
+def test_readme_deployer_flag_table_matches_the_parser():
+    """Every row of the README's deployer.py table names a real option with the parser's default, and vice versa."""
+    import re
+
+    import deployer
+    with open(os.path.join(NCF_DIR, "README.md")) as f:
+        text = f.read()
+    table = text.split("<!-- ncf-deployer-flags-start -->")[1].split("<!-- ncf-deployer-flags-end -->")[0]
+    documented = dict(re.findall(r"^\| `([^`]+)` \| `([^`]*)` \|", table, flags=re.M))
+    actions = {", ".join(a.option_strings): a for a in deployer.build_parser()._actions if a.dest != "help"}
+    assert set(documented) == set(actions), set(documented) ^ set(actions)
+    for flags, default in documented.items():
+        expected = actions[flags].default
+        expected = " ".join(map(str, expected)) if isinstance(expected, list) else expected
+        assert default == ("" if expected is None else str(expected)), (flags, default, expected)
