@@ -50,6 +50,9 @@ def _run_level(url: str, protocol: str, model: str, inputs: Mapping[str, np.ndar
     warmups = [warmup_requests // concurrency + (1 if i < warmup_requests % concurrency else 0)
                for i in range(concurrency)]
     latencies: List[List[float]] = [[] for _ in range(concurrency)]
+    # wall time = first request start to last request end, over all threads (taken by the workers themselves: the
+    # main thread may be descheduled after the barrier opens, and would then under-count)
+    spans: List[List[float]] = [[] for _ in range(concurrency)]
     errors: List[BaseException] = []
     ready = threading.Barrier(concurrency + 1, timeout=timeout_s * (1 + max(warmups)) + 30)
     done = threading.Barrier(concurrency + 1, timeout=timeout_s * (1 + max(shares)) + 30)
@@ -68,7 +71,9 @@ def _run_level(url: str, protocol: str, model: str, inputs: Mapping[str, np.ndar
                 for _ in range(shares[i]):
                     start = time.perf_counter()
                     client.infer(model, inputs, output_names)
-                    latencies[i].append(time.perf_counter() - start)
+                    end = time.perf_counter()
+                    latencies[i].append(end - start)
+                    spans[i].extend((start, end))
         except threading.BrokenBarrierError:
             pass
         except BaseException as e:
@@ -86,9 +91,9 @@ def _run_level(url: str, protocol: str, model: str, inputs: Mapping[str, np.ndar
         t.start()
     try:
         ready.wait()
-        start = time.perf_counter()
         done.wait()
-        wall = time.perf_counter() - start
+        times = [t for span in spans for t in span]
+        wall = max(times) - min(times) if times else float("nan")
     except threading.BrokenBarrierError:
         wall = float("nan")
     for t in threads:
