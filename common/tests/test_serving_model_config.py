@@ -109,3 +109,11 @@ def test_ensemble(tmp_path):
         "dlrm-ensemble", "ensemble", INPUTS, OUTPUTS, 64, ensemble_steps=steps[:1]))
     with pytest.raises(ModelConfigError, match=r"ensemble outputs \['probability'\] are produced by no step"):
         check_model_directory(str(model_dir))
+
+
+def test_docstring_examples():
+    import doctest
+    from recsys_common.serving import model_config, request_checks
+    for module in (model_config, request_checks):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
