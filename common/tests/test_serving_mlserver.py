@@ -150,6 +150,21 @@ def test_unreachable_server_raises_within_the_timeout(protocol):
     assert time.monotonic() - start < 15
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_silent_server_times_out(protocol):
+    import socket
+    with socket.socket() as listener:  # accepts connections (kernel backlog) but never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"127.0.0.1:{listener.getsockname()[1]}"
+        start = time.monotonic()
+        with InferenceClient(url, protocol, timeout_s=2) as client:
+            with pytest.raises(ServingError, match=f"request to {url} \\({protocol}\\), model '{MODEL_NAME}' timed out "
+                                                   f"after 2 s"):
+                client.infer(MODEL_NAME, tiny_inputs(2), ["probability"])
+        assert time.monotonic() - start < 10
+
+
 # ------------------------------------------------------------------------------------------------ latency
 def test_latency_report_json_and_png(server, tmp_path):
     import json
