@@ -263,3 +263,17 @@ def test_predict_bad_rows_name_row_and_feature(trained, tmp_path, capsys, case, 
     err = capsys.readouterr().err
     assert expect in err and bad in err, err
     assert not os.path.exists(out)
+
+
+def test_evaluate_latency_report(trained, repo, server, tmp_path):
+    from wide_deep.serving.latency import main
+    out_json, out_png = str(tmp_path / "lat.json"), str(tmp_path / "lat.png")
+    assert main(["--model-repository", repo, "--server-url", server.grpc_url, "--protocol", "grpc",
+                 "--batch-sizes", "1", "64", "--concurrency", "1", "2", "--num-requests", "6", "--warmup-requests", "2",
+                 "--dataset_path", trained["flags"][3], "--output-json", out_json, "--output-png", out_png]) == 0
+    report = json.load(open(out_json))
+    records = report["records"] if isinstance(report, dict) else report
+    assert sorted((r["batch_size"], r["concurrency"]) for r in records) == [(1, 1), (1, 2), (64, 1), (64, 2)]
+    for r in records:
+        assert r["requests"] == 6 and r["latency_ms"]["p50"] <= r["latency_ms"]["p99"]
+    assert open(out_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,87 @@
+"""``triton/evaluate_latency.py``: throughput and p50/p90/p95/p99 latency of a served W&D (or MovieLens) model against
+batch size and concurrency, as JSON and a PNG (``recsys_common.serving.latency``).
+
+    python triton/evaluate_latency.py --model-repository /tmp/wd_repo --model-name widedeep-onnx \\
+        --server-url 127.0.0.1:8001 --protocol grpc --batch-sizes 1 64 1024 4096 --concurrency 1 2 \\
+        --dataset_path /tmp/wide_deep_quickstart/data
+
+Requests carry the model's inputs as its sidecar (``<repository>/<model>/recsys_serving.json``) describes them:
+rows of the ``test`` mapping of ``--dataset_path`` (repeated to fill a batch), or, without it, random ids in each
+input's range and standard-normal numericals (seeded).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .export import OUTPUT_NAME
+
+
+def random_rows(entries: Mapping[str, dict], seed: int = 0) -> Callable[[int], Dict[str, np.ndarray]]:
+    """``make_inputs(batch)`` drawing ids uniformly in ``[0, max_id)`` (multi-hot: every slot filled) and
+    standard-normal numericals, shaped ``[batch] + dims`` with the sidecar's dtypes."""
+    def make(batch: int) -> Dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out = {}
+        for name, e in entries.items():
+            shape = [batch] + list(e["dims"])
+            if e.get("max_id") is None:
+                out[name] = rng.standard_normal(shape).astype(e["dtype"])
+            else:
+                out[name] = rng.integers(0, int(e["max_id"]), size=shape).astype(e["dtype"])
+        return out
+    return make
+
+
+def dataset_rows(entries: Mapping[str, dict], dataset_path: str, fspec_file: str) -> Callable[[int], Dict[str, np.ndarray]]:
+    """``make_inputs(batch)`` taking the first ``batch`` rows of the ``test`` mapping (repeated when it is shorter)."""
+    from recsys_common.datasets import read_columns
+    from recsys_common.feature_spec import FeatureSpec
+    path = fspec_file if os.path.isabs(fspec_file) else os.path.join(dataset_path, fspec_file)
+    spec = FeatureSpec.from_yaml(path)
+    columns = read_columns(spec, "test", list(entries))
+    rows = {}
+    for name, e in entries.items():
+        a = np.asarray(columns[name])
+        rows[name] = a.reshape([len(a)] + list(e["dims"])).astype(e["dtype"])
+
+    def make(batch: int) -> Dict[str, np.ndarray]:
+        n = len(next(iter(rows.values())))
+        index = np.arange(batch) % n
+        return {k: v[index] for k, v in rows.items()}
+    return make
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.serving.latency import add_latency_arguments
+    p = argparse.ArgumentParser(prog="triton/evaluate_latency.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_latency_arguments(p, default_model_name="widedeep-onnx")
+    p.add_argument("--model-repository", required=True, help="the exported repository (for the model's sidecar)")
+    p.add_argument("--dataset_path", default=None, help="send rows of this dataset's test mapping (default: random)")
+    p.add_argument("--fspec_file", default="feature_spec.yaml", help="feature spec, relative to --dataset_path")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random rows")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from recsys_common.serving.client import ServingError
+    from recsys_common.serving.latency import run_latency
+    from recsys_common.serving.repository import SidecarError, read_sidecar
+    args = build_parser().parse_args(argv)
+    try:
+        entries = read_sidecar(os.path.join(args.model_repository, args.model_name))["inputs"]
+        make_inputs = (dataset_rows(entries, args.dataset_path, args.fspec_file) if args.dataset_path
+                       else random_rows(entries, args.seed))
+        run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
+                    batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
+                    warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
+                    output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME])
+    except (SidecarError, ServingError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
