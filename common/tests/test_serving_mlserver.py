@@ -232,6 +232,35 @@ def test_server_group_is_gone_after_a_failing_body(repo):
     assert not _alive(handle.pid) and not _group_alive(handle.pid)
 
 
+def test_server_stops_itself_when_its_launcher_is_killed(repo):
+    """SIGKILL of the process that started the server (no ``finally`` runs there): the server's watchdog stops it."""
+    script = ("import sys, time\n"
+              "from recsys_common.serving.mlserver_launcher import serve_repository\n"
+              "with serve_repository(sys.argv[1]) as handle:\n"
+              "    print(handle.pid, flush=True)\n"
+              "    time.sleep(300)\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    launcher = subprocess.Popen([sys.executable, "-c", script, repo], stdout=subprocess.PIPE, text=True, env=env)
+    server_pid = None
+    try:
+        server_pid = int(launcher.stdout.readline())
+        assert _group_alive(server_pid)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while _group_alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(server_pid)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        if server_pid and _group_alive(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)
+
+
 def test_server_that_fails_to_start_reports_the_log_tail(tmp_path):
     from serving_tiny_model import tiny_config_text
     model_dir = tmp_path / "repo" / MODEL_NAME

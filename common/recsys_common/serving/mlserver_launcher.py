@@ -16,8 +16,9 @@ For users without Triton (blocks until Ctrl-C):
 How (MLServer 1.7.1): a temporary directory holds ``settings.json`` (host, ports, ``parallel_workers: 0`` so
 inference runs in the server process itself rather than in a worker pool, metrics endpoint off) and one
 ``<model>/model-settings.json`` per model (``implementation`` = ``recsys_common.serving.mlserver_runtime.OnnxModel``,
-``parameters.uri`` = the Triton model directory, ``parameters.version``); ``python -m mlserver.cli.main start DIR``
-runs in a session of its own with ``recsys_common`` on its PYTHONPATH. This module never imports mlserver: mlserver
+``parameters.uri`` = the Triton model directory, ``parameters.version``); MLServer's ``start DIR`` command runs in a
+session of its own with ``recsys_common`` on its PYTHONPATH (through ``_mlserver_entry``, whose watchdog stops the
+server if the launching process is killed without stopping it). This module never imports mlserver: mlserver
 and ``tritonclient.grpc`` cannot share a process.
 """
 from __future__ import annotations
@@ -198,7 +199,8 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_package_root()] + [p for p in [env.get("PYTHONPATH")] if p])
         env.setdefault("OMP_NUM_THREADS", str(max(1, intra_op_threads)))
-        command = [sys.executable, "-m", "mlserver.cli.main", "start", workdir]
+        # mlserver's own ``start`` command, plus a watchdog that stops the server if this process dies first
+        command = [sys.executable, "-m", "recsys_common.serving._mlserver_entry", workdir, str(os.getpid())]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
