@@ -126,3 +126,24 @@ def test_benchmark_prints_ours_and_torchrecs_dlrm_side_by_side_with_the_ratio(ca
     assert printed["cpu_model_name"]
     with pytest.raises(ValueError, match="unknown shape"):
         benchmark.main(["--shapes", "huge", "--no-compile"])
+
+
+@pytest.mark.parametrize("precision", [["--nofp16"], ["--amp", "--amp_dtype", "bfloat16"]], ids=["float32", "bf16"])
+def test_fused_sgd_tables_leave_the_test_auc_on_synthetic_data_unchanged(small_dataset, tmp_path, monkeypatch,
+                                                                          precision):
+    """Whole training runs (one epoch) with the fused tables and with the plain sparse-SGD ones reach the same test AUC
+    and loss (the tolerance is float rounding: the update is the same sum in another order)."""
+    from conftest import train_args
+    from dlrm.model import parallel
+    from dlrm.scripts.main import main
+    results = {}
+    for fused in (True, False):
+        build = parallel.build_trainable_model
+        monkeypatch.setattr(parallel, "build_trainable_model",
+                            lambda *a, _build=build, _fused=fused, **k: _build(*a, fused_sgd=_fused, **k))
+        results[fused] = main(train_args(small_dataset, tmp_path / f"{fused}.json", "--embedding_type",
+                                         "multi_table", *precision))
+        monkeypatch.undo()
+    assert results[True]["auc"] == pytest.approx(results[False]["auc"], abs=1e-5)
+    assert results[True]["test_loss"] == pytest.approx(results[False]["test_loss"], abs=1e-5)
+    assert results[True]["auc"] > 0.65   # a trained model on this data (chance is 0.5), so equality says something

@@ -151,8 +151,9 @@ class FusedSGDTableEmbeddings(MultiTableEmbeddings):
         self._check_views()
         batch, num_tables = categorical.shape
         if not categorical.is_cuda:  # an id past its table would silently read the next table's rows (no sync on CPU)
-            bad = (categorical < 0) | (categorical >= self._sizes)
-            if bool(bad.any()):
+            low, high = torch.aminmax(categorical, dim=0)  # one pass over the ids
+            if bool(((low < 0) | (high >= self._sizes)).any()):
+                bad = (categorical < 0) | (categorical >= self._sizes)
                 column = int(bad.any(0).nonzero()[0])
                 raise IndexError(f"categorical feature {column}: id {int(categorical[:, column][bad[:, column]][0])} "
                                  f"outside its table of {self.table_sizes[column]} rows")
