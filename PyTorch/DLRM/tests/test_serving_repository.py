@@ -49,3 +49,25 @@ def test_deployer_refuses_bad_input(checkpoint, small_dataset, tmp_path, capsys)
                           str(tmp_path / "nothing")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     assert not (tmp_path / "r2").exists()
+
+
+def test_readme_deployer_table_matches_the_parser():
+    """Every deployer flag is in the README's Deployment table with its real default (the table is checked, so the
+    two never drift)."""
+    import re
+    from conftest import RECIPE_DIR
+    from deployment.deployer import build_parser
+    text = open(os.path.join(RECIPE_DIR, "README.md")).read()
+    section = text[text.index("## Deployment"):text.index("## What differs")]
+    rows = {}
+    for flags, default in re.findall(r"^\| ((?:`--[\w-]+`(?:, )?)+) \| ([^|]*) \|", section, re.M):
+        names = re.findall(r"`(--[\w-]+)`", flags)
+        defaults = [d.strip() for d in default.split(", ")]
+        for i, name in enumerate(names):
+            rows[name] = defaults[i] if len(defaults) == len(names) else None
+    parser = {a.option_strings[0]: a.default for a in build_parser()._actions if a.option_strings
+              and a.dest != "help"}
+    assert set(rows) == set(parser), (sorted(set(parser) - set(rows)), sorted(set(rows) - set(parser)))
+    for name, default in rows.items():
+        if default is not None:
+            assert default == str(parser[name]), name
