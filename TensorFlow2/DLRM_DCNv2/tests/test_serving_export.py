@@ -58,6 +58,12 @@ def test_sparse_then_dense_equals_monolithic(checkpoints, tmp_path, model):
     assert embeddings.shape == (17, sum(SHAPES[model]["embedding_dims"]))
     chained = dense.run(["probability"], {"numerical": batch["numerical"], "embeddings": embeddings})[0]
     assert np.abs(chained - export.keras_probabilities(loaded, batch)).max() <= TOLERANCE
+    # deploy.py's default sparse format: the same lookups as a SavedModel (what an HPS model would replace)
+    import tensorflow as tf
+    export.export_savedmodel(loaded, "sparse", str(tmp_path / "sparse.savedmodel"))
+    signature = tf.saved_model.load(str(tmp_path / "sparse.savedmodel")).signatures["serving_default"]
+    saved = signature(**{k: tf.constant(v) for k, v in batch.items() if k.startswith("cat_")})["embeddings"]
+    assert np.abs(saved.numpy() - embeddings).max() <= TOLERANCE
 
 
 def test_feature_spec_that_does_not_fit_the_checkpoint_is_refused(checkpoints, tmp_path):
