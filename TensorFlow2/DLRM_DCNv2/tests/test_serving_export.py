@@ -89,3 +89,21 @@ def test_tables_too_large_for_one_onnx_protobuf_are_refused(checkpoints, tmp_pat
         export.export_onnx(loaded, "sparse", str(tmp_path / "sparse.onnx"))
     assert not (tmp_path / "sparse.onnx").exists()
     export.export_onnx(loaded, "dense", str(tmp_path / "dense.onnx"))  # the dense half holds no table
+
+
+def test_readme_deployment_flags_exist():
+    """Every flag the README's Deployment section names is a flag of one of the tools it runs."""
+    import os
+    import re
+    from deployment import deploy, evaluate_accuracy, evaluate_latency
+    from dlrm_dcnv2.main import build_parser as recipe_parser
+    from dlrm_dcnv2.scripts import predict
+    from recsys_common.serving import mlserver_launcher
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    section = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", section))
+    known = set()
+    for parser in (deploy.build_parser(), evaluate_accuracy.build_parser(), evaluate_latency.build_parser(),
+                   predict.build_parser(), mlserver_launcher.build_parser(), recipe_parser("dlrm")):
+        known |= {s for action in parser._actions for s in action.option_strings}
+    assert len(named) > 20 and named - known == set(), named - known
