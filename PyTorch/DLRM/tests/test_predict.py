@@ -83,6 +83,15 @@ def test_predict_bad_rows_name_feature_and_row(checkpoint, small_dataset, tmp_pa
         predict.main(["--load_checkpoint_path", checkpoint, "--dataset", user, "--mapping", "score",
                       "--output", str(out)])
     assert sorted(os.listdir(tmp_path)) == ["ids", "nan"]  # no output, no temporary file
+    csv = os.path.join(user, "..", "ids", "rows.csv")
+    lines = open(csv).read().splitlines()
+    fields = lines[5].split(",")
+    fields[15] = "x7"  # cat_2.bin, after 13 numericals
+    lines[5] = ",".join(fields)
+    open(csv, "w").write("\n".join(lines) + "\n")
+    with pytest.raises(predict.PredictError, match=r"rows.csv: feature 'cat_2.bin' row 5 has value 'x7'"):
+        predict.main(["--load_checkpoint_path", checkpoint, "--dataset", str(tmp_path / "ids"), "--mapping", "score",
+                      "--output", str(out)])
     out.write_text("keep")
     with pytest.raises(predict.PredictError, match="exists; pass --overwrite"):
         predict.main(["--load_checkpoint_path", checkpoint, "--dataset", small_dataset, "--output", str(out)])

@@ -13,7 +13,7 @@ Output (``--output``): ``.csv`` with a header ``probability`` and one line per i
 ``.npy`` (float32 ``[rows]``). It is written to a temporary name and renamed, so it is complete or absent; an
 existing file is replaced only with ``--overwrite``. A bad row stops the run before anything is written, naming the
 file, feature and row: an id below 0 or at or above its table's size (unless the model was trained with
-``--hash_indices``), a NaN or infinite numerical value, a value a CSV column cannot hold.
+``--hash_indices``), a NaN or infinite numerical value, a CSV value its feature's dtype cannot hold.
 
 Prints (and returns from :func:`main`) a JSON summary: rows, output path, checkpoint, AUC when labels exist.
 """
@@ -65,6 +65,41 @@ def _check_rows(numerical: np.ndarray, categorical: np.ndarray, first_row: int, 
                            f"{col} has {table_sizes[col]} rows)")
 
 
+def _locate_bad_csv_value(spec, mapping: str) -> None:
+    """Raise :class:`PredictError` naming file, feature, row and value of the first CSV value that its feature's
+    dtype cannot hold (pyarrow's conversion error names only the column)."""
+    import re
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    integer = re.compile(r"^\s*[-+]?\d+\s*$")
+    for chunk in spec.source_spec.get(mapping, []):
+        if chunk.get("type") != "csv":
+            continue
+        features = list(chunk["features"])
+        for relative in chunk["files"]:
+            path = spec.resolve_file(relative)
+            table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=features),
+                                   convert_options=pacsv.ConvertOptions(
+                                       column_types={f: pa.string() for f in features}))
+            for name in features:
+                is_int = np.issubdtype(spec.numpy_dtype(name), np.integer)
+                for row, value in enumerate(table.column(name).to_pylist()):
+                    if value is None:
+                        continue
+                    if is_int:
+                        ok = bool(integer.match(value))
+                    else:
+                        try:
+                            float(value)
+                            ok = True
+                        except ValueError:
+                            ok = False
+                    if not ok:
+                        raise PredictError(f"{path}: feature {name!r} row {row} has value {value!r}, which is not "
+                                           f"{'an integer' if is_int else 'a number'} "
+                                           f"({spec.numpy_dtype(name)})")
+
+
 def _write(path: str, probabilities: np.ndarray) -> None:
     from recsys_common.io import atomic_path
     with atomic_path(path) as tmp:
@@ -82,7 +117,7 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
     """Score mapping ``mapping`` of ``dataset``'s FeatureSpec with the checkpoint; write ``output``; return the
     summary. Raises :class:`PredictError` (and the checkpoint / FeatureSpec / dataset errors) naming what is wrong."""
     from dlrm import serving
-    from recsys_common.datasets import open_reader
+    from recsys_common.datasets import DatasetError, open_reader
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.metrics import roc_auc_score
 
@@ -119,7 +154,12 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
     table_sizes = None if config.hash_indices else list(config.table_sizes)
     parts, labels = [], []
     for index in range(reader.num_batches_total):
-        batch = reader.read_batch(index)
+        try:
+            batch = reader.read_batch(index)
+        except DatasetError as err:
+            if "CSV" in str(err):  # pyarrow names the column only: find the row
+                _locate_bad_csv_value(spec, mapping)
+            raise
         numerical = np.asarray(batch["numerical"], np.float32)
         categorical = np.asarray(batch["categorical"], np.int64)
         _check_rows(numerical, categorical, index * batch_size, numerical_names, categorical_names, table_sizes,
