@@ -18,15 +18,34 @@ for ``-e`` epochs with the same batch size and learning rate:
   (``foreach=False``), evaluation scored through a ``DataLoader`` as well.
 
 Reported per implementation: median training samples/s and evaluation samples/s over the epochs, and the
-time (training + evaluation) until HR@K first reached ``--threshold`` (null if never). ``train_speedup`` is
+time (training + evaluation) until HR@K first reached ``--threshold`` (null if never), and the user and system
+CPU seconds it used (``system_over_user``: page faults show up as system time). ``train_speedup`` is
 recipe / naive training samples/s.
+
+**Against the plain PyTorch peer** (``../shared/peers/neumf_naive_cpu.py``) on the NCF paper's ML-1M split, run back
+to back with the peer's configuration (GMF 64, MLP 256-256-128-64, dropout 0.5, batch 65536, Adam 0.0045 /
+0.25 / 0.5)::
+
+    python benchmark.py --paper_ml1m $RECSYS_DATA_DIR --peer ../../../shared/peers/neumf_naive_cpu.py \
+        -e 5 -b 65536 --amp --compile --no_naive
+
+``--paper_ml1m DIR`` converts DIR's ``ncf-ml-1m`` split with the ``movielens/ml-1m`` ratings prefix (users
+0..2997, as the peer does) into a temporary directory; ``--peer SCRIPT`` runs the peer as a child process on the
+same DIR with the same epochs, batch, learning rate, betas, dropout and seed, and reads its JSON. Reported side by
+side: ``recipe`` and ``peer`` (its per-epoch HR@10, training samples/s), ``train_speedup_vs_peer`` (recipe median
+over epochs / peer's samples/s without its first epoch) and ``hr_vs_peer_per_epoch`` (recipe minus peer HR@10 at
+each epoch).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from typing import Dict, List, Optional
@@ -75,8 +94,10 @@ def run_recipe(args, data: NCFData, device: torch.device) -> Dict:
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
                         args.batch_size, 0, 1, device)
     test = EvalSet(data, 0, 1, device)
+    batch_loss = ncf.compiled_batch_loss(model, autocast) if args.compile else None
     return _loop(args, device, lambda epoch: ncf.train_epoch(model, optimizer, scaler, autocast,
-                                                               train.epoch(args.seed, epoch), 1, 1),
+                                                               train.epoch(args.seed, epoch), 1, 1,
+                                                               batch_loss=batch_loss),
                  lambda: ncf.evaluate(model, test, args.topk, args.valid_batch_size, autocast),
                  train.rows_per_epoch)
 
@@ -125,6 +146,7 @@ def run_naive(args, data: NCFData, device: torch.device) -> Dict:
 
 
 def _loop(args, device, train_one, evaluate, rows_per_epoch) -> Dict:
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     train_tp, eval_tp, hrs, elapsed, ttt = [], [], [], 0.0, None
     train_s, eval_s, eval_rows = [], [], 0
     for epoch in range(args.epochs):
@@ -142,7 +164,11 @@ def _loop(args, device, train_one, evaluate, rows_per_epoch) -> Dict:
         hrs.append(round(metrics["hr"], 5))
         if ttt is None and metrics["hr"] >= args.threshold:
             ttt = elapsed
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    user_s, system_s = usage1.ru_utime - usage0.ru_utime, usage1.ru_stime - usage0.ru_stime
     return {"train_samples_per_s": statistics.median(train_tp), "eval_samples_per_s": statistics.median(eval_tp),
+            "user_cpu_s": user_s, "system_cpu_s": system_s, "system_over_user": system_s / max(user_s, 1e-9),
+            "minor_page_faults": usage1.ru_minflt - usage0.ru_minflt,
             "train_samples_per_s_per_epoch": [round(x, 1) for x in train_tp],
             f"hr@{args.topk}_per_epoch": hrs, "time_to_target_s": ttt, "total_time_s": elapsed,
             "train_rows_per_epoch": int(rows_per_epoch), "eval_rows_per_epoch": int(eval_rows),
@@ -154,6 +180,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", help="converted dataset directory")
     src.add_argument("--shape", choices=sorted(SHAPES), default="ml-100k", help="synthetic data of this shape")
+    src.add_argument("--paper_ml1m", metavar="DATA_DIR",
+                     help="the NCF paper's ML-1M split rebuilt from DATA_DIR (RECSYS_DATA_DIR layout), users 0..2997")
+    p.add_argument("--peer", metavar="SCRIPT", help="also run this peer script (neumf_naive_cpu.py) on --paper_ml1m's "
+                                                   "data with the same epochs, batch, lr, betas, dropout, seed")
+    p.add_argument("--peer_time_limit", type=float, default=3600.0, help="the peer's --time-limit (seconds)")
     p.add_argument("--model", choices=MODEL_NAMES, default="neumf")
     p.add_argument("-e", "--epochs", type=int, default=2)
     p.add_argument("-b", "--batch_size", type=int, default=8192)
@@ -169,11 +200,54 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("-t", "--threshold", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--amp", action="store_true", help="recipe only: fp16 (CUDA) / bf16 (CPU) autocast")
+    p.add_argument("--compile", action="store_true", help="recipe only: torch.compile the training step "
+                                                          "(ncf.py --compile)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--no_naive", action="store_true", help="skip the naive implementation")
     p.add_argument("--output_json", "--output", dest="output",
                    help="also write the JSON here (atomically; an existing file is replaced only if it is JSON)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.peer and not args.paper_ml1m:
+        p.error("--peer needs --paper_ml1m (the peer trains on the NCF paper's ML-1M split)")
+    if args.peer and not os.path.isfile(args.peer):
+        p.error(f"--peer {args.peer}: file not found")
+    return args
+
+
+def paper_ml1m_data(data_dir: str, workdir: str) -> NCFData:
+    """The NCF paper's ML-1M split for users 0..2997, converted from ``data_dir`` into ``workdir``, loaded."""
+    import convert
+    split = convert.convert_paper_split(os.path.join(data_dir, "ncf-ml-1m", "ml-1m"),
+                                        os.path.join(data_dir, "movielens", "ml-1m", "ratings.users-1-2999.dat.gz"),
+                                        max_user=2997)
+    out = os.path.join(workdir, "ml-1m-paper")
+    convert.write_split(split, out)
+    return load_dataset(out)
+
+
+def run_peer(args) -> Dict:
+    """Run the peer script as a child on ``--paper_ml1m`` with this run's settings; its final JSON line."""
+    command = [sys.executable, args.peer, "--data", args.paper_ml1m, "--epochs", str(args.epochs),
+               "--time-limit", str(args.peer_time_limit), "--batch", str(args.batch_size),
+               "--neg", str(args.negative_samples), "--lr", str(args.learning_rate), "--beta1", str(args.beta1),
+               "--beta2", str(args.beta2), "--dropout", str(args.dropout), "--seed", str(args.seed)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"peer {args.peer} failed ({done.returncode}): {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["command"] = command
+    return result
+
+
+def compare_with_peer(recipe: Dict, peer: Dict, topk: int) -> Dict:
+    """Side-by-side numbers: speed ratio and per-epoch HR@K difference (recipe - peer)."""
+    ours = recipe[f"hr@{topk}_per_epoch"]
+    theirs = [e["hr10"] for e in peer["per_epoch"]]
+    diff = [round(a - b, 4) for a, b in zip(ours, theirs)]
+    return {"train_speedup_vs_peer": recipe["train_samples_per_s"] / peer["train_samples_per_s_excl_epoch1"],
+            "peer_train_samples_per_s": peer["train_samples_per_s_excl_epoch1"],
+            "recipe_train_samples_per_s": recipe["train_samples_per_s"],
+            "hr_vs_peer_per_epoch": diff, "hr_at_least_peer_every_epoch": all(d >= 0 for d in diff)}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
@@ -185,7 +259,12 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         raise SystemExit(2)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
-    data = load_dataset(args.data) if args.data else synthetic_data(args.shape, seed=args.seed)
+    ncf.keep_freed_memory()  # as ncf.py's entry point does
+    workdir = tempfile.TemporaryDirectory(prefix="ncf-bench-")
+    if args.paper_ml1m:
+        data = paper_ml1m_data(args.paper_ml1m, workdir.name)
+    else:
+        data = load_dataset(args.data) if args.data else synthetic_data(args.shape, seed=args.seed)
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("output",)},
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -195,6 +274,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         result["naive"] = run_naive(args, data, device)
         result["train_speedup"] = result["recipe"]["train_samples_per_s"] / result["naive"]["train_samples_per_s"]
         result["eval_speedup"] = result["recipe"]["eval_samples_per_s"] / result["naive"]["eval_samples_per_s"]
+    if args.peer:
+        result["peer"] = run_peer(args)
+        result.update(compare_with_peer(result["recipe"], result["peer"], args.topk))
+    workdir.cleanup()
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

@@ -12,6 +12,7 @@ over each user's candidates, all-reduced over ranks) -> checkpoint when HR impro
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import math
 import os
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Where to train; auto = CUDA when available")
     p.add_argument("--apex_fused_adam", action="store_true",
                    help="Use apex.optimizers.FusedAdam (must be installed) instead of torch.optim.Adam(fused=True)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training step (forward + loss + backward: fused ReLU/dropout/bf16 casts); "
+                        "the first steps pay the compilation")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
     return p
@@ -159,6 +163,30 @@ def agree_on_seed(seed: Optional[int], device: torch.device) -> int:
             dist.broadcast(t, src=0)
             seed = int(t.item())
     return seed
+
+
+# ------------------------------------------------------------------------------------------------ allocator
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory in the process instead of handing it back to the kernel. Returns whether it did.
+
+    With glibc's defaults every block above the mmap threshold (at most 32 MB) is mmap'd and munmap'd, and a large
+    free top of the heap is trimmed. A training step at ``-b 1048576`` allocates and frees several GB of
+    activations and gradients, so every step faulted those pages in again: system time as large as user time on
+    a 2-core VM. ``M_MMAP_MAX = 0`` serves big blocks from the heap and ``M_TRIM_THRESHOLD = -1`` (SIZE_MAX)
+    never trims it, so the pages of one step are reused by the next (the same effect as the environment variables
+    ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...``, set here because they must exist before the process
+    starts). Peak memory is unchanged; the process keeps its high-water mark. No-op off glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, -1))
+    except (OSError, AttributeError):  # musl and other libcs have no mallopt
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ precision
@@ -342,17 +370,43 @@ def check_finite_loss(step_loss: torch.Tensor, epoch: int, step: int, steps: int
                                     f"{' on at least one rank' if world_size > 1 else ''}")
 
 
+def batch_loss_fn(model: nn.Module, autocast):
+    """``loss(users, items, labels)``: the summed BCE-with-logits of ``model`` on one batch (float32 loss).
+
+    The forward pass runs under ``autocast()``; the logits are cast to float32 before the loss.
+    """
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+
+    def loss(users: torch.Tensor, items: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            logits = model(users, items)
+        return loss_fn(logits.float(), labels)
+    return loss
+
+
+def compiled_batch_loss(model: nn.Module, autocast):
+    """:func:`batch_loss_fn` through ``torch.compile``: one graph for embedding lookups, MLP (ReLU, dropout and the
+    bf16 casts fused into the matmuls' neighbours), predictor and loss, and its backward.
+
+    Compilation wraps the training step only: ``model`` stays the eager module (its ``state_dict`` keys, and its
+    eval-mode forward for TorchScript/ONNX export, are unchanged). ``dynamic=False``: a run has two batch sizes
+    (full and the last, partial one), each compiled once.
+    """
+    return torch.compile(batch_loss_fn(model, autocast), dynamic=False)
+
+
 def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_accumulated: int,
-                world_size: int, epoch: int = 0, steps: Optional[int] = None) -> float:
+                world_size: int, epoch: int = 0, steps: Optional[int] = None, batch_loss=None) -> float:
     """One pass; returns the mean training loss of this rank.
 
     Each optimizer step accumulates the gradients of ``grads_accumulated`` consecutive batches (NVIDIA's semantics:
     N batches of ``-b`` rows per step); its gradient is the mean over all their rows, so N batches of ``b`` rows give
     the step of one batch of ``N * b`` rows. A last group of fewer batches is still applied (no data is dropped).
-    Every step's loss is checked before the optimizer applies it (:func:`check_finite_loss`).
+    Every step's loss is checked before the optimizer applies it (:func:`check_finite_loss`). ``batch_loss``
+    (default: :func:`batch_loss_fn` of ``model``) computes a batch's summed loss, e.g. a compiled one.
     """
     model.train()
-    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    batch_loss = batch_loss or batch_loss_fn(model, autocast)
     device = next(model.parameters()).device
     loss_sum, rows = torch.zeros((), dtype=torch.float64, device=device), 0
     batches = iter(batches)
@@ -366,9 +420,7 @@ def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_ac
             # Intermediate batches skip DDP's all-reduce; the last one syncs the accumulated gradient.
             sync = j == len(group) - 1 or not hasattr(model, "no_sync")
             with (nullcontext() if sync else model.no_sync()):
-                with autocast():
-                    logits = model(u, i)
-                loss = loss_fn(logits.float(), y) / group_rows  # mean over all rows of this step (local)
+                loss = batch_loss(u, i, y) / group_rows  # mean over all rows of this step (local)
                 (scaler.scale(loss) if scaler else loss).backward()
             step_loss += loss.detach().double()
         check_finite_loss(step_loss, epoch, step, steps, world_size)
@@ -477,6 +529,7 @@ def run(args: argparse.Namespace) -> Dict:
 
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
                         args.batch_size, rank, world_size, device)
+    batch_loss = compiled_batch_loss(ddp_model, autocast) if args.compile else None
     best_train_tp, best_eval_tp, last = 0.0, 0.0, {}
     steps_per_epoch = -(-train.steps_per_epoch // args.grads_accumulated)  # optimizer steps
     for epoch in range(start_epoch, args.epochs):
@@ -484,7 +537,8 @@ def run(args: argparse.Namespace) -> Dict:
         sync(); t0 = time.perf_counter()
         try:
             loss = train_epoch(ddp_model, optimizer, scaler, autocast, train.epoch(seed, epoch),
-                               args.grads_accumulated, world_size, epoch=epoch, steps=steps_per_epoch)
+                               args.grads_accumulated, world_size, epoch=epoch, steps=steps_per_epoch,
+                               batch_loss=batch_loss)
         except TrainingDivergedError as err:
             message = f"{err}; stopped before applying it. {_kept_checkpoints(args.checkpoint_dir, best, epoch)} " \
                       f"Lower the learning rate (-l), or check the data and --amp settings."
@@ -534,6 +588,7 @@ def run(args: argparse.Namespace) -> Dict:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     args = parse_args(argv)
+    keep_freed_memory()  # before the first big allocation: see its docstring (page faults at -b 1048576)
     try:
         return run(args)
     except (DatasetError, FeatureSpecError, CheckpointError, ConfigurationError, TrainingDivergedError) as err:
