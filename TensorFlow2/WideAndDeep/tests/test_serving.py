@@ -126,7 +126,7 @@ def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, proto
     assert result["rows"] == count_rows(mapping_files(spec, "test")) and result["passed"] is True
 
 
-def test_evaluate_accuracy_fails_above_tolerance_and_on_unreachable_server(trained, server, capsys):
+def test_evaluate_accuracy_unreachable_server_and_unknown_model_are_clear_errors(trained, server, capsys):
     from wide_deep.serving.accuracy import main
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
