@@ -277,3 +277,17 @@ def test_evaluate_latency_report(trained, repo, server, tmp_path):
     for r in records:
         assert r["requests"] == 6 and r["latency_ms"]["p50"] <= r["latency_ms"]["p99"]
     assert open(out_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("script", ["triton/export_model.py", "triton/evaluate_accuracy.py",
+                                    "triton/evaluate_latency.py", "predict.py"])
+def test_scripts_run_from_anywhere(script, tmp_path):
+    """The README's command lines: each script finds the recipe and common itself (no PYTHONPATH), from any cwd."""
+    import subprocess
+    import sys
+    from conftest import RECIPE_DIR
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, os.path.join(RECIPE_DIR, script), "--help"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--checkpoint-dir" in proc.stdout or "--model-repository" in proc.stdout
