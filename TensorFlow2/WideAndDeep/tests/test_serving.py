@@ -291,3 +291,23 @@ def test_scripts_run_from_anywhere(script, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--checkpoint-dir" in proc.stdout or "--model-repository" in proc.stdout
+
+
+def test_evaluate_accuracy_exits_1_above_tolerance(trained, server, tmp_path, monkeypatch):
+    """Served probabilities perturbed by 0.02 on half the rows: MAP@12/AUC/BCE move, the tool reports FAILED."""
+    import recsys_common.serving.client as client_module
+    from wide_deep.serving.accuracy import main
+    real = client_module.infer_in_batches
+
+    def perturbed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        p = out["probability"].copy()
+        p[::2] = np.clip(p[::2] + 0.02, 0, 1)
+        return {"probability": p}
+    monkeypatch.setattr(client_module, "infer_in_batches", perturbed)
+    out = str(tmp_path / "acc.json")
+    assert main(trained["flags"] + ["--server-url", server.grpc_url, "--tolerance", "1e-4",
+                                    "--output-json", out]) == 1
+    result = json.load(open(out))
+    assert result["passed"] is False and abs(result["difference"]["loss"]) > 1e-4
+    assert result["max_abs_probability_difference"] == pytest.approx(0.02, abs=1e-6)
