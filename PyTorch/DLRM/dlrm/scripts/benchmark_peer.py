@@ -6,9 +6,11 @@ for the recipe, required for this comparison).
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
@@ -186,6 +188,7 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
                 best_peer = max(v for k, v in figures.items() if k != "ours")
                 figures["ratio_ours_over_best_peer"] = figures["ours"] / best_peer
                 per_round.append(figures)
+                print(json.dumps({"shape": shape_name, "round": r, **figures}), file=sys.stderr, flush=True)
             medians = {k: statistics.median(f[k] for f in per_round) for k in per_round[0]}
             result["shapes"][shape_name] = {
                 **shape, "median_samples_per_s": {k: v for k, v in medians.items() if k != "ratio_ours_over_best_peer"},
