@@ -121,7 +121,8 @@ def test_evaluate_accuracy_fails_beyond_tolerance(deployed, tmp_path, capsys):
               "0.5", "--seed", "7", "--checkpoint_dir", str(other_ck), "--log_path", str(tmp_path / "l.json")])
     with pytest.raises(SystemExit) as err:
         evaluate_accuracy.main(["--data", deployed["data"], "--load_checkpoint_path", str(other_ck / "model.pth"),
-                                "--grpc-url", deployed["server"].grpc_url, "--tolerance", "1e-4"])
+                                "--grpc-url", deployed["server"].grpc_url, "--batch-size", "8192",
+                                "--tolerance", "1e-4"])
     assert err.value.code == 1
     assert "differs by more than --tolerance" in capsys.readouterr().err
 
