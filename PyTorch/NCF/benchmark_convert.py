@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from recsys_common.io import check_json_output, write_json_output
+from recsys_common.machine import cpu_model_name as _cpu_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ML20M_ROWS, ML20M_USERS, ML20M_ITEMS = 20_000_263, 138_493, 26_744
@@ -84,15 +84,6 @@ def run_converter(script: str, ratings: str, output: str) -> Dict:
     return {"script": script, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
             "user_cpu_s": usage.ru_utime, "system_cpu_s": usage.ru_stime,
             "message": out.decode(errors="replace").strip().splitlines()[-1]}
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                    platform.processor())
-    except OSError:
-        return platform.processor()
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from recsys_common.io import check_json_output, write_json_output
+from recsys_common.machine import cpu_model_name as cpu_model
 
 LABEL = "label"
 
@@ -199,17 +199,6 @@ def keras_runner(model, dataset):
         model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
         return time.perf_counter() - start
     return run
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int = 4096, warmup_steps: int = 10,

@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import threading
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
@@ -31,6 +30,7 @@ import numpy as np
 from recsys_common.io import atomic_path, atomic_write_text, check_json_output
 
 from .client import InferenceClient, ServingError
+from recsys_common.machine import cpu_model_name as _cpu_model
 
 MakeInputs = Callable[[int], Mapping[str, np.ndarray]]
 PERCENTILES = (50, 90, 95, 99)
@@ -151,17 +151,6 @@ def format_record(record: dict) -> str:
     return (f"batch {record['batch_size']:>6}  concurrency {record['concurrency']:>3}  "
             f"{record['throughput_samples_per_s']:>12,.0f} samples/s  p50 {lat['p50']:8.2f} ms  "
             f"p90 {lat['p90']:8.2f} ms  p95 {lat['p95']:8.2f} ms  p99 {lat['p99']:8.2f} ms")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_latency_report(records: Sequence[dict], json_path: Optional[str], png_path: Optional[str],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -16,6 +15,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+from recsys_common.machine import cpu_model_name
 
 # The shapes of the issue and of ../shared/peers/torchrec_dlrm_cpu.py: Kaggle Criteo's DLRM and the seed's.
 SHAPES = {
@@ -24,18 +24,6 @@ SHAPES = {
     "tiny": {"embedding_dim": 4, "bottom_mlp_sizes": [8, 4], "top_mlp_sizes": [8, 1]},  # smoke tests only
 }
 NUM_NUMERICAL, NUM_TABLES, LR = 13, 26, 0.1
-
-
-def cpu_model_name() -> str:
-    """``lscpu``'s model name, read from /proc/cpuinfo (``platform.processor()`` where that is absent)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def make_batches(count: int, batch_size: int, table_size: int, seed: int = 0) -> List[Dict[str, torch.Tensor]]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from typing import Iterable, Optional
 
 from .dataloader import DATASET_TYPES, create_input
 from .transcribe import parse_int_list
+from recsys_common.machine import cpu_model_name as cpu_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,17 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic_dataset_use_feature_spec", action="store_true")
     p.add_argument("--output_json", default=None, help="also write the result here (atomically)")
     return p
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: Optional[Iterable[str]] = None) -> dict:

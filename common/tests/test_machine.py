@@ -1,0 +1,13 @@
+from recsys_common.machine import cpu_model_name
+
+
+def test_cpu_model_name_is_procfs_model_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            expected = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        expected = None
+    name = cpu_model_name()
+    assert name and "\n" not in name
+    if expected is not None:
+        assert name == expected
