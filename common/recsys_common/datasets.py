@@ -12,9 +12,12 @@ Data flow: files on disk (``source_spec``) -> feature columns -> channels (``cha
     [[0, 4], [2]]
 
 split_binary layout (reference B.2): one file per chunk, rows stored back to back, each row the chunk's features in
-order, all of one dtype (``label.bin`` bool, ``numerical.bin`` float16 x n, ``cat_<i>.bin`` int8/16/32).
-CSV chunks are headerless with the chunk's features as columns. Parquet chunks hold one column per feature (list
-columns for multi-hot features).
+order, all of one dtype (``label.bin`` bool, ``numerical.bin`` float16 x n, ``cat_<i>.bin`` int8/16/32). A multi-hot
+feature (``max_hotness`` h > 1) takes h values of the row, its ids then -1 padding (static hotness, as HugeCTR's Raw
+format), so a file stays fixed-record and a batch is one read.
+CSV chunks are headerless with the chunk's features as columns; a multi-hot cell is a list in one cell, as NVIDIA's
+``gen_csv.py`` writes it (``"[12, 5, 7]"``, quoted because of its commas; ``[]`` is an empty list). Parquet chunks hold
+one column per feature (list columns for multi-hot features).
 
 Batches are dicts ``channel -> array``: categorical channels int64 ``[B, n]``, other channels float32 ``[B, n]``,
 a label channel (name containing "label") of one feature float32 ``[B]``. A channel holding a multi-hot feature yields a
@@ -61,34 +64,41 @@ class _SplitBinarySource(_ChunkSource):
         if len(dtypes) != 1:
             raise DatasetError(f"{self.files[0]}: a split_binary chunk stores one dtype, but features "
                                f"{self.features} have {sorted(str(d) for d in dtypes)}")
-        for f in self.features:
-            if spec.max_hotness(f) != 1:
-                raise DatasetError(f"{self.files[0]}: feature {f!r} is multi-hot; split_binary holds single-hot only")
         self.dtype = dtypes.pop()
+        self.widths = [spec.max_hotness(f) for f in self.features]   # values per row: 1, or max_hotness (multi-hot)
+        if any(w > 1 for w in self.widths) and not np.issubdtype(self.dtype, np.signedinteger):
+            raise DatasetError(f"{self.files[0]}: multi-hot features {self.features} need a signed integer dtype "
+                               f"(padding is -1), got {self.dtype}")
         self.path = self.files[0]
-        self.record_bytes = self.dtype.itemsize * len(self.features)
+        self.width = sum(self.widths)
+        self.record_bytes = self.dtype.itemsize * self.width
         size = os.path.getsize(self.path)
         if size % self.record_bytes:
             raise DatasetError(f"{self.path}: file is truncated or not of this spec: {size} bytes is not a multiple of "
-                               f"the record size {self.record_bytes} ({len(self.features)} x {self.dtype}) for "
-                               f"features {self.features}")
+                               f"the record size {self.record_bytes} ({self.width} x {self.dtype}) for "
+                               f"features {self.features} (max_hotness {self.widths})")
         self.num_rows = size // self.record_bytes
         self._memmap = None
 
     def _data(self) -> np.ndarray:
         if self._memmap is None:
-            shape = (self.num_rows, len(self.features))
+            shape = (self.num_rows, self.width)
             self._memmap = (np.memmap(self.path, dtype=self.dtype, mode="r", shape=shape) if self.num_rows
                             else np.zeros(shape, self.dtype))
         return self._memmap
 
+    def _split(self, block: np.ndarray) -> Dict[str, np.ndarray]:
+        out, col = {}, 0
+        for f, w in zip(self.features, self.widths):
+            out[f] = block[:, col] if w == 1 else block[:, col:col + w]
+            col += w
+        return out
+
     def read(self, start, stop):
-        block = np.asarray(self._data()[start:stop])
-        return {f: block[:, i] for i, f in enumerate(self.features)}
+        return self._split(np.asarray(self._data()[start:stop]))
 
     def read_rows(self, rows):
-        block = np.asarray(self._data()[rows])
-        return {f: block[:, i] for i, f in enumerate(self.features)}
+        return self._split(np.asarray(self._data()[rows]))
 
 
 class _InMemorySource(_ChunkSource):
@@ -133,15 +143,80 @@ class _CsvSource(_InMemorySource):
         import pyarrow as pa
         import pyarrow.csv as pacsv
         if os.path.getsize(path) == 0:
-            return {f: np.zeros(0, self.spec.numpy_dtype(f)) for f in self.features}
-        types = {f: pa.from_numpy_dtype(self.spec.numpy_dtype(f)) for f in self.features}
+            return {f: (np.zeros((0, self.spec.max_hotness(f)), np.int64) if is_multi_hot(self.spec, f)
+                        else np.zeros(0, self.spec.numpy_dtype(f))) for f in self.features}
+        types = csv_column_types(self.spec, self.features)
         try:
             table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=self.features),
                                    convert_options=pacsv.ConvertOptions(column_types=types))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise DatasetError(f"{path}: cannot read as headerless CSV with columns {self.features} "
                                f"and dtypes { {f: str(t) for f, t in types.items()} }: {e}") from None
-        return {f: table.column(f).to_numpy() for f in self.features}
+        return {f: (parse_list_cells(table.column(f), self.spec.max_hotness(f), path, f)
+                    if is_multi_hot(self.spec, f) else table.column(f).to_numpy()) for f in self.features}
+
+
+def is_multi_hot(spec: FeatureSpec, name: str) -> bool:
+    """A feature whose values are lists: ``max_hotness`` given in the spec (even 1) or a ``multihot`` channel."""
+    return "max_hotness" in (spec.feature_spec.get(name) or {}) or any(
+        name in names for ch, names in spec.channel_spec.items() if "multihot" in ch)
+
+
+def csv_column_types(spec: FeatureSpec, features: Sequence[str]) -> Dict[str, Any]:
+    """pyarrow types to read CSV columns as: the spec's dtype, a string for a multi-hot (list) cell."""
+    import pyarrow as pa
+    return {f: pa.string() if is_multi_hot(spec, f) else pa.from_numpy_dtype(spec.numpy_dtype(f)) for f in features}
+
+
+def format_list_cells(values: np.ndarray) -> List[str]:
+    """Padded ``[n, h]`` ids (-1 = padding) -> CSV cells ``"[12, 5, 7]"`` (Python's list text, as NVIDIA's
+    ``gen_csv.py`` writes them through pandas)."""
+    return ["[" + ", ".join(str(v) for v in row[row != PAD]) + "]" for row in np.asarray(values)]
+
+
+def parse_list_cells(cells: Any, max_hotness: int, path: str, feature: str, first_row: int = 0) -> np.ndarray:
+    """CSV list cells (``"[1, 2, 3]"``, ``[1 2 3]``, ``[]``) -> int64 ``[n, max_hotness]`` padded with -1.
+
+    Separators are commas and/or spaces (NVIDIA's ``transcode.py`` splits on both). A cell that is not a bracketed
+    list of non-negative integers, or that holds more than ``max_hotness`` ids, raises :class:`DatasetError` naming
+    ``path``, the line (``first_row`` + index + 1: a headerless file has one row per line) and the feature (column).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    arr = cells.combine_chunks() if isinstance(cells, pa.ChunkedArray) else pa.array(cells, type=pa.string())
+    n = len(arr)
+    out = np.full((n, max_hotness), PAD, dtype=np.int64)
+    if n == 0:
+        return out
+
+    def fail(row: int, why: str):
+        value = arr[row].as_py()
+        raise DatasetError(f"{path}: line {first_row + row + 1}, column {feature!r}: {why}, got {value!r}")
+
+    if arr.null_count:
+        fail(int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0]), "empty cell; a multi-hot value is "
+                                                                                     "a list such as \"[3, 7]\" or []")
+    text = pc.utf8_trim_whitespace(arr)
+    framed = pc.and_(pc.starts_with(text, "["), pc.ends_with(text, "]")).to_numpy(zero_copy_only=False)
+    if not framed.all():
+        fail(int(np.flatnonzero(~framed)[0]), "not a list of integers such as \"[3, 7]\"")
+    inner = pc.utf8_slice_codeunits(text, 1, -1)
+    tokens = pc.split_pattern_regex(inner, r"[\s,]+")
+    flat = pc.list_flatten(tokens)
+    parent = pc.list_parent_indices(tokens).to_numpy()
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    flat, parent = pc.filter(flat, pa.array(keep)), parent[keep]
+    ok = pc.match_substring_regex(flat, r"^[0-9]{1,18}$").to_numpy(zero_copy_only=False)
+    if not ok.all():
+        fail(int(parent[np.flatnonzero(~ok)[0]]), "not a list of non-negative integers")
+    ids = pc.cast(flat, pa.int64()).to_numpy()
+    lengths = np.bincount(parent, minlength=n)
+    if lengths.max(initial=0) > max_hotness:
+        row = int(np.flatnonzero(lengths > max_hotness)[0])
+        fail(row, f"{int(lengths[row])} ids, more than the spec's max_hotness {max_hotness}")
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out[parent, np.arange(len(ids)) - starts[parent]] = ids
+    return out
 
 
 class _ParquetSource(_InMemorySource):
@@ -161,7 +236,7 @@ class _ParquetSource(_InMemorySource):
         out = {}
         for f in self.features:
             col = table.column(f)
-            if self.spec.max_hotness(f) > 1 or str(col.type).startswith("list"):
+            if is_multi_hot(self.spec, f) or str(col.type).startswith("list"):
                 out[f] = _lists_to_padded(col.to_pylist(), self.spec.max_hotness(f), path, f)
             else:
                 out[f] = col.to_numpy()
@@ -418,9 +493,19 @@ class DatasetWriter:
             arrays = [self._coerce(f, columns[f], n) for f in chunk["features"]]
             kind = chunk["type"]
             if kind == "split_binary":
-                if any(a.ndim != 1 for a in arrays):
-                    raise DatasetError(f"{self._targets[i]}: split_binary holds single-hot features only")
-                self._handles[i].write(np.stack(arrays, axis=1).tobytes() if len(arrays) > 1 else arrays[0].tobytes())
+                dtype = self.spec.numpy_dtype(chunk["features"][0])
+                parts = []
+                for f, a in zip(chunk["features"], arrays):
+                    width = self.spec.max_hotness(f)
+                    a = a.reshape(n, -1)
+                    if a.shape[1] > width:
+                        raise DatasetError(f"{self._targets[i]}: feature {f!r} has rows of {a.shape[1]} values, more "
+                                           f"than its max_hotness {width}")
+                    if a.shape[1] < width:   # static hotness: every row takes max_hotness values, -1 padded
+                        a = np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=PAD)
+                    parts.append(a.astype(dtype, copy=False))
+                block = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+                self._handles[i].write(np.ascontiguousarray(block).tobytes())
             elif kind == "csv":
                 self._write_csv(i, chunk, arrays)
             else:
@@ -438,10 +523,12 @@ class DatasetWriter:
         return pa.Table.from_arrays(cols, names=list(chunk["features"]))
 
     def _write_csv(self, i, chunk, arrays):
+        import pyarrow as pa
         import pyarrow.csv as pacsv
-        if any(a.ndim != 1 for a in arrays):
-            raise DatasetError(f"{self._targets[i]}: CSV chunks hold single-hot features only")
-        table = self._arrow_table(chunk, arrays)
+        # multi-hot values as list text in one cell, NVIDIA's gen_csv format (parse_list_cells reads it back)
+        cols = [pa.array(format_list_cells(a), type=pa.string()) if a.ndim == 2 or is_multi_hot(self.spec, f)
+                else pa.array(a) for f, a in zip(chunk["features"], arrays)]
+        table = pa.Table.from_arrays(cols, names=list(chunk["features"]))
         if self._handles[i] is None:
             self._handles[i] = pacsv.CSVWriter(self._temps[i], table.schema,
                                                write_options=pacsv.WriteOptions(include_header=False))
@@ -484,7 +571,7 @@ class DatasetWriter:
     def _write_empty_parquet(self, i, chunk):
         import pyarrow as pa
         import pyarrow.parquet as pq
-        fields = [pa.field(f, pa.list_(pa.int64()) if self.spec.max_hotness(f) > 1
+        fields = [pa.field(f, pa.list_(pa.int64()) if is_multi_hot(self.spec, f)
                            else pa.from_numpy_dtype(self.spec.numpy_dtype(f))) for f in chunk["features"]]
         pq.write_table(pa.schema(fields).empty_table(), self._temps[i])
 
