@@ -27,10 +27,10 @@ def embedding_width(cardinality: int, max_size: int) -> int:
 
 
 def embedding_sizes(spec, max_size: int) -> Dict[str, int]:
-    """``{feature: width}`` for the features of the spec's categorical channels, in channel order."""
+    """``{feature: width}`` for the features of the spec's categorical channels, in channel order; ``{}`` for a spec
+    with numerical features only (NVIDIA's writes ``{}`` too: the model is then a linear part and an MLP over the
+    numericals)."""
     names = [n for ch in CATEGORICAL_CHANNELS for n in spec.channel_spec.get(ch, [])]
-    if not names:
-        raise ValueError(f"{spec.origin}: channel_spec has no {' or '.join(CATEGORICAL_CHANNELS)} features")
     return {n: embedding_width(spec.cardinality(n), max_size) for n in names}
 
 

@@ -26,12 +26,14 @@ _open_fd = os.open
 
 
 class BinaryChunk:
-    """Rows ``[start, stop)`` of one split-binary file holding ``features`` of one ``dtype``, row-major."""
+    """Rows ``[start, stop)`` of one split-binary file holding ``features`` of one ``dtype``, row-major; a multi-hot
+    feature takes ``max_hotness`` values of a record (ids, then -1 padding), so ``width`` is the sum of hotnesses."""
 
-    def __init__(self, path: str, dtype: np.dtype, features: Sequence[str], num_rows: int):
+    def __init__(self, path: str, dtype: np.dtype, features: Sequence[str], num_rows: int,
+                 width: Optional[int] = None):
         self.path, self.dtype, self.features = path, np.dtype(dtype), list(features)
         self.num_rows = num_rows
-        self.width = len(self.features)
+        self.width = len(self.features) if width is None else int(width)
         self.record_bytes = self.dtype.itemsize * self.width
         self._fd: Optional[int] = None
 
@@ -82,7 +84,8 @@ class MemoryChunk:
 
 def split_binary_chunks(spec, mapping: str) -> Tuple[Dict[str, Tuple[int, int]], List[dict], int]:
     """Check a split-binary mapping against its files (sizes only) and return
-    ``(feature -> (chunk index, column), chunk descriptions, rows)``; raises :class:`DataError` naming the file."""
+    ``(feature -> (chunk index, first column), chunk descriptions, rows)``; raises :class:`DataError` naming the file.
+    A multi-hot feature spans ``max_hotness`` columns from its first one."""
     where: Dict[str, Tuple[int, int]] = {}
     chunks = []
     for i, chunk in enumerate(spec.source_spec[mapping]):
@@ -97,14 +100,18 @@ def split_binary_chunks(spec, mapping: str) -> Tuple[Dict[str, Tuple[int, int]],
             raise DataError(f"{path}: file of feature(s) {features} (source_spec.{mapping}[{i}] of {spec.origin}) "
                             f"not found")
         size = os.path.getsize(path)
-        record = dtype.itemsize * len(features)
+        widths = [spec.max_hotness(f) for f in features]
+        record = dtype.itemsize * sum(widths)
         if size % record:
             raise DataError(f"{path}: {size} bytes is not a multiple of the record size {record} "
-                            f"({len(features)} x {dtype}) of feature(s) {features}: the file is truncated or its "
-                            f"dtype is not the spec's")
-        chunks.append({"path": path, "dtype": dtype, "features": features, "rows": size // record})
-        for col, f in enumerate(features):
+                            f"({sum(widths)} x {dtype}) of feature(s) {features} (max_hotness {widths}): the file "
+                            f"is truncated or its dtype is not the spec's")
+        chunks.append({"path": path, "dtype": dtype, "features": features, "rows": size // record,
+                       "width": sum(widths)})
+        col = 0
+        for f, w in zip(features, widths):
             where[f] = (i, col)
+            col += w
     counts = {c["path"]: c["rows"] for c in chunks}
     if len(set(counts.values())) > 1:
         majority = max(set(counts.values()), key=list(counts.values()).count)
@@ -143,7 +150,7 @@ class RawBinaryDataset(BatchPipeline):
                 k = where[f][0]
                 if k not in chunks:
                     d = descriptions[k]
-                    chunks[k] = BinaryChunk(d["path"], d["dtype"], d["features"], d["rows"])
+                    chunks[k] = BinaryChunk(d["path"], d["dtype"], d["features"], d["rows"], d["width"])
                     chunks[k].open()   # fail now, not mid-epoch, on a file that cannot be read
             self._chunks = chunks
             self._where = {f: where[f] for f in needed}
@@ -215,6 +222,7 @@ class RawBinaryDataset(BatchPipeline):
     def _read_categorical(self, table, start, stop):
         key, col = self._where[self.metadata.categorical_features[table]]
         block = self._chunks[key].read(start, stop)
-        if isinstance(self._chunks[key], MemoryChunk) and self.metadata.hotness[table] > 1:
-            return block
+        hot = self.metadata.hotness[table]
+        if hot > 1:   # padded [rows, max_hotness]: a MemoryChunk's one column, or columns col.. of a binary record
+            return block if isinstance(self._chunks[key], MemoryChunk) else block[:, col:col + hot]
         return block[:, col]
