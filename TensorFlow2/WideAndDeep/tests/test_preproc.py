@@ -249,3 +249,32 @@ def test_real_clicks_and_events_through_the_joins_and_split():
         assert (part.groupby("display_id")["clicked"].sum() == 1).all()
         assert set(part["platform"]) == {0, 1, 2}          # raw 1, 2, 3 minus 1
         assert (part["document_id_promo"] > 0).all() and part["publisher_id"].ge(0).all()
+
+
+# ------------------------------------------------------------------------------------------ out of core (stage 1)
+def test_streamed_joins_equal_the_in_memory_joins(raw_outbrain, tmp_path):
+    """Small blocks and buckets (many display ranges, several CSV blocks per file): the same rows, in the same order
+    and the same partitions as the whole-table definition."""
+    from wide_deep.data.outbrain.joins import stream_join_and_split
+    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    train, valid = join_and_split(raw.read_raw_tables(raw_outbrain), seed=7)
+    lines = []
+    got = stream_join_and_split(raw_outbrain, str(tmp_path), seed=7, partition_rows=150, num_partitions=3,
+                                block_bytes=4096, on_rows=lambda *a: lines.append(a))
+    assert got["rows"] == {"train": len(train), "test": len(valid)}
+    assert got["clicks_rows"] == len(raw.read_raw_table(raw_outbrain, "clicks_train"))
+    assert len({a[2] for a in lines if a[0] == "join and split"}) == 1 and lines[-1][1] == lines[-1][2]
+    for want, paths in ((train, got["train"]), (valid, got["test"])):
+        parts = [pd.read_parquet(p) for p in paths]
+        assert [len(p) for p in parts] == [len(c) for c in np.array_split(np.arange(len(want)), 3)]
+        pd.testing.assert_frame_equal(pd.concat(parts, ignore_index=True), want)
+    np.testing.assert_array_equal(got["document_ids"],
+                                  np.unique(np.concatenate([train["document_id"], valid["document_id"]])))
+
+
+def test_streamed_reader_types_like_the_text_reader(raw_outbrain):
+    for name in raw.RAW_FILES:
+        whole = raw.read_raw_table(raw_outbrain, name)
+        blocks = list(raw.iter_raw_frames(raw_outbrain, name, block_bytes=2048))
+        assert len(blocks) > 1 or len(whole) < 50, name
+        pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), whole)

@@ -99,3 +99,20 @@ def test_script_reports_a_missing_file(raw_copy, tmp_path):
                          timeout=300)
     assert run.returncode == 2 and "documents_topics.csv: missing raw Outbrain file" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_bad_value_in_a_later_block_names_the_file_row(raw_copy):
+    """The streamed (pyarrow) reader falls back to the text path at the failing block: the row is the file's."""
+    path = raw_copy / "clicks_train.csv"
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    df.loc[1500, "ad_id"] = "12x"
+    df.loc[1700, "display_id"] = "3.0"     # an integer written as a float is accepted, as before
+    df.to_csv(path, index=False)
+    frames = raw.iter_raw_frames(str(raw_copy), "clicks_train", block_bytes=4096)
+    with pytest.raises(raw.RawInputError, match=r"clicks_train.csv: row 1501, column 'ad_id': cannot read '12x'"):
+        for _ in frames:
+            pass
+    df.loc[1500, "ad_id"] = "12"
+    df.to_csv(path, index=False)
+    got = pd.concat(raw.iter_raw_frames(str(raw_copy), "clicks_train", block_bytes=4096), ignore_index=True)
+    assert len(got) == len(df) and got.loc[1700, "display_id"] == 3 and got.loc[1500, "ad_id"] == 12

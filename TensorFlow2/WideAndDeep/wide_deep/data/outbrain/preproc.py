@@ -19,9 +19,16 @@ Output directory (written to a staging directory and moved into place at the end
 Model-side interface: read ``feature_spec.yaml`` with ``recsys_common.feature_spec.FeatureSpec.from_yaml``; the
 channel lists give the feature order; embedding widths are ``features.EMBEDDING_SIZES`` (``embedding_sizes.json``).
 
+Out of core: the raw CSVs are read in blocks with typed columns, the joins and the split run display range by
+display range (:mod:`wide_deep.data.outbrain.joins`, pandas in this process, ``--partition_rows`` clicks rows at
+a time), and NVTabular fits and applies the workflow partition by partition (``--num_partitions``, default one per
+``--partition_rows`` joined rows, at least 4). Memory is bounded by the partition size and the catalogue tables
+(ads, documents), not by the click log. Every step prints its rows and rows/s; long steps print rows done of the
+total, rows/s and time left every few seconds.
+
 Runs with NVTabular on CPU (``nvtabular``/``merlin.io.Dataset(..., cpu=True)``, pandas) where there is no GPU or
-with ``--cpu``, and on GPU (cuDF) otherwise. The joins and the split run in pandas in this process (see the workflow
-module); the workflow's fit and transform run on Dask: the local threaded scheduler by default, ``--use_dask`` a
+with ``--cpu``, and on GPU (cuDF) otherwise. The workflow's fit and transform run on Dask: the local threaded
+scheduler by default, ``--use_dask`` a
 ``distributed.LocalCluster`` of ``--dask_workers`` processes on 127.0.0.1 (``LocalCUDACluster`` on GPU), or
 ``--dask_scheduler`` an existing cluster, whose workers must see ``--output_dir`` at the same path and be able to
 import ``wide_deep`` (same code on ``PYTHONPATH``).
@@ -37,18 +44,18 @@ import tempfile
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
 
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
 
 from . import features as F
-from .raw import RawInputError, check_raw_files, read_raw_table, RAW_FILES
+from .joins import DEFAULT_PARTITION_ROWS, stream_join_and_split
+from .raw import RawInputError, check_raw_files, read_raw_table_streamed
 
 TOOL = "wide_deep.data.outbrain.preproc"
 SPEC_NAME = "feature_spec.yaml"
 WORKFLOW_DIR = "workflow"
-NUM_STEPS = 8
+NUM_STEPS = 7
 
 
 def skip_unused_frameworks() -> None:
@@ -63,17 +70,27 @@ def skip_unused_frameworks() -> None:
     warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
 
 
-class Progress:
-    """Prints ``[preproc] step i/N <what>: <rows> rows in <s> s (<rows/s> rows/s)`` and keeps the timings."""
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
-    def __init__(self, total: int = NUM_STEPS, out: Callable[[str], None] = print):
-        self.total, self.step, self.out, self.timings = total, 0, out, {}
+
+class Progress:
+    """Progress of the ETL: a numbered line per step (``[preproc] step i/N <what>: <rows> rows in <s> s (<rows/s>
+    rows/s)``) and, inside the long steps, a line at most every ``every`` seconds: ``[preproc]   read
+    clicks_train.csv: 4,194,304 of ~20,000,000 rows (21.0 %), 310,000 rows/s, 51 s left`` (``~``: the total
+    estimated from the bytes read of the file's size). Keeps the step timings."""
+
+    def __init__(self, total: int = NUM_STEPS, out: Callable[[str], None] = print, every: float = 5.0):
+        self.total, self.step, self.out, self.timings, self.every = total, 0, out, {}, every
+        self._meters: Dict[str, list] = {}
+        self._mark = time.perf_counter()   # start of the current sub-stage: the step's start or the last one's end
 
     @contextlib.contextmanager
     def __call__(self, what: str, rows: Optional[int] = None) -> Iterator[dict]:
         self.step += 1
         info = {"rows": rows}
-        start = time.perf_counter()
+        start = self._mark = time.perf_counter()
         yield info
         seconds = time.perf_counter() - start
         self.timings[what] = seconds
@@ -81,6 +98,27 @@ class Progress:
         rate = f": {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s)" if rows else \
             f" in {seconds:.2f} s"
         self.out(f"[preproc] step {self.step}/{self.total} {what}{rate}")
+
+    def rows(self, what: str, done: int, total: int, estimated: bool = False) -> None:
+        """``done`` of ``total`` rows of sub-stage ``what`` (printed at most every ``every`` s, and at the end)."""
+        now = time.perf_counter()
+        state = self._meters.setdefault(what, [self._mark, -1e9])
+        if done < total and now - state[1] < self.every:
+            return
+        state[1] = now
+        if done >= total:
+            self._mark = now
+        elapsed = max(now - state[0], 1e-9)
+        rate = done / elapsed
+        left = (total - done) / rate if rate > 0 else float("nan")
+        left_text = _duration(left) if left == left else "?"
+        self.out(f"[preproc]   {what}: {done:,} of {'~' if estimated else ''}{total:,} rows "
+                 f"({100.0 * done / max(total, 1):.1f} %), {rate:,.0f} rows/s, {left_text} left")
+
+    def block(self, what: str, done: int, bytes_done: int, file_bytes: int) -> None:
+        """A streamed CSV read: rows so far, total estimated from the share of the file read."""
+        total = done if bytes_done >= file_bytes else max(done, int(done * file_bytes / max(bytes_done, 1)))
+        self.rows(what, done, total, estimated=bytes_done < file_bytes)
 
 
 @contextlib.contextmanager
@@ -114,22 +152,57 @@ def dask_client(use_dask: bool, dask_workers: int, dask_scheduler: Optional[str]
         cluster.close()
 
 
+@contextlib.contextmanager
+def task_progress(progress: Progress, what: str, rows: int, client=None) -> Iterator[None]:
+    """Progress of a Dask computation as rows: ``rows`` x (tasks finished / tasks). NVTabular runs its fit and
+    transform as Dask graphs whose tasks are per partition, so the share of tasks done is the share of rows done.
+    Local scheduler: a ``dask.callbacks.Callback``; a ``distributed`` client: its task counts, polled."""
+    if client is None:
+        from dask.callbacks import Callback
+
+        class _Tasks(Callback):
+            def _start_state(self, dsk, state):
+                self.total = max(1, sum(len(state[k]) for k in ("ready", "waiting", "waiting_data", "finished")))
+                self.finished = 0
+
+            def _posttask(self, key, result, dsk, state, worker_id):
+                self.finished += 1
+                progress.rows(what, int(rows * self.finished / self.total), rows, estimated=True)
+
+        with _Tasks():
+            yield
+        return
+    import threading
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(progress.every):
+            try:
+                counts = client.run_on_scheduler(_scheduler_task_counts)
+            except Exception:   # noqa: BLE001  (progress is best effort; the computation reports its own errors)
+                return
+            if counts[1]:
+                progress.rows(what, int(rows * counts[0] / counts[1]), rows, estimated=True)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _scheduler_task_counts(dask_scheduler=None):
+    """(tasks in memory or released after finishing, tasks known) on a distributed scheduler."""
+    tasks = dask_scheduler.tasks.values()
+    done = sum(1 for t in tasks if t.state in ("memory", "forgotten"))
+    return done, max(1, len(dask_scheduler.tasks))
+
+
 def gpu_available() -> bool:
     from merlin.core.compat import cudf
     return cudf is not None
-
-
-def _write_joined(df, directory: str, parts: int) -> List[str]:
-    """Stage-1 output as ``parts`` parquet files (row order kept); the workflow reads one partition per file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    os.makedirs(directory)
-    paths = []
-    for i, chunk in enumerate(np.array_split(np.arange(len(df)), max(1, min(parts, len(df))))):
-        path = os.path.join(directory, f"part_{i}.parquet")
-        pq.write_table(pa.Table.from_pandas(df.iloc[chunk], preserve_index=False), path)
-        paths.append(path)
-    return paths
 
 
 def _parquet_files(directory: str) -> List[str]:
@@ -176,19 +249,25 @@ def build_feature_spec(base_directory: str, train_files: List[str], valid_files:
 
 def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_workers: int = 2,
             dask_scheduler: Optional[str] = None, cpu: Optional[bool] = None, seed: int = 0,
-            num_partitions: int = 4, num_train_files: int = 8, num_valid_files: int = 8, overwrite: bool = False,
-            out: Callable[[str], None] = print) -> Dict[str, object]:
-    """Run the ETL; returns ``{"rows": {"train": n, "test": n}, "seconds": {step: s}, "rows_per_second": r}``.
+            num_partitions: Optional[int] = None, partition_rows: int = DEFAULT_PARTITION_ROWS,
+            num_train_files: Optional[int] = None, num_valid_files: Optional[int] = None, overwrite: bool = False,
+            block_bytes: Optional[int] = None, out: Callable[[str], None] = print) -> Dict[str, object]:
+    """Run the ETL; returns ``{"rows": {"train": n, "test": n}, "clicks_rows": n, "seconds": {step: s},
+    "rows_per_second": r}`` (``rows_per_second``: clicks_train rows per second, end to end).
 
-    ``cpu``: None picks the GPU when cuDF is importable. ``num_partitions``: pieces of the joined data, i.e. Dask
-    partitions (keep it fixed to compare runs: outputs are equal for equal partitions, whatever the scheduler).
+    ``cpu``: None picks the GPU when cuDF is importable. ``num_partitions``: parquet pieces of the joined train and
+    of the joined valid data, i.e. Dask partitions of the workflow (None: 4, or one per ``partition_rows`` rows
+    when there are more; keep it fixed to compare runs: outputs are equal for equal partitions, whatever the
+    scheduler). ``partition_rows`` also bounds the clicks rows joined at once. ``num_train_files`` /
+    ``num_valid_files``: output files (None: one per partition). ``block_bytes``: CSV bytes parsed per block.
     Raises ``RawInputError`` (missing file or column, bad value, an empty split), ``OutputDirectoryError``.
     """
     if cpu is None:
         cpu = not gpu_available()
     for flag, value in (("--num_partitions", num_partitions), ("--num_train_files", num_train_files),
-                        ("--num_valid_files", num_valid_files), ("--dask_workers", dask_workers)):
-        if value < 1:
+                        ("--num_valid_files", num_valid_files), ("--dask_workers", dask_workers),
+                        ("--partition_rows", partition_rows)):
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     progress = Progress(out=out)
     out(f"[preproc] NVTabular on {'CPU (pandas; experimental in NVTabular 23.8)' if cpu else 'GPU (cuDF)'}, "
@@ -200,38 +279,39 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
     # Imported after the cheap checks: NVTabular takes seconds to import.
     from merlin.io import Dataset
     from nvtabular import Workflow  # noqa: F401  (the saved workflow is loaded with this class)
-    from .nvtabular.workflow import build_workflow, document_tables, join_and_split
+    from .nvtabular.workflow import build_workflow, document_tables
 
-    with progress("read raw CSVs") as p:
-        tables = {name: read_raw_table(input_dir, name) for name in RAW_FILES}
-        p["rows"] = sum(len(t) for t in tables.values())
-    with progress("join and split (pandas)") as p:
-        train, valid = join_and_split(tables, seed=seed)
-        p["rows"] = len(train) + len(valid)
     with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
         scratch = tempfile.mkdtemp(prefix="_scratch", dir=staging)
         try:
+            with progress("read, join and split (streamed; pandas per display range)") as p:
+                joined = stream_join_and_split(input_dir, scratch, seed=seed, partition_rows=partition_rows,
+                                               num_partitions=num_partitions, block_bytes=block_bytes,
+                                               on_block=progress.block, on_rows=progress.rows)
+                p["rows"] = joined["clicks_rows"]
+            rows = dict(joined["rows"])
             with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
-                doc_ids = np.concatenate([train["document_id"].to_numpy(), valid["document_id"].to_numpy()])
-                lists, matrices = document_tables(tables, doc_ids)
-                train_paths = _write_joined(train, os.path.join(scratch, "joined_train"), num_partitions)
-                valid_paths = _write_joined(valid, os.path.join(scratch, "joined_valid"), num_partitions)
-                p["rows"] = len(train) + len(valid)
-            rows = {"train": len(train), "test": len(valid)}
-            del tables, train, valid
+                tables = {source: read_raw_table_streamed(input_dir, source)
+                          for source in sorted({s for s, _ in F.LIST_SOURCES.values()})}
+                lists, matrices = document_tables(tables, joined["document_ids"])
+                p["rows"] = sum(len(t) for t in tables.values())
+                del tables
             with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(scratch, "dask")) as client:
                 workflow = build_workflow(lists, matrices, os.path.join(scratch, "stats"), client=client)
-                train_ds = Dataset(train_paths, engine="parquet", cpu=cpu)
-                valid_ds = Dataset(valid_paths, engine="parquet", cpu=cpu)
-                with progress("fit workflow on train (NVTabular)", rows["train"]):
+                del lists, matrices
+                train_ds = Dataset(joined["train"], engine="parquet", cpu=cpu)
+                valid_ds = Dataset(joined["test"], engine="parquet", cpu=cpu)
+                with progress("fit workflow on train (NVTabular)", rows["train"]), \
+                        task_progress(progress, "fit workflow on train", rows["train"], client):
                     workflow.fit(train_ds)
                 # Saving moves the fitted statistics into workflow/, where transform then reads them.
                 workflow.save(os.path.join(staging, WORKFLOW_DIR))
                 for mapping, ds, subdir, files in (("train", train_ds, "train", num_train_files),
                                                    ("test", valid_ds, "valid", num_valid_files)):
-                    with progress(f"transform and write {subdir}/ (NVTabular)", rows[mapping]):
-                        workflow.transform(ds).to_parquet(os.path.join(staging, subdir), output_files=files,
-                                                          shuffle=None)
+                    with progress(f"transform and write {subdir}/ (NVTabular)", rows[mapping]), \
+                            task_progress(progress, f"transform and write {subdir}/", rows[mapping], client):
+                        workflow.transform(ds).to_parquet(os.path.join(staging, subdir),
+                                                          output_files=files or len(joined[mapping]), shuffle=None)
                     _fix_file_list(os.path.join(staging, subdir), os.path.join(os.path.abspath(output_dir), subdir))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -241,10 +321,11 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
             spec.to_yaml(os.path.join(staging, SPEC_NAME))
     seconds = time.perf_counter() - start
     total_rows = rows["train"] + rows["test"]
-    out(f"[preproc] done: {rows['train']:,} train + {rows['test']:,} valid rows in {seconds:.1f} s "
-        f"({total_rows / seconds:,.0f} rows/s end to end) -> {os.path.abspath(output_dir)}")
-    return {"rows": rows, "seconds": dict(progress.timings, total=seconds),
-            "rows_per_second": total_rows / seconds}
+    out(f"[preproc] done: {joined['clicks_rows']:,} clicks_train rows -> {rows['train']:,} train + "
+        f"{rows['test']:,} valid rows in {seconds:.1f} s ({joined['clicks_rows'] / seconds:,.0f} clicks rows/s end "
+        f"to end) -> {os.path.abspath(output_dir)}")
+    return {"rows": rows, "clicks_rows": joined["clicks_rows"], "seconds": dict(progress.timings, total=seconds),
+            "rows_per_second": joined["clicks_rows"] / seconds, "joined_rows_per_second": total_rows / seconds}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -261,9 +342,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="address of a running Dask scheduler (tcp://host:8786) to run the workflow on")
     p.add_argument("--cpu", action="store_true", help="use the CPU (pandas) even where a GPU (cuDF) is available")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/valid split draw")
-    p.add_argument("--num_partitions", type=int, default=4, help="Dask partitions of the joined data")
-    p.add_argument("--num_train_files", type=int, default=8, help="parquet files in train/")
-    p.add_argument("--num_valid_files", type=int, default=8, help="parquet files in valid/")
+    p.add_argument("--num_partitions", type=int, default=None,
+                   help="Dask partitions of the joined train (and of the joined valid) data; default 4, or one per "
+                        "--partition_rows rows when there are more")
+    p.add_argument("--partition_rows", type=int, default=DEFAULT_PARTITION_ROWS,
+                   help="rows held at once: clicks rows joined together, and rows per default partition")
+    p.add_argument("--num_train_files", type=int, default=None, help="parquet files in train/ (default: one per "
+                                                                     "partition)")
+    p.add_argument("--num_valid_files", type=int, default=None, help="parquet files in valid/ (default: one per "
+                                                                     "partition)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace this tool's earlier outputs in a non-empty --output_dir (other files are kept)")
     return p.parse_args(argv)
@@ -274,7 +361,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         run_etl(args.input_dir, args.output_dir, use_dask=args.use_dask, dask_workers=args.dask_workers,
                 dask_scheduler=args.dask_scheduler, cpu=True if args.cpu else None, seed=args.seed,
-                num_partitions=args.num_partitions, num_train_files=args.num_train_files,
+                num_partitions=args.num_partitions, partition_rows=args.partition_rows,
+                num_train_files=args.num_train_files,
                 num_valid_files=args.num_valid_files, overwrite=args.overwrite)
     except (RawInputError, OutputDirectoryError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -44,7 +44,8 @@ from nvtabular import ops
 from nvtabular.ops import join_groupby as _join_groupby
 
 from .. import features as F
-from ..raw import EmptySplitError
+from ..joins import (JOINED_COLUMNS, empty_split_error, is_train, join_rows,  # noqa: F401  (JOINED_COLUMNS: API)
+                     prepare_documents_meta, prepare_promoted)
 
 # NVTabular 23.8 casts JoinGroupby's joined ``count`` to int32. On CPU (pandas) a value unseen in training joins as
 # NaN and that cast raises IntCastingNaNError (cuDF keeps a null instead). Counts stay float64 here, NaN until
@@ -52,71 +53,25 @@ from ..raw import EmptySplitError
 # workflow (and import this module) get it too.
 _join_groupby.AGG_DTYPES["count"] = np.float64
 
-# Columns of the joined, split tables that the workflow reads (written as parquet between the two stages).
-JOINED_COLUMNS = ["display_id", "clicked", "ad_id", "document_id", "platform", "geo_location", "timestamp",
-                  "document_id_promo", "campaign_id", "advertiser_id", "source_id", "publisher_id", "publish_time",
-                  "source_id_promo", "publisher_id_promo", "publish_time_promo"]
-_ID_COLUMNS = ["ad_id", "document_id", "document_id_promo", "campaign_id", "advertiser_id", "source_id",
-               "publisher_id", "source_id_promo", "publisher_id_promo"]
-
 
 # ------------------------------------------------------------------------------------------------ stage 1: pandas
-def _publish_ms(meta: pd.DataFrame) -> pd.Series:
-    """``publish_time`` strings -> epoch milliseconds (float, NaN when missing or unparsable)."""
-    t = pd.to_datetime(meta["publish_time"], errors="coerce", format="%Y-%m-%d %H:%M:%S")
-    ms = (t - pd.Timestamp("1970-01-01")) // pd.Timedelta(milliseconds=1)
-    return ms.astype("float64")
-
-
-def _documents_meta(meta: pd.DataFrame) -> pd.DataFrame:
-    meta = meta.drop_duplicates("document_id").reset_index(drop=True)
-    publisher = meta["publisher_id"].copy()
-    missing = publisher.isna().to_numpy()
-    # A page without a publisher gets its own new id (reference: "publisher_id nulls filled with new unique ids"),
-    # so unrelated unknown publishers do not share one embedding row.
-    start = (np.nanmax(publisher.to_numpy()) if (~missing).any() else 0) + 1
-    publisher[missing] = start + np.arange(int(missing.sum()))
-    return pd.DataFrame({"document_id": meta["document_id"], "source_id": meta["source_id"],
-                         "publisher_id": publisher, "publish_time": _publish_ms(meta)})
-
-
 def join_and_split(tables: Dict[str, pd.DataFrame], seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """Stage 1: the joined training and validation tables (columns ``JOINED_COLUMNS``), sorted by display_id.
+    """Stage 1 on whole in-memory tables: the joined training and validation tables (columns ``JOINED_COLUMNS``),
+    sorted by display_id. The ETL computes the same rows out of core (:mod:`wide_deep.data.outbrain.joins`); this
+    is the definition the tests hold it to, and the way to run stage 1 on frames (the real sample's rows).
 
     ``tables`` are the typed raw tables of :mod:`wide_deep.data.outbrain.raw`. Raises :class:`EmptySplitError` when
     either set would be empty.
     """
-    clicks = tables["clicks_train"][["display_id", "ad_id", "clicked"]]
-    events = tables["events"].drop_duplicates("display_id")
-    promoted = tables["promoted_content"].drop_duplicates("ad_id").rename(
-        columns={"document_id": "document_id_promo"})
-    meta = _documents_meta(tables["documents_meta"])
-    df = clicks.merge(events[["display_id", "document_id", "timestamp", "platform", "geo_location"]],
-                      on="display_id", how="inner")
-    df = df.merge(promoted, on="ad_id", how="left")
-    df = df.merge(meta, on="document_id", how="left")
-    df = df.merge(meta.rename(columns={c: f"{c}_promo" for c in meta.columns}), on="document_id_promo", how="left")
-    for column in _ID_COLUMNS:
-        df[column] = df[column].fillna(-1).astype(np.int64)
-    df["platform"] = (df["platform"].fillna(1) - 1).astype(np.int64)
-    df["geo_location"] = df["geo_location"].fillna("").astype(str)
-    df["clicked"] = df["clicked"].astype(np.int64)
-
-    displays = np.sort(df["display_id"].unique())
-    draw = pd.Series(np.random.default_rng(seed).random(len(displays)), index=displays)
-    day = df["timestamp"] // F.MS_PER_DAY
-    is_train = (day <= F.TRAIN_LAST_DAY).to_numpy() & \
-               (draw.reindex(df["display_id"]).to_numpy() > F.VALID_FRACTION_OF_TRAIN_DAYS)
-    df = df[JOINED_COLUMNS]
-    train = df[is_train].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
-    valid = df[~is_train].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
+    df = join_rows(tables["clicks_train"], tables["events"], prepare_promoted(tables["promoted_content"]),
+                   prepare_documents_meta(tables["documents_meta"]))
+    displays = df["display_id"].nunique()
+    train_mask = is_train(df, np.random.default_rng(seed).random(displays))
+    train = df[train_mask].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
+    valid = df[~train_mask].sort_values(["display_id", "ad_id"], kind="stable").reset_index(drop=True)
     for name, part in (("training", train), ("validation", valid)):
         if len(part) == 0:
-            raise EmptySplitError(
-                f"the {name} set is empty after the split ({len(df)} joined rows; train = day <= "
-                f"{F.TRAIN_LAST_DAY} and draw > {F.VALID_FRACTION_OF_TRAIN_DAYS}, valid = the rest): check "
-                f"events.csv timestamps (ms after {F.TIMESTAMP_DELTA_MS}) and that clicks_train.csv display_ids "
-                f"appear in events.csv")
+            raise empty_split_error(name, len(df))
     return train, valid
 
 
