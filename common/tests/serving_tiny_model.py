@@ -67,3 +67,34 @@ def tiny_inputs(batch_size: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     return {"numerical": rng.random((batch_size, 3), dtype=np.float32),
             "cat": rng.integers(0, MAX_ID, (batch_size, 1), dtype=np.int64)}
+
+
+TS_MODEL_NAME = "tiny-ts"
+
+
+def write_tiny_torchscript(repo_dir: str, name: str = TS_MODEL_NAME) -> str:
+    """Add the same tiny model as TorchScript (platform ``pytorch_libtorch``) to an existing repository directory
+    (written directly: the test repository is ours). Returns the model directory."""
+    import torch
+    from recsys_common.serving.model_config import TensorSpec, model_config_text
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = torch.nn.Parameter(torch.from_numpy(WEIGHTS), requires_grad=False)
+            self.table = torch.nn.Parameter(torch.from_numpy(TABLE), requires_grad=False)
+
+        def forward(self, numerical: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(numerical @ self.weights + self.table[cat[:, 0]])
+
+    model_dir = os.path.join(repo_dir, name)
+    os.makedirs(os.path.join(model_dir, "1"))
+    torch.jit.script(Tiny()).save(os.path.join(model_dir, "1", "model.pt"))
+    with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
+        f.write(model_config_text(name, "pytorch_libtorch",
+                                  [TensorSpec("numerical", "float32", [3]), TensorSpec("cat", "int64", [1])],
+                                  [TensorSpec("probability", "float32", [1])], max_batch_size=MAX_BATCH_SIZE))
+    import json
+    with open(os.path.join(model_dir, "recsys_serving.json"), "w") as f:
+        json.dump(dict(TINY_SIDECAR, format="ts-script"), f)
+    return model_dir

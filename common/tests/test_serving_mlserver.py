@@ -15,7 +15,8 @@ import pytest
 
 from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches
 from recsys_common.serving.mlserver_launcher import free_port, serve_repository
-from serving_tiny_model import MAX_BATCH_SIZE, MAX_ID, MODEL_NAME, expected_probability, tiny_inputs, write_tiny_repository
+from serving_tiny_model import (MAX_BATCH_SIZE, MAX_ID, MODEL_NAME, TS_MODEL_NAME, expected_probability, tiny_inputs,
+                                write_tiny_repository, write_tiny_torchscript)
 
 PROTOCOLS = ["grpc", "http"]
 
@@ -45,6 +46,7 @@ def _group_alive(pgid: int) -> bool:
 def repo(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("serving") / "repo")
     write_tiny_repository(path)
+    write_tiny_torchscript(path)
     return path
 
 
@@ -59,12 +61,14 @@ def _url(server, protocol):
     return server.grpc_url if protocol == "grpc" else server.http_url
 
 
+@pytest.mark.parametrize("model", [MODEL_NAME, TS_MODEL_NAME])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_served_predictions_match_the_model(server, protocol):
+def test_served_predictions_match_the_model(server, protocol, model):
+    """The ONNX model (onnxruntime) and the same model as TorchScript (torch) both serve the expected scores."""
     inputs = tiny_inputs(7)
     with InferenceClient(_url(server, protocol), protocol, timeout_s=20) as client:
-        client.wait_until_ready(MODEL_NAME, timeout_s=20)
-        out = client.infer(MODEL_NAME, inputs, ["probability"])
+        client.wait_until_ready(model, timeout_s=20)
+        out = client.infer(model, inputs, ["probability"])
     assert out["probability"].shape == (7, 1)
     assert out["probability"].dtype == np.float32
     np.testing.assert_allclose(out["probability"], expected_probability(**inputs), rtol=1e-6, atol=1e-7)
@@ -275,17 +279,18 @@ def test_server_that_fails_to_start_reports_the_log_tail(tmp_path):
     assert str(model_dir / "1" / "model.onnx") in message  # the cause, from the server log
 
 
-def test_non_onnx_model_named_is_refused(tmp_path):
+def test_model_of_another_platform_is_refused(tmp_path):
     from recsys_common.serving.model_config import TensorSpec, model_config_text
-    model_dir = tmp_path / "repo" / "m-ts"
-    os.makedirs(model_dir / "1")
+    model_dir = tmp_path / "repo" / "m-tf"
+    os.makedirs(model_dir / "1" / "model.savedmodel")
     (model_dir / "config.pbtxt").write_text(model_config_text(
-        "m-ts", "pytorch_libtorch", [TensorSpec("x", "float32", [3])], [TensorSpec("y", "float32", [1])], 8))
-    (model_dir / "1" / "model.pt").write_bytes(b"x")
-    with pytest.raises(ServingError, match="platform 'pytorch_libtorch'; MLServer here serves only ONNX"):
-        with serve_repository(str(tmp_path / "repo"), ["m-ts"]):
+        "m-tf", "tensorflow_savedmodel", [TensorSpec("x", "float32", [3])], [TensorSpec("y", "float32", [1])], 8))
+    (model_dir / "1" / "model.savedmodel" / "saved_model.pb").write_bytes(b"x")
+    with pytest.raises(ServingError, match="platform 'tensorflow_savedmodel'; MLServer here serves only ONNX and "
+                                           "TorchScript"):
+        with serve_repository(str(tmp_path / "repo"), ["m-tf"]):
             pass
-    with pytest.raises(ServingError, match="no ONNX model to serve"):
+    with pytest.raises(ServingError, match="no ONNX or TorchScript model to serve"):
         with serve_repository(str(tmp_path / "repo")):
             pass
 
@@ -317,3 +322,153 @@ def test_launcher_cli_serves_until_interrupted(repo):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------ Triton's protocol
+def _http_json(url: str):
+    import json
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("model, platform", [(MODEL_NAME, "onnxruntime_onnx"), (TS_MODEL_NAME, "pytorch_libtorch")])
+def test_model_metadata_is_complete_over_http_and_grpc(server, model, platform):
+    """A generic KServe-v2 client finds the real platform, version and tensors (from config.pbtxt)."""
+    import tritonclient.grpc as grpcclient
+    expected = {"name": model, "versions": ["1"], "platform": platform,
+                "inputs": [{"name": "numerical", "datatype": "FP32", "shape": [-1, 3]},
+                           {"name": "cat", "datatype": "INT64", "shape": [-1, 1]}],
+                "outputs": [{"name": "probability", "datatype": "FP32", "shape": [-1, 1]}]}
+    status, http = _http_json(f"http://{server.http_url}/v2/models/{model}")
+    assert status == 200 and {k: http[k] for k in expected} == expected
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        grpc = client.get_model_metadata(model, as_json=True, client_timeout=20)
+    finally:
+        client.close()
+    assert (grpc["name"], grpc["versions"], grpc["platform"]) == (model, ["1"], platform)
+    assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in grpc["inputs"]] == \
+        [(t["name"], t["datatype"], t["shape"]) for t in expected["inputs"]]
+
+
+def test_model_config_endpoint_over_http_and_grpc(server, repo):
+    """Triton's model-configuration extension: the config.pbtxt as JSON (HTTP, plain and versioned) and as the
+    ModelConfig protobuf (gRPC, read by tritonclient); an unknown model is Triton's error message."""
+    import tritonclient.grpc as grpcclient
+    from recsys_common.serving.model_config import parse_model_config
+    config = parse_model_config(os.path.join(repo, MODEL_NAME, "config.pbtxt"))
+    for path in (f"/v2/models/{MODEL_NAME}/config", f"/v2/models/{MODEL_NAME}/versions/1/config"):
+        status, body = _http_json(f"http://{server.http_url}{path}")
+        assert status == 200, body
+        assert body["name"] == MODEL_NAME and body["platform"] == "onnxruntime_onnx"
+        assert body["max_batch_size"] == MAX_BATCH_SIZE   # a JSON number, as Triton writes it (not "262144")
+        assert [(i["name"], i["data_type"], i["dims"]) for i in body["input"]] == \
+            [("numerical", "TYPE_FP32", [3]), ("cat", "TYPE_INT64", [1])]
+        assert body["instance_group"][0]["kind"] == "KIND_CPU"
+    status, body = _http_json(f"http://{server.http_url}/v2/models/no-such-model/config")
+    assert status == 400 and body == {"error": "Request for unknown model: 'no-such-model' is not found"}
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        answer = client.get_model_config(TS_MODEL_NAME, client_timeout=20)
+        assert answer.config.platform == "pytorch_libtorch" and answer.config.max_batch_size == MAX_BATCH_SIZE
+        assert client.get_model_config(MODEL_NAME, client_timeout=20).config == config
+        from tritonclient.utils import InferenceServerException
+        with pytest.raises(InferenceServerException, match="unknown model: 'no-such-model'"):
+            client.get_model_config("no-such-model", client_timeout=20)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("binary_inputs, binary_outputs", [(True, True), (True, False), (False, True)])
+def test_http_binary_tensor_extension(server, binary_inputs, binary_outputs):
+    """tritonclient's defaults against Triton (binary_data=True) work here too, in each combination."""
+    import tritonclient.http as httpclient
+    inputs = tiny_inputs(9, seed=4)
+    client = httpclient.InferenceServerClient(server.http_url, connection_timeout=20, network_timeout=20)
+    try:
+        items = []
+        for name, array in inputs.items():
+            item = httpclient.InferInput(name, list(array.shape), "FP32" if name == "numerical" else "INT64")
+            item.set_data_from_numpy(array, binary_data=binary_inputs)
+            items.append(item)
+        result = client.infer(MODEL_NAME, items,
+                              outputs=[httpclient.InferRequestedOutput("probability", binary_data=binary_outputs)])
+    finally:
+        client.close()
+    output = result.get_output("probability")
+    assert ("binary_data_size" in (output.get("parameters") or {})) == binary_outputs
+    np.testing.assert_allclose(result.as_numpy("probability"), expected_probability(**inputs), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("body, header_length, message", [
+    (b'{"inputs": [{"name": "cat", "datatype": "INT64", "shape": [1, 1], "parameters": {"binary_data_size": 8}}]}'
+     b"\x01\x00\x00", None, "binary_data_size 8 runs past the end of the body (3 bytes left)"),
+    (b'{"inputs": [{"name": "cat", "datatype": "INT64", "shape": [1, 1], "parameters": {"binary_data_size": 6}}]}'
+     b"\x01\x00\x00\x00\x00\x00", None, "binary_data_size 6 is not a multiple of INT64's 8 bytes"),
+    (b'{"inputs": [}' + b"\x00" * 8, 13, "is not valid JSON"),
+    (b"{}", 99, "Inference-Header-Content-Length 99 is not within the body's 2 bytes"),
+])
+def test_malformed_binary_requests_are_clear_errors(server, body, header_length, message):
+    import json
+    import urllib.error
+    import urllib.request
+    if header_length is None:
+        header_length = body.index(b"}]}") + 3
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{MODEL_NAME}/infer", data=body,
+                                     method="POST", headers={"Inference-Header-Content-Length": str(header_length),
+                                                             "Content-Type": "application/octet-stream"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=20)
+    assert info.value.code == 400
+    assert message in json.loads(info.value.read())["error"]
+
+
+# ------------------------------------------------------------------------------------------------ perf_analyzer
+def _perf_analyzer_or_fail():
+    from recsys_common.serving.perf_analyzer import PerfAnalyzerNotFound, find_perf_analyzer
+    try:
+        return find_perf_analyzer()
+    except PerfAnalyzerNotFound as e:
+        if os.environ.get("RECSYS_REQUIRE_DATA") == "1":
+            raise
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_perf_analyzer_runs_against_the_server(server, protocol):
+    """Triton's own benchmarking client reads the metadata and config, sends our request rows (binary tensors over
+    HTTP) and reports both concurrencies."""
+    from recsys_common.serving.perf_analyzer import run_perf_analyzer
+    _perf_analyzer_or_fail()
+    records = run_perf_analyzer(_url(server, protocol), protocol, TS_MODEL_NAME if protocol == "http" else MODEL_NAME,
+                                tiny_inputs, 8, [1, 2], measurement_interval_ms=300, timeout_s=120)
+    assert [(r["batch_size"], r["concurrency"], r["protocol"]) for r in records] == [(8, 1, protocol),
+                                                                                   (8, 2, protocol)]
+    for r in records:
+        assert r["throughput_samples_per_s"] == pytest.approx(8 * r["throughput_requests_per_s"])
+        assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_perf_analyzer_bad_input_is_a_clear_error(server, protocol):
+    from recsys_common.serving.perf_analyzer import run_perf_analyzer
+    _perf_analyzer_or_fail()
+    url = _url(server, protocol)
+    start = time.monotonic()
+    with pytest.raises(ServingError, match="(?s)model 'no-such-model' failed.*(unknown model|not found)"):
+        run_perf_analyzer(url, protocol, "no-such-model", tiny_inputs, 4, [1], timeout_s=60)
+    # ids outside the table: perf_analyzer stops on the server's refusal and shows its message
+    with pytest.raises(ServingError, match="out of range"):
+        run_perf_analyzer(url, protocol, MODEL_NAME, lambda n: dict(tiny_inputs(n), cat=np.full((n, 1), MAX_ID)),
+                          4, [1], measurement_interval_ms=200, timeout_s=60)
+    with pytest.raises(ServingError, match="(?i)connect"):
+        run_perf_analyzer(f"127.0.0.1:{free_port()}", protocol, MODEL_NAME, tiny_inputs, 4, [1], timeout_s=60)
+    with pytest.raises(ServingError, match="no result after 1 s"):
+        run_perf_analyzer(url, protocol, MODEL_NAME, tiny_inputs, 4, [1], measurement_interval_ms=5000,
+                          timeout_s=1)
+    assert time.monotonic() - start < 120

@@ -1,4 +1,4 @@
-"""The MLServer process's entry point: ``mlserver start DIR`` plus a watchdog that stops the server when the process
+"""The MLServer process's entry point: ``mlserver start DIR`` with ``triton_extensions`` installed, plus a watchdog that stops the server when the process
 that launched it dies without stopping it (SIGKILL, a crashed test run), so no server is left orphaned on a port.
 
 Run as ``python -m recsys_common.serving._mlserver_entry DIR PARENT_PID`` by ``mlserver_launcher`` only.
@@ -24,6 +24,8 @@ def main(argv=None) -> None:
     folder, parent_pid = (argv if argv is not None else sys.argv[1:])
     threading.Thread(target=_watch_parent, args=(int(parent_pid),), daemon=True).start()
     sys.argv = ["mlserver", "start", folder]
+    from .triton_extensions import install
+    install(folder)   # Triton's binary tensor extension (HTTP) and ModelConfig (gRPC), which MLServer lacks
     from mlserver.cli.main import main as mlserver_main
     try:
         mlserver_main()

@@ -40,7 +40,10 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from .client import ServingError
 
-RUNTIME = "recsys_common.serving.mlserver_runtime.OnnxModel"
+#: The MLServer runtime serving each Triton platform here (TensorFlow SavedModels are served by Triton only).
+RUNTIMES = {"onnxruntime_onnx": "recsys_common.serving.mlserver_runtime.OnnxModel",
+            "pytorch_libtorch": "recsys_common.serving.mlserver_runtime.TorchScriptModel"}
+RUNTIME = RUNTIMES["onnxruntime_onnx"]
 
 
 @dataclasses.dataclass
@@ -61,11 +64,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def onnx_models(repo_dir: str, models: Optional[Sequence[str]] = None) -> Dict[str, str]:
-    """{model name: model directory} of the ONNX models (platform "onnxruntime_onnx") of a Triton repository.
+def servable_models(repo_dir: str, models: Optional[Sequence[str]] = None) -> Dict[str, str]:
+    """{model name: model directory} of the models of a Triton repository this server can serve: ONNX
+    ("onnxruntime_onnx") and TorchScript ("pytorch_libtorch").
 
-    ``models``: the names to serve (each must be an ONNX model there); None: every ONNX model. Each model directory
-    is checked with ``check_model_directory``. Raises ``ServingError`` naming the repository and the model."""
+    ``models``: the names to serve (each must be such a model there); None: every one. Each model directory is
+    checked with ``check_model_directory``. Raises ``ServingError`` naming the repository and the model."""
     from .model_config import ModelConfigError, check_model_directory
     repo_dir = os.path.abspath(repo_dir)
     if not os.path.isdir(repo_dir):
@@ -81,19 +85,23 @@ def onnx_models(repo_dir: str, models: Optional[Sequence[str]] = None) -> Dict[s
             config = check_model_directory(os.path.join(repo_dir, name))
         except ModelConfigError as e:
             raise ServingError(f"{repo_dir}: model {name!r} cannot be served: {e}") from None
-        if config.platform == "onnxruntime_onnx":
+        if config.platform in RUNTIMES:
             found[name] = os.path.join(repo_dir, name)
         else:
             other[name] = config.platform
     for name in models or ():
         if name in other:
             raise ServingError(f"{repo_dir}: model {name!r} has platform {other[name]!r}; MLServer here serves only "
-                               f"ONNX models (platform 'onnxruntime_onnx'); Triton serves the others")
+                               f"ONNX and TorchScript models (platforms {sorted(RUNTIMES)}); Triton serves the "
+                               f"others")
         if name not in found:
             raise ServingError(f"{repo_dir}: no model {name!r} (models there: {names})")
     if not found:
-        raise ServingError(f"{repo_dir}: no ONNX model to serve (models there: {names or 'none'})")
+        raise ServingError(f"{repo_dir}: no ONNX or TorchScript model to serve (models there: {names or 'none'})")
     return found
+
+
+onnx_models = servable_models   # the earlier name
 
 
 def write_mlserver_settings(directory: str, model_dirs: Dict[str, str], host: str, http_port: int, grpc_port: int,
@@ -113,16 +121,30 @@ def write_mlserver_settings(directory: str, model_dirs: Dict[str, str], host: st
     }
     with open(os.path.join(directory, "settings.json"), "w", encoding="utf-8") as f:
         json.dump(settings, f, indent=1)
-    from .model_config import parse_model_config, version_directories
+    import base64
+    from .model_config import (model_config_json, model_config_response_bytes, model_file_name, model_metadata,
+                               parse_model_config, version_directories)
     for name, model_dir in model_dirs.items():
-        max_batch_size = parse_model_config(os.path.join(model_dir, "config.pbtxt")).max_batch_size
-        versions = [v for v in version_directories(model_dir)
-                    if os.path.isfile(os.path.join(model_dir, str(v), "model.onnx"))]
+        config = parse_model_config(os.path.join(model_dir, "config.pbtxt"))
+        file_name = model_file_name(config)
+        versions = [v for v in version_directories(model_dir) if os.path.exists(os.path.join(model_dir, str(v),
+                                                                                            file_name))]
+        metadata = model_metadata(config, versions[-1:])
         os.makedirs(os.path.join(directory, "models", name))
-        model_settings = {"name": name, "implementation": RUNTIME,
+        # platform / versions / inputs / outputs: MLServer answers the KServe-v2 model metadata from these (HTTP
+        # ``GET /v2/models/{name}`` and gRPC ``ModelMetadata``), so generic v2 clients find the real tensors;
+        # extra.model_config: Triton's config JSON for the runtime's ``/v2/models/{name}/config`` route;
+        # extra.model_config_grpc: the serialized gRPC ``ModelConfigResponse`` for ``_mlserver_entry``'s handler
+        model_settings = {"name": name, "implementation": RUNTIMES[config.platform],
+                          "platform": metadata["platform"], "versions": metadata["versions"],
+                          "inputs": metadata["inputs"], "outputs": metadata["outputs"],
                           "parameters": {"uri": model_dir, "version": str(versions[-1]),
                                          "extra": {"intra_op_threads": int(intra_op_threads),
-                                                   "max_batch_size": int(max_batch_size)}}}
+                                                   "max_batch_size": int(config.max_batch_size),
+                                                   "inputs": metadata["inputs"], "outputs": metadata["outputs"],
+                                                   "model_config": model_config_json(config),
+                                                   "model_config_grpc": base64.b64encode(
+                                                       model_config_response_bytes(config)).decode("ascii")}}}
         with open(os.path.join(directory, "models", name, "model-settings.json"), "w", encoding="utf-8") as f:
             json.dump(model_settings, f, indent=1)
 
@@ -187,7 +209,7 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
     Raises ``ServingError`` (with the end of the server log) if the server exits or misses the deadline; the whole
     process group is stopped on exit from the block, also when it raises.
     """
-    model_dirs = onnx_models(repo_dir, models)
+    model_dirs = servable_models(repo_dir, models)
     http_port = http_port or free_port()
     grpc_port = grpc_port or free_port()
     while grpc_port == http_port:
