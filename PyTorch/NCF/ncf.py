@@ -137,14 +137,16 @@ def init_distributed(args: argparse.Namespace):
     return 0, 1, device
 
 
-def shutdown_distributed() -> None:
-    """Tear the process group down in step on every rank, after :func:`run` has returned (its DDP model is gone).
+def shutdown_distributed(barrier: bool = True) -> None:
+    """Tear the process group down on this rank, after :func:`run` has returned (its DDP model is gone).
 
     The repository's one teardown (:mod:`recsys_common.torch_distributed` explains the gloo abort at exit, "terminate
-    called without an active exception", that it prevents). Safe without a group and safe to call twice.
+    called without an active exception", that it prevents). :func:`main` calls it on every exit, ``barrier=False``
+    on an error (a rank that failed must not wait for ranks that may still be inside a collective). Safe without a
+    group and safe to call twice.
     """
     from recsys_common.torch_distributed import shutdown_process_group
-    shutdown_process_group()
+    shutdown_process_group(barrier=barrier)
 
 
 def all_reduce_sum(values: List[float], device: torch.device) -> List[float]:
@@ -587,15 +589,21 @@ def run(args: argparse.Namespace) -> Dict:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
+    """Train or evaluate (see :func:`parse_args`); returns the summary. Tears the process group down on every exit,
+    a refusal or an error included (then without the barrier: see :func:`shutdown_distributed`)."""
     args = parse_args(argv)
     keep_freed_memory()  # before the first big allocation: see its docstring (page faults at -b 1048576)
+    succeeded = False
     try:
-        return run(args)
+        summary = run(args)
+        succeeded = True
+        return summary
     except (DatasetError, FeatureSpecError, CheckpointError, ConfigurationError, TrainingDivergedError) as err:
         print(f"ncf.py: error: {err}", file=sys.stderr)
         raise SystemExit(2)
+    finally:
+        shutdown_distributed(barrier=succeeded)
 
 
 if __name__ == "__main__":
     main()
-    shutdown_distributed()

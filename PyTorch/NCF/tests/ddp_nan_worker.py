@@ -2,7 +2,8 @@
 
     NAN_AFTER=K torchrun --nproc_per_node=2 tests/ddp_nan_worker.py OUT_DIR <ncf.py arguments>
 
-Rank 1's NeuMF output turns NaN after K training forwards; each rank writes its exit status and error message to
+Rank 1's NeuMF output turns NaN after K training forwards; each rank writes its exit status, the gloo threads still
+alive after ncf.main returned (its error exit must tear the process group down too) and its error message to
 OUT_DIR/rank<R>.txt. Both ranks must stop at the same step (the loss check is all-reduced), so neither hangs.
 """
 import contextlib
@@ -14,6 +15,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import ncf  # noqa: E402
 import neumf  # noqa: E402
+from recsys_common.torch_distributed import live_gloo_threads  # noqa: E402
 
 _forward, _calls = neumf.NeuMF.forward, []
 
@@ -36,7 +38,7 @@ if __name__ == "__main__":
             ncf.main(argv)
         except SystemExit as stop:
             code = stop.code
+    threads = live_gloo_threads()
     with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.txt"), "w") as f:
-        f.write(f"{code}\n{err.getvalue()}")
-    ncf.shutdown_distributed()
+        f.write(f"{code}\n{threads}\n{err.getvalue()}")
     sys.exit(code)

@@ -8,8 +8,6 @@ import sys
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
-import torch.distributed as dist  # noqa: E402
-
 import ncf  # noqa: E402
 from recsys_common.torch_distributed import live_gloo_threads  # noqa: E402
 
@@ -18,10 +16,8 @@ if __name__ == "__main__":
     launcher_args = [a for a in sys.argv[1:] if a.startswith(("--local-rank", "--local_rank"))]
     rest = [a for a in sys.argv[1:] if a not in launcher_args]
     out_dir, argv = rest[0], rest[1:] + launcher_args
-    summary = ncf.main(argv)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    ncf.shutdown_distributed()
+    summary = ncf.main(argv)  # tears the process group down before returning
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     # written after the teardown, so that the test can check that no gloo thread outlived it
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"summary": summary, "world_size": world_size,

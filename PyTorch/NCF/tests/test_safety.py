@@ -138,6 +138,7 @@ def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_that_step(tiny_dat
     proc = subprocess.run(cmd, env=env, cwd=NCF_DIR, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0  # a diverged run is a failed job
     for rank in (0, 1):
-        code, message = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)
+        code, threads, message = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 2)
         assert code == "2", proc.stderr[-3000:]
+        assert threads == "[]", f"rank {rank}: the error exit left the process group up: {threads}"
         assert f"epoch 1, step 3 (of {steps}): the training loss is nan on at least one rank" in message
