@@ -14,6 +14,8 @@
 #      TensorFlow + PyTorch; the built wheel is cached in $RECSYS_WHEEL_CACHE
 #      (default ~/.cache/recsys-recipes/wheels), so only the first setup compiles (~8 min on 2 cores);
 #   7. pip install -e common (the shared library recsys_common);
+#   7b. Triton's perf_analyzer into <venv>/opt/perf_analyzer (ci/install_perf_analyzer.sh: the binary from the
+#      tritonclient 2.35.0 wheel, libcudart from nvidia-cuda-runtime-cu12, libb64-0d via apt-get when root);
 #   8. an import check of the whole stack, then a stamp file.
 #
 # A second run is a no-op while the stamp (a hash of this script, the constraints, the
@@ -49,6 +51,7 @@ done
 
 stamp_hash() {
   cat "${BASH_SOURCE[0]}" "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "$PATCH" "$REPO/common/pyproject.toml" \
+      "$REPO/ci/install_perf_analyzer.sh" \
     | sha256sum | cut -d' ' -f1
 }
 WANT_STAMP="$(stamp_hash)"
@@ -148,6 +151,10 @@ fi
 # --- 7. the shared library --------------------------------------------------------------------
 step "pip install -e common"
 pip_install --no-deps --no-build-isolation -e "$REPO/common"
+
+# --- 7b. perf_analyzer (never fails the setup; it says what is missing) ------------------------
+step "Triton perf_analyzer (tritonclient 2.35.0 wheel) into $VENV/opt/perf_analyzer"
+bash "$REPO/ci/install_perf_analyzer.sh" "$PY"
 
 # --- 8. check -------------------------------------------------------------------------------
 step "checking the stack imports with the pinned versions"
