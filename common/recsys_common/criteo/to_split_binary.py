@@ -90,6 +90,20 @@ def convert_split(spec: FeatureSpec, split: str, files: Sequence[str], block_row
     return rows
 
 
+def dataset_metadata(report: dict, rows: Dict[str, int]) -> dict:
+    """``feature_spec.yaml``'s metadata from a preprocessing report; shared with the single-machine engine
+    (``polars_preprocess``) so that both write the same bytes."""
+    return {
+        "dataset": f"criteo-{report.get('input', {}).get('kind', 'unknown')}",
+        "frequency_limit": report.get("frequency_limit"),
+        "dictionary_source": report.get("dictionary_source"),
+        "numerical_transform": "log(x + 3); missing or x <= -3 -> 0",
+        "categorical_ids": "0 missing, 1 rare or unseen, 2.. frequent values by decreasing count",
+        "num_samples": rows,
+        "rows_malformed_excluded": {s: sum(v.values()) for s, v in report.get("rows_malformed", {}).items()},
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recsys_common.criteo.to_split_binary",
                                      description="Spark parquet output -> split-binary dataset with feature_spec.yaml",
@@ -129,15 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
                 raise ConversionError(f"{args.input}/{split}: {rows[split]} rows in parquet, but the Spark job's "
                                       f"report says {expected}")
             print(f"[criteo] {split}: {rows[split]} rows", flush=True)
-        spec.metadata = {
-            "dataset": f"criteo-{report.get('input', {}).get('kind', 'unknown')}",
-            "frequency_limit": report.get("frequency_limit"),
-            "dictionary_source": report.get("dictionary_source"),
-            "numerical_transform": "log(x + 3); missing or x <= -3 -> 0",
-            "categorical_ids": "0 missing, 1 rare or unseen, 2.. frequent values by decreasing count",
-            "num_samples": rows,
-            "rows_malformed_excluded": {s: sum(v.values()) for s, v in report.get("rows_malformed", {}).items()},
-        }
+        spec.metadata = dataset_metadata(report, rows)
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     print(f"[criteo] wrote {args.output} in {time.time() - started:.1f} s", flush=True)
     return FeatureSpec.from_yaml(os.path.join(args.output, "feature_spec.yaml"))

@@ -1,0 +1,808 @@
+"""Single-machine Criteo preprocessing (Polars): raw TSV -> NVIDIA's split-binary dataset in one command.
+
+    python -m recsys_common.criteo.polars_preprocess --input_path /data/dlrm/criteo --output_path /data/dlrm/binary_dataset
+
+The default engine of both DLRM recipes' ``prepare_dataset.sh`` (Spark, ``spark_preprocess`` + ``to_split_binary``,
+stays the cluster engine). Same semantics and, for ``--train_ordering input``, the same bytes as the Spark path on the
+same input and flags (``common/tests/test_criteo_engine.py`` compares them): the splits of ``layout.py``, the row
+rules of ``spark_preprocess`` (padding, malformed reasons, ``integral_value``), ``log(x + 3)`` computed in double,
+stored as float32 then float16, and the dictionaries of ``dictionaries.py``. With ``--train_ordering random`` (the
+default, as NVIDIA's) the train rows are a uniformly random permutation drawn from ``--seed``: the same rows as
+Spark's, in another order (Spark's order depends on its partitioning).
+
+Bounded memory: the input is read in chunks of ``--chunk_mb`` of text, never a whole file.
+
+1. *Count* (one pass over the raw text): parse each chunk once; keep label, float16 numericals and, per categorical
+   column, the chunk's distinct values and each row's index into them (``<work>/files/<n>/chunk_<k>.*``); sum the
+   value counts per file (``counts.parquet``).
+2. *Dictionaries*: sum the files' counts per column (Polars lazy scan + group-by), keep values seen at least
+   ``--frequency_limit`` times (``dictionaries.build_dictionary``).
+3. *Map and write*: per chunk, look up its distinct values (not its rows) in the dictionaries and write each split's
+   ``label.bin``, ``numerical.bin``, ``cat_<i>.bin``. Train rows with ``--train_ordering random`` go to bucket files
+   first (a random bucket per row), then each bucket is permuted in memory and appended: an external shuffle.
+
+Resumable: the work directory (``--work_dir``, default ``OUTPUT_PATH.work``) records each finished file and bucket in
+``state.json``; a killed run, started again with the same arguments, skips them (output files are cut back to their
+recorded sizes). Outputs land in ``--output_path`` only when all is done (``io.atomic_directory``, marker
+``feature_spec.yaml``); a non-empty output directory is refused unless ``--overwrite``. Malformed rows are counted
+per reason, reported with file and line, and fail the run above ``--max_malformed_fraction``.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, MISSING_ID, NUM_CATEGORICAL,
+               NUM_FIELDS, NUM_NUMERICAL, RARE_ID, REASON_BAD_LABEL, REASON_BAD_NUMERICAL, REASON_EMPTY_LINE,
+               REASON_TOO_MANY_FIELDS, SPLITS)
+from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFormat, InputLayout, discover_input,
+                     sniff_format, split_boundaries)
+from ..io import atomic_directory, atomic_write_text, check_output_directory
+
+TOOL = "recsys_common.criteo.to_split_binary"   # the same dataset either engine writes: each may replace the other's
+_STATE_VERSION = 1
+_MAX_EXAMPLE_CHARS = 300
+_BOM = b"\xef\xbb\xbf"
+_REASONS = [REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, REASON_BAD_LABEL] + [
+    REASON_BAD_NUMERICAL.format(i + 1) for i in range(NUM_NUMERICAL)]
+_NAMES = ["label"] + [f"i{i}" for i in range(NUM_NUMERICAL)] + [f"c{i}" for i in range(NUM_CATEGORICAL)]
+
+
+class CriteoPreprocessError(RuntimeError):
+    """The run cannot produce a trustworthy dataset (too many malformed rows, a changed input on resume)."""
+
+
+# ----------------------------------------------------------------------------------------------------- reading
+@dataclass
+class RawChunk:
+    data: bytes          # whole lines, each ending in b"\n", CR line ends normalised, header removed
+    first_line: int      # data-line index (0 = first line after a header) of the chunk's first line
+    num_lines: int
+    bom_line: bool       # the chunk's first line started with a UTF-8 byte-order mark (kept as text by Spark)
+    position: int        # bytes of the file on disk consumed so far (compressed bytes for .gz)
+
+
+def _normalise_line_ends(data: bytes) -> bytes:
+    # Spark's text reader (Hadoop's LineReader) ends a line at \n, \r\n or a lone \r.
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return data
+
+
+def iter_line_chunks(path: str, fmt: FileFormat, chunk_bytes: int = 32 << 20) -> Iterator[RawChunk]:
+    """The file's lines in chunks of about ``chunk_bytes``; ``.gz`` is decompressed as a stream. A truncated or
+    corrupt gzip raises ``CriteoInputError`` naming the file and the last complete line."""
+    raw = open(path, "rb")
+    stream = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
+    carry, line, first = b"", 0, True
+    try:
+        while True:
+            try:
+                block = stream.read(chunk_bytes)
+            except (EOFError, OSError, zlib.error) as e:
+                raise CriteoInputError(f"{path}: truncated or corrupt compressed data after line "
+                                       f"{line + (1 if fmt.header else 0)}: {e}") from None
+            if block:
+                data = carry + block
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    carry = data   # a line longer than a chunk: read on
+                    continue
+                carry, data = data[cut + 1:], data[:cut + 1]
+            else:
+                data, carry = (carry + b"\n" if carry else b""), b""   # last line without a line end
+                if not data:
+                    return
+            data = _normalise_line_ends(data)
+            bom = False
+            if first:
+                if fmt.header:
+                    data = data[data.find(b"\n") + 1:]
+                elif data.startswith(_BOM):
+                    data, bom = data[len(_BOM):], True
+                first = False
+            n = data.count(b"\n")
+            if n:
+                yield RawChunk(data, line, n, bom, raw.tell())
+            line += n
+            if not block:
+                return
+    finally:
+        stream.close()
+        raw.close()
+
+
+# ----------------------------------------------------------------------------------------------------- parsing
+@dataclass
+class ParsedChunk:
+    """The good rows of one chunk, in line order, and what was wrong with the others."""
+    num_lines: int
+    label: np.ndarray                  # int8 [n]
+    numerical: np.ndarray              # float16 [n, 13]
+    codes: np.ndarray                  # uint32 [n, 26]: 0 missing, k = uniques[c][k - 1]
+    uniques: List[Any]                 # per column: pyarrow string array of the chunk's distinct values
+    lines: np.ndarray                  # int64 [n]: data-line index in the file of each good row
+    padded: np.ndarray                 # bool [n]: the row had fewer than 40 fields
+    malformed_lines: np.ndarray        # int64 [m]
+    malformed_reasons: np.ndarray      # int16 [m]: index into _REASONS
+    malformed_text: Dict[int, Tuple[str, str]] = field(default_factory=dict)   # a few: line -> (reason, text)
+
+
+def _read_frame(data: bytes, separator: str):
+    import polars as pl
+    return pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES + ["_extra"],
+                       schema={n: pl.Utf8 for n in _NAMES + ["_extra"]}, truncate_ragged_lines=True,
+                       quote_char=None, missing_columns="insert", encoding="utf8-lossy", raise_if_empty=False)
+
+
+def integral_value(text):
+    """Polars expression: a string -> its integer value (Int64), or null when it is not an integral number.
+
+    The rules of ``spark_preprocess.integral_value`` (same regular expressions): ``260``, ``+7`` (up to 18 digits),
+    ``260.0`` (zeros after the point), and exponent spellings with at most 15 mantissa digits, a 1- or 2-digit
+    exponent and an integral value below 2**53."""
+    import polars as pl
+    from .spark_preprocess import (_EXPONENT_RE, _INTEGER_RE, _MAX_EXACT_DOUBLE_INTEGER, _MAX_MANTISSA_DIGITS,
+                                   _ZERO_FRACTION_RE)
+    as_double = text.cast(pl.Float64, strict=False)
+    mantissa = text.str.extract(r"^[+-]?([0-9.]*)", 1).str.replace_all(".", "", literal=True).str.len_chars()
+    return (pl.when(text.str.contains(_INTEGER_RE)).then(text.cast(pl.Int64, strict=False))
+            .when(text.str.contains(_ZERO_FRACTION_RE))
+            .then(text.str.extract(r"^([+-]?[0-9]+)", 1).cast(pl.Int64, strict=False))
+            .when(text.str.contains(_EXPONENT_RE) & (mantissa <= _MAX_MANTISSA_DIGITS)
+                  & (as_double.abs() < _MAX_EXACT_DOUBLE_INTEGER) & (as_double == as_double.floor()))
+            .then(as_double.cast(pl.Int64, strict=False))
+            .otherwise(None))
+
+
+def _integers(frame, column: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values int64, present bool, bad bool) of a text column under ``integral_value``'s rules, fast for plain
+    integers: a strict cast, checked for Spark's 18-digit limit; only values that fail go through the regexes."""
+    import polars as pl
+    text = pl.col(column)
+    digits = text.str.len_bytes() - text.str.starts_with("+").cast(pl.UInt32) - text.str.starts_with("-").cast(
+        pl.UInt32)
+    fast = frame.select(text.cast(pl.Int64, strict=False).alias("v"), text.is_not_null().alias("p"),
+                        (text.cast(pl.Int64, strict=False).is_not_null() & (digits <= 18)).alias("ok"))
+    present = fast["p"].to_numpy()
+    ok = fast["ok"].to_numpy()
+    values = fast["v"].fill_null(0).to_numpy().copy()
+    slow = present & ~ok
+    bad = np.zeros(len(present), dtype=bool)
+    if slow.any():
+        index = np.flatnonzero(slow)
+        exact = frame.select(pl.col(column).gather(index)).select(integral_value(pl.col(column)).alias("v"))["v"]
+        values[index] = exact.fill_null(0).to_numpy()
+        bad[index] = exact.is_null().to_numpy()
+    values[~present] = 0
+    return values, present, bad
+
+
+def _line_offsets(data: bytes) -> Tuple[np.ndarray, np.ndarray]:
+    a = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(a == 10)
+    starts = np.concatenate([[0], ends[:-1] + 1]) if len(ends) else ends
+    return starts, ends
+
+
+def _line_text(data: bytes, starts: np.ndarray, ends: np.ndarray, line: int) -> str:
+    return data[starts[line]:ends[line]][:_MAX_EXAMPLE_CHARS * 4].decode("utf-8", "replace")[:_MAX_EXAMPLE_CHARS]
+
+
+def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedChunk:
+    """Parse one chunk with the Spark job's row rules; ``examples``: how many malformed lines to quote."""
+    import pyarrow.compute as pc
+    data, n_lines, sep = chunk.data, chunk.num_lines, fmt.delimiter
+    structural = np.full(n_lines, -1, dtype=np.int16)       # reason index of empty / too-long lines
+    padded_lines = np.zeros(n_lines, dtype=bool)
+    frame = None
+    kept = np.arange(n_lines)
+    # Fast path: every line has exactly 40 fields when the separators add up and no 41st field is seen; else count
+    # the fields of every line.
+    if data.count(sep.encode()) == (NUM_FIELDS - 1) * n_lines:
+        frame = _read_frame(data, sep)
+        if frame.height != n_lines or frame["_extra"].is_not_null().any():
+            frame = None
+    if frame is None:
+        a = np.frombuffer(data, dtype=np.uint8)
+        starts, ends = _line_offsets(data)
+        fields = np.add.reduceat((a == ord(sep)).view(np.uint8), starts, dtype=np.int64) + 1
+        structural[ends == starts] = _REASONS.index(REASON_EMPTY_LINE)
+        structural[(fields > NUM_FIELDS) & (ends != starts)] = _REASONS.index(REASON_TOO_MANY_FIELDS)
+        padded_lines = fields < NUM_FIELDS
+        keep = structural < 0
+        if not keep.all():
+            byte_keep = np.repeat(keep, ends - starts + 1)
+            kept = np.flatnonzero(keep)
+            frame = _read_frame(a[byte_keep].tobytes(), sep) if len(kept) else None
+        else:
+            frame = _read_frame(data, sep)
+        if frame is not None and frame.height != len(kept):
+            raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
+    n = len(kept)
+    reason = np.full(n, -1, dtype=np.int16)
+    if chunk.bom_line and n and kept[0] == 0:
+        reason[0] = _REASONS.index(REASON_BAD_LABEL)     # Spark reads the mark as part of the label
+    if n:
+        label, label_present, label_bad = _integers(frame, "label")
+        bad_label = ~label_present | label_bad | ((label != 0) & (label != 1))
+        reason[(reason < 0) & bad_label] = _REASONS.index(REASON_BAD_LABEL)
+        values = np.zeros((n, NUM_NUMERICAL), dtype=np.int64)
+        present = np.zeros((n, NUM_NUMERICAL), dtype=bool)
+        for i in range(NUM_NUMERICAL):
+            values[:, i], present[:, i], bad = _integers(frame, f"i{i}")
+            reason[(reason < 0) & bad] = _REASONS.index(REASON_BAD_NUMERICAL.format(i + 1))
+    good = reason < 0
+    malformed_lines = np.concatenate([np.flatnonzero(structural >= 0), kept[~good]]) if n else np.flatnonzero(
+        structural >= 0)
+    malformed_reasons = np.concatenate([structural[structural >= 0], reason[~good]]) if n else structural[
+        structural >= 0]
+    order = np.argsort(malformed_lines, kind="stable")
+    malformed_lines, malformed_reasons = malformed_lines[order], malformed_reasons[order]
+    texts: Dict[int, str] = {}
+    if examples and len(malformed_lines):
+        starts, ends = _line_offsets(data)
+        for line, why in zip(malformed_lines[:examples].tolist(), malformed_reasons[:examples].tolist()):
+            texts[line + chunk.first_line] = (_REASONS[why], ("\ufeff" if chunk.bom_line and line == 0 else "")
+                                              + _line_text(data, starts, ends, line))
+    if not n or not good.any():
+        empty = np.zeros(0, dtype=np.int64)
+        return ParsedChunk(n_lines, np.zeros(0, np.int8), np.zeros((0, NUM_NUMERICAL), np.float16),
+                           np.zeros((0, NUM_CATEGORICAL), np.uint32), [None] * NUM_CATEGORICAL, empty,
+                           np.zeros(0, bool), malformed_lines + chunk.first_line, malformed_reasons, texts)
+    frame = frame.filter(good) if not good.all() else frame
+    values, present = values[good], present[good]
+    # Spark: log(double(x) + 3) cast to float (NULL, hence 0, for missing and x <= -3); the binary holds float16.
+    usable = present & (values > -3)
+    x = np.where(usable, values, 0).astype(np.float64) + 3.0
+    numerical = np.where(usable, np.log(x), 0.0).astype(np.float32).astype(np.float16)
+    codes = np.empty((len(values), NUM_CATEGORICAL), dtype=np.uint32)
+    uniques = []
+    for c in range(NUM_CATEGORICAL):
+        encoded = pc.dictionary_encode(frame[f"c{c}"].to_arrow())
+        if hasattr(encoded, "combine_chunks"):
+            encoded = encoded.combine_chunks()
+        indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+        codes[:, c] = indices.astype(np.int64) + 1
+        uniques.append(encoded.dictionary)
+    return ParsedChunk(n_lines, label[good].astype(np.int8), numerical, codes, uniques,
+                       kept[good].astype(np.int64) + chunk.first_line, padded_lines[kept[good]],
+                       malformed_lines + chunk.first_line, malformed_reasons, texts)
+
+
+# ----------------------------------------------------------------------------------------------------- progress
+class Progress:
+    """Prints ``done of total``, rate and time left at most every ``interval`` seconds."""
+
+    def __init__(self, name: str, total: float, unit: str, interval: float = 5.0):
+        self.name, self.total, self.unit, self.interval = name, max(float(total), 1.0), unit, interval
+        self.started = self.last = time.time()
+        self.done = 0.0
+        self.rows = 0
+
+    def update(self, done: float, rows: int = 0, what: str = "", force: bool = False) -> None:
+        self.done, self.rows = done, self.rows + rows
+        now = time.time()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        fraction = min(self.done / self.total, 1.0)
+        left = elapsed * (1 - fraction) / fraction if fraction > 0 else float("inf")
+        amount = (f"{self.done / 2**20:,.0f} of {self.total / 2**20:,.0f} MiB" if self.unit == "bytes"
+                  else f"{self.done:,.0f} of {self.total:,.0f} {self.unit}")
+        print(f"[criteo] {self.name}: {amount} ({fraction:.0%}), {self.rows:,} rows, {self.rows / elapsed:,.0f} "
+              f"rows/s, {_duration(left)} left{(' ' + what) if what else ''}", flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+# ----------------------------------------------------------------------------------------------------- work state
+class WorkState:
+    """``<work>/state.json``: what is finished, written atomically after each step."""
+
+    def __init__(self, work: str, fingerprint: Dict[str, Any]):
+        self.path = os.path.join(work, "state.json")
+        self.data: Dict[str, Any] = {"version": _STATE_VERSION, "fingerprint": fingerprint, "files": {},
+                                     "pass2": {}, "buckets": {}}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                old = json.load(f)
+            if old.get("version") != _STATE_VERSION or old.get("fingerprint") != fingerprint:
+                raise CriteoPreprocessError(
+                    f"{work}: holds an unfinished run with other inputs or arguments; delete that directory (or "
+                    f"pass --restart) to start over")
+            self.data = old
+
+    def save(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.data, indent=1) + "\n")
+
+
+def _fingerprint(args: argparse.Namespace, files: List[str]) -> Dict[str, Any]:
+    stats = [[os.path.basename(p), os.path.getsize(p), int(os.stat(p).st_mtime)] for p in files]
+    keep = ("layout", "header", "delimiter", "frequency_limit", "dictionary_source", "train_ordering", "seed",
+            "chunk_mb", "shuffle_bucket_rows")
+    return {"files": stats, **{k: getattr(args, k) for k in keep}}
+
+
+# ----------------------------------------------------------------------------------------------------- chunk files
+def _save_chunk(directory: str, k: int, parsed: ParsedChunk) -> None:
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    np.savez(os.path.join(directory, f"chunk_{k}.tmp.npz"), label=parsed.label, numerical=parsed.numerical,
+             codes=parsed.codes, lines=parsed.lines, padded=parsed.padded)
+    lengths = [0 if u is None else len(u) for u in parsed.uniques]
+    values = pa.concat_arrays([u.cast(pa.large_string()) for u in parsed.uniques if u is not None]) \
+        if any(lengths) else pa.array([], pa.large_string())
+    feather.write_feather(pa.table({"value": values}), os.path.join(directory, f"chunk_{k}.tmp.arrow"),
+                          compression="uncompressed")
+    np.save(os.path.join(directory, f"chunk_{k}.tmp.lengths.npy"), np.array(lengths, dtype=np.int64))
+    for suffix in ("npz", "arrow", "lengths.npy"):
+        os.replace(os.path.join(directory, f"chunk_{k}.tmp.{suffix}"), os.path.join(directory, f"chunk_{k}.{suffix}"))
+
+
+def _load_chunk(directory: str, k: int):
+    import polars as pl
+    import pyarrow.feather as feather
+    arrays = np.load(os.path.join(directory, f"chunk_{k}.npz"))
+    lengths = np.load(os.path.join(directory, f"chunk_{k}.lengths.npy"))
+    values = pl.from_arrow(feather.read_table(os.path.join(directory, f"chunk_{k}.arrow"))["value"])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    uniques = [values.slice(int(offsets[c]), int(lengths[c])).cast(pl.Utf8) for c in range(NUM_CATEGORICAL)]
+    return arrays, uniques
+
+
+# ----------------------------------------------------------------------------------------------------- output files
+class SplitBinaryAppender:
+    """Appends blocks to the split-binary files of one mapping (``label.bin``, ``numerical.bin``, ``cat_<i>.bin``, in
+    the dtypes of ``spec``), each under ``directory``; ``sizes()`` / ``truncate(sizes)`` let a resumed run cut the
+    files back to the end of the last finished step."""
+
+    def __init__(self, spec, mapping: str, directory: str):
+        self.paths = {}
+        self.dtypes = {}
+        for chunk in spec.source_spec[mapping]:
+            name = chunk["files"][0]
+            self.paths[tuple(chunk["features"])] = os.path.join(directory, name)
+            self.dtypes[tuple(chunk["features"])] = spec.numpy_dtype(chunk["features"][0])
+        for path in self.paths.values():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if not os.path.exists(path):
+                open(path, "wb").close()
+
+    def sizes(self) -> Dict[str, int]:
+        return {p: os.path.getsize(p) for p in self.paths.values()}
+
+    def truncate(self, sizes: Dict[str, int]) -> None:
+        for path in self.paths.values():
+            os.truncate(path, sizes.get(path, 0))
+
+    def append(self, label: np.ndarray, numerical: np.ndarray, ids: np.ndarray) -> None:
+        """``label`` [n], ``numerical`` float16 [n, 13], ``ids`` [n, 26] (any integer dtype)."""
+        for features, path in self.paths.items():
+            dtype = self.dtypes[features]
+            if features[0] == "label":
+                block = label.astype(np.bool_)
+            elif features[0].startswith("num_"):
+                block = np.ascontiguousarray(numerical, dtype=np.float16)
+            else:
+                block = ids[:, int(features[0][4:-4])].astype(dtype)
+            with open(path, "ab") as f:
+                f.write(block.tobytes())
+
+
+# ----------------------------------------------------------------------------------------------------- the run
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="python -m recsys_common.criteo.polars_preprocess",
+        description="Criteo raw TSV or a CSV copy (Terabyte day_0..day_23 or Kaggle train.txt) -> split-binary "
+                    "dataset with feature_spec.yaml, on one machine (Polars).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--input_path", default=env("INPUT_PATH"), required=env("INPUT_PATH") is None,
+                        help="directory with day_0 .. day_23 (Terabyte) or train.txt (Kaggle), or train.txt itself "
+                             "[env INPUT_PATH]")
+    parser.add_argument("--output_path", default=env("BINARY_PATH"), required=env("BINARY_PATH") is None,
+                        help="split-binary dataset directory: {train,test,validation}/*.bin, feature_spec.yaml, "
+                             "preprocess_report.json [env BINARY_PATH]")
+    parser.add_argument("--work_dir", default=None,
+                        help="scratch directory for the intermediate files and the resume state (about the size of "
+                             "the output, plus as much again for the train shuffle); default OUTPUT_PATH.work")
+    parser.add_argument("--layout", choices=("auto", "terabyte", "kaggle"), default="auto", help="as spark_preprocess")
+    parser.add_argument("--header", choices=HEADER_CHOICES, default="auto", help="as spark_preprocess")
+    parser.add_argument("--delimiter", choices=DELIMITER_CHOICES, default="auto", help="as spark_preprocess")
+    parser.add_argument("--frequency_limit", type=int, default=int(env("FREQUENCY_LIMIT", DEFAULT_FREQUENCY_LIMIT)),
+                        help="categorical values seen fewer times map to the rare id 1 [env FREQUENCY_LIMIT]")
+    parser.add_argument("--dictionary_source", choices=("all", "train"), default="all", help="as spark_preprocess")
+    parser.add_argument("--train_ordering", choices=("random", "input"), default="random",
+                        help="row order of the train split: shuffled with --seed, or the input's order")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the train shuffle")
+    parser.add_argument("--max_malformed_fraction", type=float, default=0.01,
+                        help="fail when more than this fraction of the rows is malformed")
+    parser.add_argument("--max_examples", type=int, default=20, help="malformed rows quoted in the report")
+    parser.add_argument("--chunk_mb", type=int, default=32, help="MiB of raw text parsed at a time (memory)")
+    parser.add_argument("--shuffle_bucket_rows", type=int, default=2_000_000,
+                        help="train rows per shuffle bucket (each bucket is permuted in memory)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output_path, replacing this tool's (or the Spark path's "
+                             "conversion's) own earlier outputs there; other files are kept")
+    parser.add_argument("--restart", action="store_true",
+                        help="discard an unfinished run's work directory instead of resuming it")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.frequency_limit < 0:
+        parser.error(f"--frequency_limit must be >= 0, got {args.frequency_limit}")
+    if not 0.0 <= args.max_malformed_fraction <= 1.0:
+        parser.error(f"--max_malformed_fraction must be in [0, 1], got {args.max_malformed_fraction}")
+    if args.chunk_mb < 1 or args.shuffle_bucket_rows < 1:
+        parser.error("--chunk_mb and --shuffle_bucket_rows must be >= 1")
+    args.work_dir = args.work_dir or os.path.abspath(args.output_path).rstrip(os.sep) + ".work"
+    return args
+
+
+_WORK_MARK = ".criteo_polars_work"
+
+
+def _prepare_work_dir(work: str, restart: bool) -> None:
+    """Create the work directory, or reuse one this tool made; never touch a directory it did not make."""
+    mark = os.path.join(work, _WORK_MARK)
+    if os.path.isdir(work) and os.listdir(work) and not os.path.exists(mark):
+        raise CriteoPreprocessError(f"{work}: --work_dir exists and was not made by this tool; choose another")
+    if restart and os.path.exists(mark):
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    open(mark, "a").close()
+
+
+def _split_of_lines(lines: np.ndarray, is_split_file: bool, bounds: Optional[Tuple[int, int]]) -> np.ndarray:
+    """0 train, 1 test, 2 validation per data line."""
+    if not is_split_file:
+        return np.zeros(len(lines), dtype=np.int8)
+    train_end, test_end = bounds
+    return (lines >= train_end).astype(np.int8) + (lines >= test_end).astype(np.int8)
+
+
+def _count_lines(path: str, fmt: FileFormat, chunk_bytes: int) -> int:
+    return sum(c.num_lines for c in iter_line_chunks(path, fmt, chunk_bytes))
+
+
+def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state: WorkState, work: str,
+               bounds: Optional[Tuple[int, int]]) -> None:
+    """Pass 1: parse every file once, keep the chunks, count values per file."""
+    import polars as pl
+    files = list(layout.train_files) + [layout.split_file]
+    total = sum(os.path.getsize(p) for p in files)
+    done_bytes = sum(os.path.getsize(p) for p in files if state.data["files"].get(os.path.basename(p)))
+    progress = Progress("pass 1/2 (parse and count)", total, "bytes")
+    progress.update(done_bytes, 0, force=True)
+    for index, path in enumerate(files):
+        name = os.path.basename(path)
+        if state.data["files"].get(name):
+            continue
+        directory = os.path.join(work, "files", str(index))
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)   # this tool's partial files of a killed run
+        os.makedirs(directory)
+        is_split = index == len(files) - 1
+        counted_frames: List[List[Any]] = [[] for _ in range(NUM_CATEGORICAL)]
+        lines = good = 0
+        padded = 0
+        mal_lines, mal_reasons, examples = [], [], {}
+        k = 0
+        for chunk in iter_line_chunks(path, formats[path], args.chunk_mb << 20):
+            parsed = parse_chunk(chunk, formats[path], max(0, args.max_examples - len(examples)))
+            _save_chunk(directory, k, parsed)
+            if args.dictionary_source == "all":
+                counted = None
+            else:
+                counted = _split_of_lines(parsed.lines, is_split, bounds) == 0
+            for c in range(NUM_CATEGORICAL):
+                if parsed.uniques[c] is None or not len(parsed.uniques[c]):
+                    continue
+                codes = parsed.codes[:, c] if counted is None else parsed.codes[counted, c]
+                counts = np.bincount(codes, minlength=len(parsed.uniques[c]) + 1)[1:]
+                counted_frames[c].append(pl.DataFrame({"value": pl.from_arrow(parsed.uniques[c]).cast(pl.Utf8),
+                                                       "count": counts.astype(np.uint64)}).filter(pl.col("count") > 0))
+            lines += parsed.num_lines
+            good += len(parsed.label)
+            padded += int(parsed.padded.sum())
+            mal_lines.append(parsed.malformed_lines)
+            mal_reasons.append(parsed.malformed_reasons)
+            examples.update(parsed.malformed_text)
+            k += 1
+            progress.update(done_bytes + chunk.position, parsed.num_lines, what=f"({name})")
+        from .dictionaries import merge_counts
+        frames = []
+        for c in range(NUM_CATEGORICAL):
+            merged = merge_counts(counted_frames[c])
+            frames.append(merged.with_columns(pl.lit(c, dtype=pl.Int8).alias("column")))
+        counted_frames = None
+        tmp = os.path.join(directory, "counts.tmp.parquet")
+        pl.concat(frames).select("column", "value", "count").write_parquet(tmp, compression="lz4")
+        os.replace(tmp, os.path.join(directory, "counts.parquet"))
+        np.savez(os.path.join(directory, "malformed.npz"),
+                 lines=np.concatenate(mal_lines) if mal_lines else np.zeros(0, np.int64),
+                 reasons=np.concatenate(mal_reasons) if mal_reasons else np.zeros(0, np.int16))
+        header = 1 if formats[path].header else 0
+        state.data["files"][name] = {"index": index, "chunks": k, "lines": lines, "good": good, "padded": padded,
+                                     "examples": [{"file": name, "data_line": line, "line": line + header + 1,
+                                                   "reason": why, "text": text}
+                                                  for line, (why, text) in sorted(examples.items())]}
+        state.save()
+        done_bytes += os.path.getsize(path)
+    progress.update(done_bytes, 0, force=True)
+
+
+def build_all_dictionaries(work: str, num_files: int, frequency_limit: int):
+    """Sum the per-file counts (lazily, column by column) and build the 26 dictionaries."""
+    import polars as pl
+    from .dictionaries import build_dictionary
+    paths = [os.path.join(work, "files", str(i), "counts.parquet") for i in range(num_files)]
+    scan = pl.scan_parquet(paths)
+    dictionaries = []
+    for c in range(NUM_CATEGORICAL):
+        counts = (scan.filter(pl.col("column") == c).group_by("value").agg(pl.col("count").sum())
+                  .collect(engine="streaming"))
+        dictionaries.append(build_dictionary(counts, frequency_limit))
+    return dictionaries
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    import polars as pl
+    from .dictionaries import DictionaryLookup
+    from ..feature_spec import FeatureSpec
+    from .to_split_binary import dataset_metadata
+    started = time.time()
+    layout = discover_input(args.input_path, args.layout)
+    files = list(layout.train_files) + [layout.split_file]
+    formats = {p: sniff_format(p, args.header, args.delimiter) for p in files}
+    check_output_directory(args.output_path, args.overwrite)
+    work = args.work_dir
+    _prepare_work_dir(work, args.restart)
+    state = WorkState(work, _fingerprint(args, files))
+    print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
+          f"{os.path.basename(layout.split_file)}; work directory {work}", flush=True)
+    split_header = 1 if formats[layout.split_file].header else 0
+
+    bounds = None
+    if args.dictionary_source == "train" and layout.kind == "kaggle":
+        # The train lines of the split file are counted for the dictionaries: their number must be known first.
+        if "split_lines" not in state.data:
+            state.data["split_lines"] = _count_lines(layout.split_file, formats[layout.split_file],
+                                                     args.chunk_mb << 20)
+            state.save()
+        bounds = split_boundaries(layout.kind, state.data["split_lines"])
+    count_pass(args, layout, formats, state, work, bounds)
+
+    # Report: rows per split, malformed rows per reason and split, padded rows (attributed in pass 2).
+    info = {os.path.basename(p): state.data["files"][os.path.basename(p)] for p in files}
+    split_name = os.path.basename(layout.split_file)
+    num_lines = info[split_name]["lines"]
+    bounds = split_boundaries(layout.kind, num_lines)
+    report: Dict[str, Any] = {
+        "engine": "polars", "input": layout.describe(), "frequency_limit": args.frequency_limit,
+        "dictionary_source": args.dictionary_source, "train_ordering": args.train_ordering, "seed": args.seed,
+        "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID, "first_frequent": FIRST_FREQUENT_ID},
+        "input_format": {os.path.basename(p): f.describe() for p, f in formats.items()},
+        "split": {"lines_in_split_file": num_lines, "train_end_line": bounds[0], "test_end_line": bounds[1],
+                  "split_file_header": bool(split_header)}}
+    rows_read = {s: 0 for s in SPLITS}
+    malformed: Dict[str, Dict[str, int]] = {s: {} for s in SPLITS}
+    for index, path in enumerate(files):
+        name = os.path.basename(path)
+        mal = np.load(os.path.join(work, "files", str(index), "malformed.npz"))
+        is_split = index == len(files) - 1
+        line_split = _split_of_lines(np.arange(info[name]["lines"]), is_split, bounds) if is_split else None
+        if is_split:
+            for s, split in enumerate(SPLITS):
+                rows_read[split] += int((line_split == s).sum())
+        else:
+            rows_read["train"] += info[name]["lines"]
+        splits_of_bad = _split_of_lines(mal["lines"], is_split, bounds)
+        for reason, s in zip(mal["reasons"].tolist(), splits_of_bad.tolist()):
+            key = _REASONS[reason]
+            malformed[SPLITS[s]][key] = malformed[SPLITS[s]].get(key, 0) + 1
+    total_rows = sum(rows_read.values())
+    total_malformed = sum(sum(m.values()) for m in malformed.values())
+    report["rows_read"] = rows_read
+    report["rows_malformed"] = malformed
+    report["rows_written"] = {s: rows_read[s] - sum(malformed[s].values()) for s in SPLITS}
+    examples = [e for p in files for e in info[os.path.basename(p)]["examples"]][:args.max_examples]
+    if total_malformed:
+        report["malformed_examples"] = [
+            {"file": e["file"], "line": e["line"], "reason": e["reason"], "text": e["text"],
+             "split": SPLITS[int(_split_of_lines(np.array([e["data_line"]]), e["file"] == split_name, bounds)[0])]}
+            for e in examples]
+        print(f"[criteo] {total_malformed} malformed row(s) of {total_rows} excluded: {json.dumps(malformed)}",
+              flush=True)
+        for e in examples[:5]:
+            print(f"[criteo]   {e['file']}:{e['line']}: {e['reason']}: {e['text'][:120]!r}", flush=True)
+    if total_rows == 0:
+        raise CriteoPreprocessError(f"{args.input_path}: no rows")
+    if total_malformed > args.max_malformed_fraction * total_rows:
+        raise CriteoPreprocessError(
+            f"{args.input_path}: {total_malformed} of {total_rows} rows are malformed "
+            f"({total_malformed / total_rows:.2%} > --max_malformed_fraction {args.max_malformed_fraction:.2%}): "
+            f"{json.dumps(malformed)}; first: {json.dumps(examples[:3])}")
+
+    dictionaries = build_all_dictionaries(work, len(files), args.frequency_limit)
+    cardinalities = [d.height + FIRST_FREQUENT_ID for d in dictionaries]
+    report["cardinalities"] = cardinalities
+    print(f"[criteo] {time.time() - started:7.1f} s  dictionaries: cardinalities {cardinalities}", flush=True)
+    lookups = [DictionaryLookup(d) for d in dictionaries]
+    dictionaries = None
+
+    out_dir = os.path.join(work, "out")
+    spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS)
+    writers = {s: SplitBinaryAppender(spec, s, out_dir) for s in SPLITS}
+    shuffle = args.train_ordering == "random"
+    total_good = sum(report["rows_written"].values())
+    progress = Progress("pass 2/2 (map and write)", total_good, "rows")
+    padded = {s: 0 for s in SPLITS}
+    done_rows = 0
+    for index, path in enumerate(files):
+        name = os.path.basename(path)
+        entry = state.data["pass2"].get(name)
+        if entry and entry.get("done"):
+            for s in SPLITS:
+                padded[s] += entry["padded"][s]
+            done_rows += info[name]["good"]
+            continue
+        # Cut the outputs back to the end of the last finished file (a killed run may have appended more).
+        sizes = state.data.get("pass2_sizes", {})
+        for s in SPLITS:
+            writers[s].truncate(sizes.get(s, {}))
+        is_split = index == len(files) - 1
+        directory = os.path.join(work, "files", str(index))
+        file_padded = {s: 0 for s in SPLITS}
+        shuffle_dir = os.path.join(work, "shuffle", str(index))
+        if shuffle:
+            if os.path.isdir(shuffle_dir):
+                shutil.rmtree(shuffle_dir)
+            os.makedirs(shuffle_dir)
+        for k in range(info[name]["chunks"]):
+            arrays, uniques = _load_chunk(directory, k)
+            codes = arrays["codes"]
+            ids = np.empty(codes.shape, dtype=np.int32)
+            for c in range(NUM_CATEGORICAL):
+                table = np.empty(len(uniques[c]) + 1, dtype=np.int32)
+                table[0] = MISSING_ID
+                table[1:] = lookups[c].ids(uniques[c])
+                ids[:, c] = table[codes[:, c]]
+            splits = _split_of_lines(arrays["lines"], is_split, bounds)
+            for s, split in enumerate(SPLITS):
+                mask = splits == s
+                if not mask.any():
+                    continue
+                file_padded[split] += int(arrays["padded"][mask].sum())
+                if split == "train" and shuffle:
+                    _scatter(shuffle_dir, k, arrays["label"][mask], arrays["numerical"][mask], ids[mask],
+                             args.seed, index, state.data.get("buckets_total") or
+                             _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows))
+                else:
+                    writers[split].append(arrays["label"][mask], arrays["numerical"][mask], ids[mask])
+            done_rows += len(codes)
+            progress.update(done_rows, len(codes), what=f"({name})")
+        for s in SPLITS:
+            padded[s] += file_padded[s]
+        state.data["pass2"][name] = {"done": True, "padded": file_padded}
+        state.data["pass2_sizes"] = {s: writers[s].sizes() for s in SPLITS}
+        state.save()
+    progress.update(done_rows, 0, force=True)
+    report["rows_padded"] = padded
+
+    if shuffle:
+        _assemble_shuffle(work, files, info, state, writers["train"], args.seed,
+                          _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows),
+                          report["rows_written"]["train"])
+    for s in SPLITS:
+        rows = os.path.getsize(writers[s].paths[("label",)])
+        if rows != report["rows_written"][s]:
+            raise CriteoPreprocessError(f"internal: wrote {rows} {s} rows, expected {report['rows_written'][s]}")
+
+    # Everything lands in --output_path at once; feature_spec.yaml (the marker) last.
+    with atomic_directory(args.output_path, overwrite=args.overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
+        for s in SPLITS:
+            os.replace(os.path.join(out_dir, s), os.path.join(tmp, s))
+        final = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS,
+                                                     base_directory=tmp)
+        final.metadata = dataset_metadata(report, {s: report["rows_written"][s] for s in SPLITS})
+        report["seconds"] = round(time.time() - started, 1)
+        atomic_write_text(os.path.join(tmp, "preprocess_report.json"), json.dumps(report, indent=2) + "\n")
+        final.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
+    shutil.rmtree(work)
+    print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, malformed "
+          f"{total_malformed}, padded {sum(padded.values())}, {report['seconds']} s", flush=True)
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------- train shuffle
+def _bucket_count(train_rows: int, bucket_rows: int) -> int:
+    return max(1, -(-train_rows // bucket_rows))
+
+
+def _record_dtype(ids_dtype=np.int32) -> np.dtype:
+    return np.dtype([("label", np.int8), ("numerical", np.float16, (NUM_NUMERICAL,)),
+                     ("ids", ids_dtype, (NUM_CATEGORICAL,))])
+
+
+def _scatter(directory: str, k: int, label, numerical, ids, seed: int, file_index: int, buckets: int) -> None:
+    """Chunk ``k``'s train rows into ``chunk_<k>.rec``, grouped by a random bucket per row (``.offsets.npy``)."""
+    rng = np.random.default_rng([seed, file_index, k])
+    bucket = rng.integers(0, buckets, len(label))
+    order = np.argsort(bucket, kind="stable")
+    records = np.empty(len(label), dtype=_record_dtype())
+    records["label"], records["numerical"], records["ids"] = label[order], numerical[order], ids[order]
+    offsets = np.searchsorted(bucket[order], np.arange(buckets + 1))
+    records.tofile(os.path.join(directory, f"chunk_{k}.rec"))
+    np.save(os.path.join(directory, f"chunk_{k}.offsets.npy"), offsets)
+
+
+def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, writer: SplitBinaryAppender, seed: int,
+                      buckets: int, total: int) -> None:
+    """Each bucket: its rows from every chunk, permuted in memory, appended to the train files."""
+    dtype = _record_dtype()
+    sources = []
+    for index, path in enumerate(files):
+        directory = os.path.join(work, "shuffle", str(index))
+        for k in range(info[os.path.basename(path)]["chunks"]):
+            rec = os.path.join(directory, f"chunk_{k}.rec")
+            if os.path.exists(rec):
+                sources.append((rec, np.load(os.path.join(directory, f"chunk_{k}.offsets.npy"))))
+    progress = Progress("shuffle (train buckets)", buckets, "buckets")
+    done_rows = 0
+    for b in range(buckets):
+        entry = state.data["buckets"].get(str(b))
+        if entry:
+            done_rows += entry["rows"]
+            continue
+        writer.truncate(state.data.get("bucket_sizes", {}))   # train files are empty before the first bucket
+        parts = []
+        for rec, offsets in sources:
+            lo, hi = int(offsets[b]), int(offsets[b + 1])
+            if hi > lo:
+                parts.append(np.fromfile(rec, dtype=dtype, count=hi - lo, offset=lo * dtype.itemsize))
+        rows = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+        rows = rows[np.random.default_rng([seed, 1 << 20, b]).permutation(len(rows))]
+        writer.append(rows["label"], rows["numerical"], rows["ids"])
+        done_rows += len(rows)
+        state.data["buckets"][str(b)] = {"rows": len(rows)}
+        state.data["bucket_sizes"] = writer.sizes()
+        state.save()
+        progress.update(b + 1, len(rows))
+    progress.update(buckets, 0, force=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Entry point: returns the report (also written to OUTPUT_PATH/preprocess_report.json)."""
+    args = parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (CriteoInputError, CriteoPreprocessError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
