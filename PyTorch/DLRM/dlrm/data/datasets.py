@@ -10,8 +10,9 @@
 * :class:`SyntheticBatches` makes random Criteo-shaped batches on the target device (``--synthetic_dataset``,
   NVIDIA's ``synthetic_gpu``), for speed measurements only: its labels are random, so AUC stays near 0.5.
 
-Each batch is ``(numerical float32 [B, n_num], categorical int64 [B, n_cat], label float32 [B], valid int64)``,
-where ``valid`` counts the real rows (the rest are padding).
+Each batch is ``(numerical float32 [B, n_num], categorical int64 [B, H], label float32 [B], valid int64)``,
+where ``valid`` counts the real rows (the rest are padding) and ``H = sum(hotness)``: ``n_cat`` for single-hot data;
+a multi-hot feature (``max_hotness`` h > 1 in the spec) takes h consecutive columns, its ids then -1 padding.
 
 Errors (:class:`DataError`) name the file and feature: NaN or infinite numericals, an empty mapping, a negative
 categorical id, an id at or above its cardinality (unless ``hash_indices``: then the model maps it to
@@ -48,10 +49,20 @@ class DatasetInfo:
     numerical_features: List[str]
     label_features: List[str]
     spec: Optional[FeatureSpec] = None
+    hotness: Optional[List[int]] = None   # ids per row of each categorical; None: all 1
+
+    def __post_init__(self):
+        if self.hotness is None:
+            self.hotness = [1] * len(self.categorical_features)
 
     @property
     def num_numerical_features(self) -> int:
         return len(self.numerical_features)
+
+    @property
+    def id_columns(self) -> int:
+        """Columns of the categorical id matrix: ``sum(hotness)``."""
+        return sum(self.hotness)
 
 
 def default_synthetic_info(table_sizes: List[int], num_numerical_features: int) -> DatasetInfo:
@@ -74,13 +85,10 @@ def dataset_info(dataset_dir: str, feature_spec: str = "feature_spec.yaml") -> D
                             f"channels categorical, numerical and label")
     if len(channels["label"]) != 1:
         raise DataError(f"{path}: channel 'label' must hold exactly one feature, has {channels['label']}")
-    for name in channels["categorical"]:
-        if spec.max_hotness(name) != 1:
-            raise DataError(f"{path}: feature {name!r} is multi-hot (max_hotness {spec.max_hotness(name)}); "
-                            f"this DLRM reads single-hot categoricals, as NVIDIA's does")
     cards = [spec.cardinality(name) for name in channels["categorical"]]
+    hotness = [spec.max_hotness(name) for name in channels["categorical"]]   # multi-hot: sum-pooled bags
     return DatasetInfo(list(channels["categorical"]), cards, list(channels["numerical"]), list(channels["label"]),
-                       spec)
+                       spec, hotness)
 
 
 def _to_tensors(batch: dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,7 +156,10 @@ class SplitBinaryBatches:
         else:
             self.steps = math.ceil(self.total_local_batches / world_size)
         self._numerical_file = self._file_of(info.numerical_features[0]) if info.numerical_features else None
-        self._cardinalities = np.asarray(info.cardinalities, dtype=np.int64)
+        # per id column: its table's cardinality, its table, whether -1 padding is allowed (multi-hot)
+        self._column_table = np.asarray([t for t, h in enumerate(info.hotness) for _ in range(h)], dtype=np.int64)
+        self._cardinalities = np.asarray(info.cardinalities, dtype=np.int64)[self._column_table]
+        self._column_padded = np.asarray([h > 1 for h in info.hotness for _ in range(h)], dtype=bool)
 
     def _file_of(self, feature: str) -> str:
         spec = self.info.spec
@@ -223,7 +234,13 @@ class SplitBinaryBatches:
             files = sorted({f for s in self.reader.sources for f in s.files})
             raise DataError(f"{self.info.spec.origin}: mapping {self.mapping!r}: cannot read rows {start}..{stop - 1} "
                             f"(local batch {index}) from {', '.join(files)}: {type(e).__name__}: {e}") from e
-        return {k: v[: stop - start] for k, v in raw.items()}, start, stop
+        rows = stop - start
+        categorical = raw["categorical"]
+        if isinstance(categorical, list):   # multi-hot: one [B, h] array per feature (-1 padded) -> [B, sum(h)]
+            categorical = np.concatenate([np.asarray(c, np.int64).reshape(len(c), -1) for c in categorical], axis=1)
+        raw = {k: v[:rows] for k, v in raw.items() if k != "categorical"}
+        raw["categorical"] = np.asarray(categorical)[:rows].reshape(rows, -1)   # (rows, 0) without categoricals
+        return raw, start, stop
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate(0)
@@ -231,7 +248,7 @@ class SplitBinaryBatches:
     def _padding_batch_host(self) -> Tuple[torch.Tensor, ...]:
         n = self.local_batch_size
         return (torch.zeros(n, len(self.info.numerical_features)),
-                torch.zeros(n, len(self.info.categorical_features), dtype=torch.int64), torch.zeros(n))
+                torch.zeros(n, self.info.id_columns, dtype=torch.int64), torch.zeros(n))
 
     def _check_categorical(self, values: np.ndarray, first_row: int) -> None:
         """Ids must be >= 0, and < cardinality unless ``hash_indices`` (then the model takes ``id % rows``)."""
@@ -239,12 +256,14 @@ class SplitBinaryBatches:
         if values.size == 0:
             return
         bad = values < 0
+        if self._column_padded.any():
+            bad &= ~((values == -1) & self._column_padded[None, :])   # padding of a multi-hot bag
         if not self.hash_indices:
             bad |= values >= self._cardinalities[None, :]
         if not bad.any():
             return
         row, column = np.argwhere(bad)[0]
-        name, value = self.info.categorical_features[column], int(values[row, column])
+        name, value = self.info.categorical_features[self._column_table[column]], int(values[row, column])
         card = int(self._cardinalities[column])
         where = f"{self._file_of(name)}: feature {name!r} row {first_row + int(row)} has id {value}"
         if value < 0:

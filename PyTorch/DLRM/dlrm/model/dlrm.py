@@ -9,6 +9,10 @@
 With ``hash_indices`` every id is first reduced modulo its table size (``id % rows``), which lets tables be capped
 with ``--max_table_size``.
 
+Multi-hot features (``hotness[t] > 1``): ``categorical`` is ``[B, sum(hotness)]``, table ``t`` owning ``hotness[t]``
+columns of ids padded with -1, and ``e_t`` is the sum of the rows of its ids (sum pooling,
+:mod:`dlrm.model.embeddings`); the rest of the network is unchanged.
+
     >>> import torch
     >>> from dlrm.model.embeddings import MultiTableEmbeddings
     >>> model = DLRM(13, [100, 50], 16, [32, 16], [32, 1], embeddings=MultiTableEmbeddings([100, 50], 16))
@@ -17,7 +21,7 @@ with ``--max_table_size``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -34,12 +38,14 @@ class DLRM(nn.Module):
         bottom_mlp_sizes / top_mlp_sizes: layer widths (the top MLP ends with 1).
         embeddings: a module mapping ``[B, T]`` ids to ``[B, T, d]`` (see :mod:`dlrm.model.embeddings`).
         interaction_op: ``"dot"`` or ``"cat"``; ``self_interaction`` keeps ``<z_i, z_i>`` in the dot products.
-        hash_indices: apply ``id % table_size`` before the lookup.
+        hash_indices: apply ``id % table_size`` before the lookup (padding -1 of multi-hot columns is kept).
+        hotness: ids per row of each table (default 1 each: single-hot).
     """
 
     def __init__(self, num_numerical_features: int, table_sizes: Sequence[int], embedding_dim: int,
                  bottom_mlp_sizes: Sequence[int], top_mlp_sizes: Sequence[int], embeddings: nn.Module,
-                 interaction_op: str = "dot", self_interaction: bool = False, hash_indices: bool = False):
+                 interaction_op: str = "dot", self_interaction: bool = False, hash_indices: bool = False,
+                 hotness: Optional[Sequence[int]] = None):
         super().__init__()
         if num_numerical_features < 1:
             raise ValueError("DLRM needs at least one numerical feature for its bottom MLP")
@@ -50,11 +56,16 @@ class DLRM(nn.Module):
         self.interaction = make_interaction(interaction_op, len(self.table_sizes), embedding_dim,
                                             self.bottom_mlp.out_features, self_interaction)
         self.top_mlp = TopMLP(self.interaction.output_width, top_mlp_sizes)
-        self.register_buffer("_sizes", torch.tensor(self.table_sizes, dtype=torch.int64), persistent=False)
+        self.hotness = [1] * len(self.table_sizes) if hotness is None else [int(h) for h in hotness]
+        self.multi_hot = any(h > 1 for h in self.hotness)
+        # one entry per id column: the size of the column's table
+        self.register_buffer("_sizes", torch.tensor([n for n, h in zip(self.table_sizes, self.hotness)
+                                                     for _ in range(h)], dtype=torch.int64), persistent=False)
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         if self.hash_indices:
-            categorical = torch.remainder(categorical, self._sizes.to(categorical.device))
+            hashed = torch.remainder(categorical, self._sizes.to(categorical.device))
+            categorical = torch.where(categorical >= 0, hashed, categorical) if self.multi_hot else hashed
         bottom = self.bottom_mlp(numerical)
         embedded = self.embeddings(categorical)
         return self.top_mlp(self.interaction(bottom, embedded)).squeeze(1)

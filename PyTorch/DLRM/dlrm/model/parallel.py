@@ -47,6 +47,15 @@ class ModelConfig:
     interaction_op: str = "dot"
     self_interaction: bool = False
     hash_indices: bool = False
+    hotness: Optional[List[int]] = None     # ids per row of each table; None: all 1 (single-hot)
+
+    def __post_init__(self):
+        # stored as the full list, so checkpoints and serving see one form (all ones for single-hot data)
+        self.hotness = [1] * len(self.table_sizes) if self.hotness is None else [int(h) for h in self.hotness]
+
+    @property
+    def multi_hot(self) -> bool:
+        return any(h > 1 for h in self.hotness)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -183,6 +192,8 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
 
     A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
     """
+    if embedding_type == "torchrec_fused" and not config.table_sizes:
+        embedding_type = "multi_table"   # numerical features only: no table to shard
     if embedding_type == "torchrec_fused":
         return _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, sharding_type,
                                local_batch_size, grad_multiplier)
@@ -190,20 +201,24 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
         raise ValueError(f"unresolved embedding type {embedding_type!r}")
     sparse = world_size == 1
     if fused_sgd is None:
-        fused_sgd = sparse and not adam_embeddings
+        fused_sgd = sparse and not adam_embeddings and bool(config.table_sizes)
     if fused_sgd and not (sparse and not adam_embeddings):
         raise ValueError("fused_sgd needs one process and SGD for the embeddings")
     if fused_sgd:  # one gather for all tables, SGD applied inside the backward pass (same update as sparse SGD)
-        embeddings = FusedSGDTableEmbeddings(config.table_sizes, config.embedding_dim, device=device)
+        embeddings = FusedSGDTableEmbeddings(config.table_sizes, config.embedding_dim, device=device,
+                                             hotness=config.hotness)
     else:
-        embeddings = MultiTableEmbeddings(config.table_sizes, config.embedding_dim, sparse=sparse, device=device)
+        embeddings = MultiTableEmbeddings(config.table_sizes, config.embedding_dim, sparse=sparse, device=device,
+                                          hotness=config.hotness)
     core = _dlrm(config, embeddings).to(device)
     if device.type == "cuda" and hasattr(core.interaction, "pad_multiple"):
         core.interaction.pad_multiple = 8  # tensor-core friendly batched matmul in the dot interaction
     dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
     dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
     table_params = list(embeddings.parameters())
-    if adam_embeddings:
+    if not table_params:   # numerical features only: no table, no table optimizer
+        embedding_optimizer = None
+    elif adam_embeddings:
         embedding_optimizer = torch.optim.SparseAdam(table_params, lr=lr) if sparse else torch.optim.Adam(table_params, lr=lr)
     else:
         embedding_optimizer = torch.optim.SGD(table_params, lr=lr)
@@ -218,7 +233,7 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
 def _dlrm(config: ModelConfig, embeddings: nn.Module) -> DLRM:
     return DLRM(config.num_numerical_features, config.table_sizes, config.embedding_dim, config.bottom_mlp_sizes,
                 config.top_mlp_sizes, embeddings, config.interaction_op, config.self_interaction,
-                config.hash_indices)
+                config.hash_indices, config.hotness)
 
 
 def _dense_optimizer(params: Sequence[nn.Parameter], lr: float, adam: bool, device: torch.device):
@@ -236,7 +251,7 @@ def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, s
 
     if sharding_type not in SHARDING_TYPES:
         raise ValueError(f"--sharding_type must be one of {SHARDING_TYPES}, got {sharding_type!r}")
-    embeddings = TorchRecEmbeddings(config.table_sizes, config.embedding_dim, config.feature_names)
+    embeddings = TorchRecEmbeddings(config.table_sizes, config.embedding_dim, config.feature_names, config.hotness)
     embeddings.grad_multiplier = grad_multiplier
     core = _dlrm(config, embeddings)
     # Dense parts are real tensors on the CPU until DMP moves them; the EBC stays on "meta" until sharded.

@@ -467,6 +467,11 @@ def _maybe_graph_mlps(args, ctx, trainable, amp, train_data):
     if ctx.device.type != "cuda":
         warnings.warn("--cuda_graphs needs CUDA; running without CUDA graphs on the CPU", stacklevel=2)
         return None
+    if trainable.core.multi_hot:
+        # a bag's size changes from batch to batch, and a CUDA graph replays fixed shapes
+        warnings.warn("--cuda_graphs is not used with multi-hot features (bags of varying size per batch)",
+                      stacklevel=2)
+        return None
     from dlrm.utils.cuda_graphs import GraphedDLRM
     return GraphedDLRM(trainable, amp, train_data.local_batch_size, len(trainable.core.table_sizes),
                        trainable.core.bottom_mlp.in_features, ctx.device)
@@ -539,7 +544,7 @@ def run(args) -> Dict[str, Any]:
         config = ModelConfig(info.num_numerical_features, table_sizes, info.categorical_features,
                              args.embedding_dim, _ints(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
                              _ints(args.top_mlp_sizes, "top_mlp_sizes"), args.interaction_op, args.self_interaction,
-                             args.hash_indices)
+                             args.hash_indices, list(info.hotness))
         # --fp16 (default on, as NVIDIA's) turns AMP on where it is native: CUDA, and CPUs with bfloat16 instructions,
         # where bfloat16 autocast measured faster than float32 at the same AUC (README, "Speed"). Elsewhere a CPU
         # emulates bfloat16, so there it takes an explicit --amp.

@@ -49,7 +49,7 @@ FORMAT_VERSION = 2
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
 # Model configuration fields that must match to load a checkpoint (a mismatch is refused, naming the field).
 CONFIG_FIELDS = ("num_numerical_features", "table_sizes", "embedding_dim", "bottom_mlp_sizes", "top_mlp_sizes",
-                 "interaction_op", "self_interaction", "hash_indices")
+                 "interaction_op", "self_interaction", "hash_indices", "hotness")
 # Training settings that may change on resume, with a warning (the run then no longer equals an uninterrupted one).
 TRAINING_FIELDS = ("batch_size", "lr", "world_size")
 
