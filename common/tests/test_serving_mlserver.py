@@ -472,3 +472,18 @@ def test_perf_analyzer_bad_input_is_a_clear_error(server, protocol):
         run_perf_analyzer(url, protocol, MODEL_NAME, tiny_inputs, 4, [1], measurement_interval_ms=5000,
                           timeout_s=1)
     assert time.monotonic() - start < 120
+
+
+def test_agreement_check_catches_a_unit_slip():
+    """Requests/s reported as samples/s (a factor of the batch size) fails; loaded-machine noise passes."""
+    from recsys_common.serving.perf_analyzer import check_agreement
+
+    def record(ratio, batch=64):
+        return {"protocol": "grpc", "batch_size": batch, "concurrency": 1, "throughput_samples_per_s": 1000.0 * ratio,
+                "latency_ms": {"p50": 1.0}, "throughput_ratio": ratio,
+                "perf_analyzer": {"throughput_samples_per_s": 1000.0, "latency_ms": {"p50": 1.0}}}
+    assert check_agreement([record(r) for r in (0.19, 1.74, 1.35, 1.71)]) == pytest.approx(0.93, abs=0.01)
+    with pytest.raises(AssertionError, match="disagree"):
+        check_agreement([record(1 / 64), record(1.0), record(1.0), record(1.0)])
+    with pytest.raises(AssertionError, match="geometric mean 0.3"):
+        check_agreement([record(0.3)] * 4)

@@ -211,19 +211,36 @@ def add_latency_arguments(parser: argparse.ArgumentParser, *, default_model_name
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per request")
     parser.add_argument("--output-json", default="latency.json", help="JSON report (written atomically)")
     parser.add_argument("--output-png", default="latency.png", help="PNG plot")
+    parser.add_argument("--perf-analyzer", action="store_true",
+                        help="also run Triton's perf_analyzer on each batch size and concurrency (same request rows, "
+                             "back to back) and report both tools' throughput side by side")
     return parser
 
 
 def run_latency(*, server_url: str, protocol: str, model_name: str, batch_sizes: Sequence[int],
                 concurrency: Sequence[int], num_requests: int, warmup_requests: int, timeout_s: float,
                 output_json: Optional[str], output_png: Optional[str], make_inputs: MakeInputs,
-                output_names: Sequence[str], title: Optional[str] = None, wait_ready_s: float = 30.0) -> List[dict]:
-    """Check the outputs are writable, wait for the model, measure, print one line per pair, write the report."""
+                output_names: Sequence[str], title: Optional[str] = None, wait_ready_s: float = 30.0,
+                perf_analyzer: bool = False) -> List[dict]:
+    """Check the outputs are writable, wait for the model, measure, print one line per pair, write the report.
+
+    ``perf_analyzer``: measure each pair with Triton's perf_analyzer too (``perf_analyzer.compare_with_perf_analyzer``);
+    each record then holds ``"perf_analyzer"`` (its figures) and ``"throughput_ratio"`` (ours / perf_analyzer's)."""
     check_json_output(output_json)
     with InferenceClient(server_url, protocol, timeout_s) as client:
         client.wait_until_ready(model_name, timeout_s=wait_ready_s)
-    records = measure_latency(server_url, protocol, model_name, make_inputs, output_names, batch_sizes, concurrency,
-                              num_requests=num_requests, warmup_requests=warmup_requests, timeout_s=timeout_s)
+    if perf_analyzer:
+        from .perf_analyzer import compare_with_perf_analyzer, find_perf_analyzer, format_comparison
+        find_perf_analyzer()   # before measuring anything
+        records = compare_with_perf_analyzer(server_url, protocol, model_name, make_inputs, output_names,
+                                             batch_sizes, concurrency, num_requests=num_requests,
+                                             warmup_requests=warmup_requests, timeout_s=timeout_s)
+        for record in records:
+            print(format_comparison(record), flush=True)
+    else:
+        records = measure_latency(server_url, protocol, model_name, make_inputs, output_names, batch_sizes,
+                                  concurrency, num_requests=num_requests, warmup_requests=warmup_requests,
+                                  timeout_s=timeout_s)
     write_latency_report(records, output_json, output_png,
                          title or f"{model_name} via {protocol} at {server_url} ({_cpu_model()})")
     return records
