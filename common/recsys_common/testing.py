@@ -51,6 +51,20 @@ def shared_data_path(*parts: str) -> str:
     return path  # unreachable
 
 
+def perf_analyzer_path() -> str:
+    """Triton's perf_analyzer (``make setup`` installs it); inside pytest, skip without it, or fail when
+    ``RECSYS_REQUIRE_DATA=1`` (CI, whose setup installs it)."""
+    from recsys_common.serving.perf_analyzer import PerfAnalyzerNotFound, find_perf_analyzer
+    try:
+        return find_perf_analyzer()
+    except PerfAnalyzerNotFound as e:
+        import pytest
+        if data_required():
+            pytest.fail(f"{e}; {REQUIRE_ENV}=1 makes this a failure", pytrace=False)
+        pytest.skip(str(e))
+        raise  # unreachable
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that is free right now (tests pick ports at runtime: others run torchrun beside them)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -15,6 +15,7 @@ import pytest
 
 from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches
 from recsys_common.serving.mlserver_launcher import free_port, serve_repository
+from recsys_common.testing import perf_analyzer_path
 from serving_tiny_model import (MAX_BATCH_SIZE, MAX_ID, MODEL_NAME, TS_MODEL_NAME, expected_probability, tiny_inputs,
                                 write_tiny_repository, write_tiny_torchscript)
 
@@ -429,22 +430,12 @@ def test_malformed_binary_requests_are_clear_errors(server, body, header_length,
 
 
 # ------------------------------------------------------------------------------------------------ perf_analyzer
-def _perf_analyzer_or_fail():
-    from recsys_common.serving.perf_analyzer import PerfAnalyzerNotFound, find_perf_analyzer
-    try:
-        return find_perf_analyzer()
-    except PerfAnalyzerNotFound as e:
-        if os.environ.get("RECSYS_REQUIRE_DATA") == "1":
-            raise
-        pytest.skip(str(e))
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_perf_analyzer_runs_against_the_server(server, protocol):
     """Triton's own benchmarking client reads the metadata and config, sends our request rows (binary tensors over
     HTTP) and reports both concurrencies."""
     from recsys_common.serving.perf_analyzer import run_perf_analyzer
-    _perf_analyzer_or_fail()
+    perf_analyzer_path()
     records = run_perf_analyzer(_url(server, protocol), protocol, TS_MODEL_NAME if protocol == "http" else MODEL_NAME,
                                 tiny_inputs, 8, [1, 2], measurement_interval_ms=300, timeout_s=120)
     assert [(r["batch_size"], r["concurrency"], r["protocol"]) for r in records] == [(8, 1, protocol),
@@ -457,7 +448,7 @@ def test_perf_analyzer_runs_against_the_server(server, protocol):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_perf_analyzer_bad_input_is_a_clear_error(server, protocol):
     from recsys_common.serving.perf_analyzer import run_perf_analyzer
-    _perf_analyzer_or_fail()
+    perf_analyzer_path()
     url = _url(server, protocol)
     start = time.monotonic()
     with pytest.raises(ServingError, match="(?s)model 'no-such-model' failed.*(unknown model|not found)"):
