@@ -124,3 +124,42 @@ def test_sgd_sparse_update_only_touched_rows_with_schedule():
     assert np.all(table.numpy() == 0)
     sgd.apply_gradients([(grad, table)])          # rate 2: duplicates summed
     np.testing.assert_allclose(table.numpy()[:, 0], [0, 0, -4, 0, -2])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_no_row_indices_touch_nothing(compiled):
+    """Index -1 (``nn.embedding.NO_ROW``: padding, an id outside this rank's row slice) is no row: lazy Adam and the
+    embedding SGD update the other rows as without it, and row 0 keeps its bits and its moments (it has momentum
+    from a first step, so a zero gradient counted as a touch would move it)."""
+    rng = np.random.default_rng(3)
+    init = rng.normal(size=(20, 3)).astype(np.float32)
+    adam_var, plain_var, sgd_var = tf.Variable(init), tf.Variable(init), tf.Variable(init)
+    adam, plain = LazyAdam(LR, B1, B2, EPS), LazyAdam(LR, B1, B2, EPS)
+    _, sgd = create_optimizers("sgd", 0.5)
+
+    def apply(grad, clean):
+        adam.apply_gradients([(grad, adam_var)])
+        plain.apply_gradients([(clean, plain_var)])
+        sgd.apply_gradients([(grad, sgd_var)])
+    if compiled:
+        apply = tf.function(apply, jit_compile=True)
+    first = rng.normal(size=(2, 3))
+    apply(_sparse([0, 4], first), _sparse([0, 4], first))
+    states = lambda var, opt: [var.numpy().copy()] + [opt.get_slot(var, s).numpy().copy() for s in ("m", "v")]
+    adam_before, sgd_before = states(adam_var, adam), sgd_var.numpy().copy()
+
+    values = rng.normal(size=(5, 3)).astype(np.float32)
+    values[[0, 2]] = 0  # as the lookup's gradient: NO_ROW entries carry zeros
+    apply(_sparse([-1, 3, -1, 5, 3], values), _sparse([3, 5, 3], values[[1, 3, 4]]))
+    for ours, reference in zip(states(adam_var, adam), states(plain_var, plain)):
+        np.testing.assert_array_equal(ours, reference)
+    for before, after in zip(adam_before, states(adam_var, adam)):
+        np.testing.assert_array_equal(after[[0, 1, 2, 4]], before[[0, 1, 2, 4]])
+        assert not np.array_equal(after[3], before[3])
+    np.testing.assert_array_equal(sgd_var.numpy()[[0, 1, 2, 4]], sgd_before[[0, 1, 2, 4]])
+    np.testing.assert_allclose(sgd_var.numpy()[3], sgd_before[3] - 0.5 * (values[1] + values[4]), rtol=1e-6)
+
+    adam_before = states(adam_var, adam)
+    apply(_sparse([-1, -1], np.zeros((2, 3))), _sparse([4], np.zeros((1, 3))))  # nothing but padding
+    for before, after in zip(adam_before, states(adam_var, adam)):
+        np.testing.assert_array_equal(after, before)

@@ -96,6 +96,26 @@ def test_row_slice_lookup_gives_zeros_outside_its_rows():
     np.testing.assert_array_equal((low + high).numpy(), whole.numpy())
 
 
+@pytest.mark.parametrize("as_variable", [True, False])
+def test_lookup_gradient_indexes_padding_and_other_slices_no_row(as_variable):
+    """The table's gradient is a tf.IndexedSlices whose padding and out-of-slice entries have index -1 (NO_ROW) and
+    value 0, so that no optimizer counts row 0 as touched by them (variable: the training path)."""
+    table = np.arange(20, dtype=np.float32).reshape(5, 4)
+    source = tf.Variable(table) if as_variable else tf.constant(table)
+    ids = tf.constant([[5, 9, -1], [7, 2, 5]])   # this slice holds rows 5..9 of the table
+    weights = tf.constant([[1.0], [2.0]])
+    with tf.GradientTape() as tape:
+        tape.watch(source)
+        out = embedding_lookup(source, ids, row_start=5, row_count=5)
+        loss = tf.reduce_sum(out * weights)
+    np.testing.assert_array_equal(out.numpy(), [table[0] + table[4], table[2] + table[0]])
+    grad = tape.gradient(loss, source)
+    assert isinstance(grad, tf.IndexedSlices)
+    assert grad.indices.numpy().tolist() == [0, 4, -1, 2, -1, 0]
+    np.testing.assert_array_equal(grad.values.numpy()[:, 0], [1, 1, 0, 2, 0, 2])
+    np.testing.assert_array_equal(tf.convert_to_tensor(grad).numpy()[:, 0], [3, 0, 2, 0, 1])
+
+
 def test_sliced_placement_assembles_the_same_tables_on_one_rank():
     """A placement whose shards are column and row slices gives the lookups of whole tables (one process)."""
     whole = SparseModel(SIZES, DIMS, hotness=[2, 1, 1], seed=4)

@@ -11,7 +11,11 @@ Lookup (``embedding_lookup``): ids of shape ``[batch]`` (one-hot) give ``table[i
 ``[batch, hotness]`` (multi-hot, padded with ``-1``) give the sum of the rows of the non-negative ids (sum pooling;
 an all-padding row gives zeros). For a row slice holding table rows ``[start, stop)``, ids outside that range give
 zeros, so the slices' results add up to the lookup in the whole table. The gradient with respect to the table is
-a ``tf.IndexedSlices`` (only the rows looked up), which the lazy Adam optimizer needs.
+a ``tf.IndexedSlices`` (only the rows looked up), which the lazy Adam optimizer needs. In it, padding and ids
+outside the slice have the index ``-1`` (:data:`NO_ROW`) and a zero value: the lookup reads local row 0 for
+them (static shapes, so it compiles under XLA), but they touch no row, and the embedding optimizers
+(``nn.optimizers``) skip negative indices. Were they index 0, lazy Adam would count row 0 as touched and give it
+a momentum-only update every step, and N ranks (whose row slices each have a row 0) would no longer train as one.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 INIT_BLOCK_ROWS = 65536
+NO_ROW = -1  # the gradient index of a looked-up id that is no row of the table (padding, outside the slice)
 
 
 def initial_value_blocks(table_rows: int, dim: int, seed: int, table: int, rows=None,
@@ -83,7 +88,35 @@ def embedding_lookup(table, ids, row_start: int = 0, row_count: Optional[int] = 
         valid = tf.logical_and(valid, local < row_count)
         if row_start:
             valid = tf.logical_and(valid, ids >= 0)  # padding (-1) stays padding whatever the offset
-    safe = tf.where(valid, local, tf.zeros_like(local))
-    rows = tf.gather(table, safe)
-    rows = rows * tf.cast(valid, rows.dtype)[..., tf.newaxis]
+    rows = _masked_gather(table, local, valid)
     return tf.reduce_sum(rows, axis=1) if multi_hot else rows
+
+
+def _masked_gather(table, local, valid):
+    """``table[local]`` where ``valid``, zeros elsewhere; the gradient of the table indexes the invalid entries
+    :data:`NO_ROW` (see the module docstring)."""
+    safe = tf.where(valid, local, tf.zeros_like(local))
+    mask = tf.cast(valid, table.dtype)[..., tf.newaxis]
+    gradient_indices = tf.reshape(tf.where(valid, local, tf.fill(tf.shape(local), tf.constant(NO_ROW, local.dtype))),
+                                  [-1])
+
+    def table_gradient(upstream):
+        values = tf.reshape(upstream * tf.cast(mask, upstream.dtype), [-1, tf.shape(upstream)[-1]])
+        return tf.IndexedSlices(values, gradient_indices, tf.shape(table, out_type=gradient_indices.dtype))
+
+    if isinstance(table, tf.Variable):
+        # The variable is read inside (a gather on the resource, no copy of the table): its gradient is returned
+        # through ``variables``, as tf.custom_gradient asks for variables the function reads.
+        @tf.custom_gradient
+        def gather(anchor):
+            def backward(upstream, variables=None):
+                if variables is None or len(variables) != 1:
+                    raise ValueError(f"embedding lookup expected to read one variable, read {variables}")
+                return tf.zeros_like(anchor), [table_gradient(upstream)]
+            return tf.gather(table, safe) * mask, backward
+        return gather(tf.zeros([], table.dtype))
+
+    @tf.custom_gradient
+    def gather_tensor(values):
+        return tf.gather(values, safe) * mask, table_gradient
+    return gather_tensor(table)

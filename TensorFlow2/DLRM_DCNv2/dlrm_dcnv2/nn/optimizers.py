@@ -2,7 +2,8 @@
 
 As NVIDIA's ``main.py create_optimizers``:
 
-* ``sgd``: Keras' legacy SGD, momentum 0, for the MLPs and for the embeddings. NVIDIA shares one instance; we return
+* ``sgd``: Keras' legacy SGD, momentum 0, for the MLPs and for the embeddings (``EmbeddingSGD``, the same with
+  the embedding gradients' ``-1`` indices skipped). NVIDIA shares one instance; we return
   two instances with the same schedule so that each one's ``iterations`` (which drives the schedule) advances once
   per training step however the trainer groups its ``apply_gradients`` calls. A sparse gradient (``tf.gather``'s
   ``IndexedSlices``) updates only the looked-up rows: ``var[i] -= lr * sum of the gradients of row i``.
@@ -19,6 +20,7 @@ Adam, for a row (or any variable) with gradient ``g`` at update ``t = iterations
 ``IndexedSlices`` gradient, to the touched rows only: duplicate indices are summed first, untouched rows of
 ``var``, ``m`` and ``v`` are not written (their moments do not decay), and the bias correction uses the
 optimizer's own ``iterations`` (one per ``apply_gradients`` call). A dense gradient gets the ordinary Adam update.
+A negative index (``nn.embedding.NO_ROW``: padding, or an id outside this rank's row slice) touches no row.
 The deduplication sorts the indices (static shapes: it compiles under XLA, unlike ``tf.unique``).
 
 Checkpoints: ``LazyAdam.slot_variables(var) -> {"m": ..., "v": ...}`` and ``iterations``; ``build(var_list)``
@@ -33,6 +35,23 @@ import tensorflow as tf
 LearningRate = Union[float, tf.keras.optimizers.schedules.LearningRateSchedule]
 
 OPTIMIZERS = ("sgd", "adam")
+
+
+def _skip_no_row(grad, indices):
+    """``(grad, indices)`` with every negative index (``nn.embedding.NO_ROW``) pointed at row 0 with a zero value:
+    the scatter then adds exactly 0 there (row 0 keeps its bits)."""
+    present = indices >= 0
+    shape = tf.concat([tf.shape(present), tf.ones([tf.rank(grad) - 1], tf.int32)], 0)
+    return (grad * tf.reshape(tf.cast(present, grad.dtype), shape),
+            tf.where(present, indices, tf.zeros_like(indices)))
+
+
+class EmbeddingSGD(tf.keras.optimizers.legacy.SGD):
+    """Keras' legacy SGD (momentum 0) whose sparse update skips the ``-1`` indices of an embedding gradient."""
+
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        grad, indices = _skip_no_row(grad, indices)
+        return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
 
 class LazyAdam(tf.keras.optimizers.legacy.Adam):
@@ -86,18 +105,22 @@ class LazyAdam(tf.keras.optimizers.legacy.Adam):
 
 def _sum_duplicates(values, indices, dtype) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``(rows [k], summed [k, ...], valid [k, 1...])`` for ``k = len(indices)``: the first ``u`` entries are the
-    ``u`` distinct indices (sorted) with their values summed; the rest are padding (row 0, sum 0, valid 0).
+    ``u`` distinct non-negative indices (sorted) with their values summed; the rest are padding (row 0, sum 0,
+    valid 0). Negative indices (``NO_ROW``) are no row: they only ever end up in the padding.
 
     Static shapes only (argsort + cumsum + segment sum), so XLA compiles it."""
     indices = tf.reshape(indices, [-1])
     count = tf.shape(indices)[0]
+    no_row = indices < 0
+    # Sorted after every real row, the negative indices form one last segment, which is not counted as unique.
+    indices = tf.where(no_row, tf.fill(tf.shape(indices), indices.dtype.max), indices)
     order = tf.argsort(indices, stable=True)
     sorted_indices = tf.gather(indices, order)
     sorted_values = tf.gather(values, order)
     starts = tf.concat([tf.ones([1], tf.bool), sorted_indices[1:] != sorted_indices[:-1]], axis=0)[:count]
     segment = tf.cumsum(tf.cast(starts, tf.int32)) - 1
     summed = tf.math.unsorted_segment_sum(sorted_values, segment, count)
-    num_unique = tf.reduce_sum(tf.cast(starts, tf.int32))
+    num_unique = tf.reduce_sum(tf.cast(starts, tf.int32)) - tf.cast(tf.reduce_any(no_row), tf.int32)
     is_valid = tf.range(count) < num_unique
     rows = tf.math.unsorted_segment_max(sorted_indices, segment, count)  # empty segments: the dtype's minimum
     rows = tf.where(is_valid, rows, tf.zeros_like(rows))
@@ -116,7 +139,7 @@ def create_optimizers(name: str, schedule: LearningRate, beta1: float = 0.9, bet
     """
     if name == "sgd":
         return (tf.keras.optimizers.legacy.SGD(learning_rate=schedule, momentum=0.0, name="dense_sgd"),
-                tf.keras.optimizers.legacy.SGD(learning_rate=schedule, momentum=0.0, name="embedding_sgd"))
+                EmbeddingSGD(learning_rate=schedule, momentum=0.0, name="embedding_sgd"))
     if name == "adam":
         return (tf.keras.optimizers.legacy.Adam(learning_rate=schedule, beta_1=beta1, beta_2=beta2, epsilon=epsilon,
                                                 name="dense_adam"),
