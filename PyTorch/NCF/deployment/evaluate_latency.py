@@ -74,7 +74,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                    batch_sizes=args.batch_sizes, concurrency=args.concurrency,
                                    num_requests=args.num_requests, warmup_requests=args.warmup_requests,
                                    timeout_s=args.timeout, output_json=args.output_json, output_png=args.output_png,
-                                   make_inputs=make_inputs, output_names=[OUTPUT_NAME])
+                                   make_inputs=make_inputs, output_names=[OUTPUT_NAME],
+                                   perf_analyzer=args.perf_analyzer)
     except (ValueError, ServingError, DatasetError, FeatureSpecError, FileExistsError) as err:
         print(f"evaluate_latency.py: error: {err}", file=sys.stderr)
         raise SystemExit(2)

@@ -85,13 +85,15 @@ def test_eager_torchscript_onnx_served_agree(deployed):
     served = {}
     for protocol, url in (("grpc", server.grpc_url), ("http", server.http_url)):
         with InferenceClient(url, protocol=protocol, timeout_s=30) as client:
-            served[protocol] = client.infer("ncf-onnx", batch, ["probability"])["probability"]
+            for model in ("ncf-onnx", "ncf-ts"):   # both exported formats, served by the same server
+                served[protocol, model] = client.infer(model, batch, ["probability"])["probability"]
     assert eager.std() > 0.05  # a spread of scores, not a constant
     np.testing.assert_array_equal(ts, eager)
-    for name, got in (("onnx", onnx), ("grpc", served["grpc"]), ("http", served["http"])):
+    for name, got in (("onnx", onnx), *served.items()):
         assert got.shape == (300, 1), name
         assert np.abs(got - eager).max() <= 1e-6, name
-    np.testing.assert_array_equal(served["grpc"], onnx)  # the server runs the same onnxruntime graph
+    np.testing.assert_array_equal(served["grpc", "ncf-onnx"], onnx)  # the server runs the same onnxruntime graph
+    np.testing.assert_array_equal(served["http", "ncf-ts"], ts)      # ... and the same TorchScript module
 
 
 def test_evaluate_accuracy_over_the_server_equals_the_recipe(deployed, tmp_path):
@@ -138,6 +140,28 @@ def test_evaluate_latency_writes_json_and_png(deployed, tmp_path):
     assert sorted((r["batch_size"], r["concurrency"]) for r in records) == [(1, 1), (1, 2), (64, 1), (64, 2)]
     assert all(r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] for r in records)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("protocol, model", [("grpc", "ncf-onnx"), ("http", "ncf-ts")])
+def test_perf_analyzer_agrees_with_evaluate_latency(deployed, tmp_path, protocol, model):
+    """Triton's perf_analyzer runs against the served model (it reads the metadata and config, sends binary tensors
+    over HTTP) and its throughput agrees with evaluate_latency's on the same rows, batch sizes and concurrencies,
+    within the bounds measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
+    from recsys_common.serving.perf_analyzer import check_agreement
+    from recsys_common.testing import perf_analyzer_path
+    perf_analyzer_path()
+    server = deployed["server"]
+    records = evaluate_latency.main(["--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
+                                     "--protocol", protocol, "--model-name", model, "--batch-sizes", "64", "1024",
+                                     "--concurrency", "1", "2", "--num-requests", "40", "--warmup-requests", "4",
+                                     "--data", deployed["data"], "--perf-analyzer",
+                                     "--output-json", str(tmp_path / "l.json"), "--output-png", str(tmp_path / "l.png")])
+    assert [(r["batch_size"], r["concurrency"]) for r in records] == [(64, 1), (64, 2), (1024, 1), (1024, 2)]
+    for r in records:
+        assert (r["perf_analyzer"]["batch_size"], r["perf_analyzer"]["concurrency"]) == (r["batch_size"],
+                                                                                       r["concurrency"])
+    check_agreement(records)
+    assert json.loads((tmp_path / "l.json").read_text())["records"][0]["perf_analyzer"]["tool"] == "perf_analyzer"
 
 
 # ------------------------------------------------------------------------------------------------ bad input
