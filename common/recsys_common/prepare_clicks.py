@@ -1,0 +1,743 @@
+"""A user's raw click log (CSV / TSV / parquet with a header) -> a dataset every DLRM recipe trains on.
+
+    python -m recsys_common.prepare_clicks --input train.csv --output /data/clicks --label click \\
+        --categorical C1 banner_pos site_id app_id device_model C14 C17 C19 C20 C21 --numerical C15 C16 \\
+        --frequency_limit 3 --split random --split_fractions 0.8 0.1 0.1 --seed 0
+
+    python -m recsys_common.prepare_clicks apply --dataset /data/clicks --input new.csv --output /data/new_rows
+
+The same semantics as the Criteo preprocessing (``recsys_common.criteo``), for any columns:
+
+- **categorical** (any column, read as text): per feature, values seen at least ``--frequency_limit`` times get
+  ids ``2, 3, ...`` by decreasing count (ties by value); id 0 = missing (empty field), id 1 = rare (seen fewer times)
+  or unseen (a value of a new row that is not in the dictionary). Counted over the train split
+  (``--dictionary_source train``, the default: a validation or test value never seen in training is "unseen", as it
+  will be in production) or over every row (``all``, NVIDIA's Criteo setting). The dictionaries are saved
+  (``dictionaries/<i>.parquet``: value, count, id) so new rows map the same way (``apply``, ``ClickEncoder``).
+- **numerical**: ``--numerical_transform log`` (Criteo's ``log(x + 3)``; missing or ``x <= -3`` -> 0; float16 as
+  NVIDIA's ``numerical.bin``), ``standardize`` (``(x - mean) / std`` with the train split's mean and std; missing -> 0;
+  float32) or ``none`` (missing -> 0; float32).
+- **label**: 0/1 (also ``true``/``false``); anything else is an error naming the file, line and value.
+- **split**: ``random`` (each row goes to train / validation / test by a hash of its row number and ``--seed``: the
+  same rows whatever ``--block_rows``), or ``time`` (``--time_column``: the earliest ``--split_fractions[0]`` of
+  the rows by that column's value are train, then validation, then test; rows of one timestamp stay together;
+  values are compared as numbers when they all are, else as text, so ISO dates and Avazu's ``YYMMDDHH`` both sort).
+  Train rows are shuffled within each block of ``--block_rows`` rows (``--no_shuffle_train`` keeps file order).
+
+Output (``--output_format split_binary``, NVIDIA's layout that both DLRM recipes read)::
+
+    feature_spec.yaml                         features = the column names; channels categorical / numerical / label
+    <split>/label.bin  numerical.bin  cat_<i>.bin      for split in train, validation (if its fraction > 0), test
+    dictionaries/<i>.parquet                  the value -> id mapping of categorical feature i
+    prepare_clicks.json                       the settings, statistics (mean/std), row counts: what ``apply`` reuses
+
+``--output_format parquet``: ``<split>/data.parquet`` (one column per feature) instead of the ``.bin`` files.
+
+Engine and memory: Polars' streaming engine, two passes over the input. Pass 1 counts every categorical value (and,
+for ``standardize``, the numericals' sums) in one streaming group-by; pass 2 maps and writes blocks of
+``--block_rows`` rows through ``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block,
+whatever the number of rows (a time split adds one count per distinct timestamp). Progress (rows done of total,
+rows/s, time left) is printed per block. The output appears all at once (``recsys_common.io.atomic_directory``): a
+non-empty ``--output`` is refused unless ``--overwrite``, and a failure leaves nothing behind.
+
+Bad input is refused before anything is written, with the file, line (1-based, the header is line 1) and column: a
+column name that is not in the header, a numerical value that is not a number, a label that is not 0/1, an empty
+input, a split left without rows.
+
+``main(argv)`` returns a dict (the written FeatureSpec and the report); ``prepare(...)`` does the same from explicit
+arguments; ``ClickEncoder.load(dataset).encode(frame)`` maps new rows to the model's inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .datasets import DatasetWriter
+from .feature_spec import FeatureSpec, smallest_int_dtype
+from .io import atomic_directory, atomic_write_text, check_output_directory
+
+TOOL = "recsys_common.prepare_clicks"
+REPORT_NAME = "prepare_clicks.json"
+SPLITS = ("train", "validation", "test")
+TRANSFORMS = ("log", "standardize", "none")
+FORMATS = ("split_binary", "parquet")
+MISSING_ID, RARE_ID, FIRST_FREQUENT_ID = 0, 1, 2    # as recsys_common.criteo
+DEFAULT_FREQUENCY_LIMIT = 3
+LABEL_FEATURE = "label"
+
+_ROW = "__row"          # global 0-based data-row number (across --input files, in order)
+_SPLIT = "__split"      # 0 train, 1 validation, 2 test
+_MASK32 = 0xFFFFFFFF
+
+
+class ClickLogError(ValueError):
+    """Input that cannot be prepared as asked; the message names the file, line and column."""
+
+
+# ------------------------------------------------------------------------------------------------ reading the input
+def _polars():
+    try:
+        import polars as pl
+    except ImportError:  # pragma: no cover - polars is in ci/requirements.txt
+        raise ImportError("recsys_common.prepare_clicks needs polars (pip install polars==2.1.0)") from None
+    return pl
+
+
+def input_format(path: str, requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
+    lower = path.lower()
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    if lower.endswith((".tsv", ".tsv.gz", ".txt")):
+        return "tsv"
+    return "csv"
+
+
+def scan_file(path: str, fmt: str = "auto", delimiter: Optional[str] = None):
+    """LazyFrame of one input file with every column as text (CSV/TSV) or in the file's own types (parquet)."""
+    pl = _polars()
+    if not os.path.isfile(path):
+        raise ClickLogError(f"{path}: input file not found")
+    fmt = input_format(path, fmt)
+    if fmt == "parquet":
+        return pl.scan_parquet(path)
+    if os.path.getsize(path) == 0:
+        raise ClickLogError(f"{path}: the file is empty (expected a header line and rows)")
+    separator = delimiter or ("\t" if fmt == "tsv" else ",")
+    # Every column as text: ids stay exactly as written (hex, leading zeros), and a bad number is reported by us
+    # with its line instead of by the CSV parser without one.
+    return pl.scan_csv(path, separator=separator, infer_schema=False, has_header=True, raise_if_empty=True,
+                       empty_string_is_null=True)
+
+
+def file_columns(path: str, fmt: str = "auto", delimiter: Optional[str] = None) -> List[str]:
+    lf = scan_file(path, fmt, delimiter)
+    try:
+        return list(lf.collect_schema().names())
+    except Exception as e:   # polars raises NoDataError / ComputeError for an empty or unreadable file
+        raise ClickLogError(f"{path}: cannot read the header: {e}") from None
+
+
+def _check_columns(path: str, header: Sequence[str], wanted: Dict[str, Sequence[str]]) -> None:
+    for role, names in wanted.items():
+        missing = [n for n in names if n not in header]
+        if missing:
+            shown = ", ".join(header[:30]) + (", ..." if len(header) > 30 else "")
+            raise ClickLogError(f"{path}: {role} column(s) {missing} not in the header (columns: {shown})")
+
+
+# ------------------------------------------------------------------------------------------------ row -> split
+def _hash32(x):
+    """A 32-bit integer mixer (the "lowbias32"-style finaliser) written with operations that behave the same on a
+    Polars expression and a numpy int64 array (values stay below 2**63, so nothing overflows)."""
+    x = x & _MASK32
+    x = (x ^ (x // 65536)) * 0x45D9F3B & _MASK32
+    x = (x ^ (x // 65536)) * 0x45D9F3B & _MASK32
+    return x ^ (x // 65536)
+
+
+def random_unit(row, seed: int):
+    """Uniform number in [0, 1) for a row number (Polars expression or numpy int64): depends on (row, seed) only."""
+    salted = (row & _MASK32) ^ _hash32(row // (1 << 32) + (seed & _MASK32) * 2654435761)
+    return _hash32(_hash32(salted)) / float(1 << 32)
+
+
+def _split_expr(split: Dict[str, Any]):
+    """Polars expression: 0 train, 1 validation, 2 test."""
+    pl = _polars()
+    train_f, valid_f, _ = split["fractions"]
+    if split["kind"] == "random":
+        u = random_unit(pl.col(_ROW).cast(pl.Int64), split["seed"])
+        return pl.when(u < train_f).then(0).when(u < train_f + valid_f).then(1).otherwise(2).cast(pl.Int8)
+    key = _time_key(pl.col(split["time_column"]), split["time_numeric"])
+    return (pl.when(key <= split["train_until"]).then(0)
+            .when(key <= split["validation_until"]).then(1).otherwise(2).cast(pl.Int8))
+
+
+def _time_key(expr, numeric: bool):
+    pl = _polars()
+    return expr.cast(pl.Float64, strict=False) if numeric else expr.cast(pl.String)
+
+
+def time_cutoffs(lf, path_desc: str, time_column: str, fractions: Sequence[float]) -> Dict[str, Any]:
+    """One streaming pass counting rows per distinct timestamp; returns the last timestamp of train and validation."""
+    pl = _polars()
+    col = pl.col(time_column)
+    counts = (lf.select(col.cast(pl.String).alias("t")).group_by("t").agg(pl.len().alias("n"))
+              .collect(engine="streaming"))
+    if counts.filter(pl.col("t").is_null()).height:
+        raise ClickLogError(f"{path_desc}: time column {time_column!r} has empty values; every row needs a time")
+    numeric = counts["t"].cast(pl.Float64, strict=False).null_count() == 0
+    key = counts["t"].cast(pl.Float64) if numeric else counts["t"]
+    counts = counts.with_columns(key.alias("k")).sort("k")
+    cumulative = counts["n"].cum_sum().to_numpy()
+    keys = counts["k"].to_list()
+    total = int(cumulative[-1])
+    train_end = int(np.searchsorted(cumulative, fractions[0] * total, side="left"))
+    valid_end = int(np.searchsorted(cumulative, (fractions[0] + fractions[1]) * total, side="left"))
+    train_end = min(train_end, len(keys) - 1)
+    valid_end = min(max(valid_end, train_end), len(keys) - 1)
+    return {"time_numeric": bool(numeric), "train_until": keys[train_end],
+            "validation_until": keys[valid_end] if fractions[1] > 0 else keys[train_end],
+            "distinct_times": len(keys)}
+
+
+# ------------------------------------------------------------------------------------------------ pass 1: statistics
+def _bad_numeric(name: str):
+    """True where a value is present but does not parse as a number."""
+    pl = _polars()
+    raw = pl.col(name)
+    return raw.is_not_null() & raw.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False).is_null()
+
+
+def _as_float(name: str):
+    pl = _polars()
+    return pl.col(name).cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
+
+
+def _label_int(name: str):
+    """0/1 from 0, 1, 0.0, 1.0, true, false (any case); null where it is none of these."""
+    pl = _polars()
+    text = pl.col(name).cast(pl.String).str.strip_chars().str.to_lowercase()
+    return (pl.when(text.is_in(["1", "1.0", "true"])).then(1)
+            .when(text.is_in(["0", "0.0", "false"])).then(0).otherwise(None).cast(pl.Int8))
+
+
+def count_values(lf, categorical: Sequence[str], numerical: Sequence[str], label: str,
+                 train_only: bool, want_moments: bool):
+    """Pass 1, one streaming scan: value counts of every categorical column (train rows, or all), numerical sums
+    over train rows, and the first row of every bad value (label, numericals)."""
+    pl = _polars()
+    counted = lf.filter(pl.col(_SPLIT) == 0) if train_only else lf
+    if categorical:
+        long = counted.select([pl.col(c).cast(pl.String).alias(f"{i}") for i, c in enumerate(categorical)])
+        long = long.unpivot(variable_name="feature", value_name="value").drop_nulls("value")
+        counts_q = long.group_by(["feature", "value"]).agg(pl.len().alias("count"))
+    else:
+        counts_q = None
+    aggs = [pl.len().alias("rows"), (pl.col(_SPLIT) == 0).sum().alias("rows_train"),
+            (pl.col(_SPLIT) == 1).sum().alias("rows_validation"), (pl.col(_SPLIT) == 2).sum().alias("rows_test"),
+            pl.col(_ROW).filter(_label_int(label).is_null()).min().alias("bad_label_row")]
+    for i, n in enumerate(numerical):
+        aggs.append(pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}"))
+        if want_moments:
+            x = _as_float(n).filter(pl.col(_SPLIT) == 0)
+            aggs += [x.count().alias(f"n_{i}"), x.sum().alias(f"s_{i}"), (x * x).sum().alias(f"q_{i}")]
+    stats_q = lf.select(aggs)
+    queries = [stats_q] + ([counts_q] if counts_q is not None else [])
+    results = pl.collect_all(queries, engine="streaming")
+    return results[0].row(0, named=True), (results[1] if counts_q is not None else None)
+
+
+def build_dictionaries(counts, categorical: Sequence[str], frequency_limit: int) -> List[Any]:
+    """Per feature, a DataFrame ``value, count, id``: values seen >= frequency_limit times, ids 2.. by decreasing
+    count, ties by value (the rule of recsys_common.criteo)."""
+    pl = _polars()
+    out = []
+    for i, _ in enumerate(categorical):
+        if counts is None:
+            part = pl.DataFrame({"value": [], "count": []}, schema={"value": pl.String, "count": pl.UInt32})
+        else:
+            part = counts.filter(pl.col("feature") == str(i)).select("value", "count")
+        kept = part.filter(pl.col("count") >= frequency_limit).sort(["count", "value"], descending=[True, False])
+        kept = kept.with_columns((pl.int_range(0, kept.height, dtype=pl.Int64) + FIRST_FREQUENT_ID).alias("id"))
+        out.append(kept.with_columns(pl.col("count").cast(pl.Int64)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ pass 2: mapping
+def _categorical_expr(name: str, dictionary) -> Any:
+    pl = _polars()
+    raw = pl.col(name).cast(pl.String)
+    mapped = raw.replace_strict(dictionary["value"], dictionary["id"], default=RARE_ID, return_dtype=pl.Int64) \
+        if dictionary.height else pl.lit(RARE_ID, dtype=pl.Int64)
+    return pl.when(raw.is_null()).then(MISSING_ID).otherwise(mapped).cast(pl.Int64)
+
+
+def _numerical_expr(name: str, transform: str, stats: Optional[Dict[str, float]]):
+    pl = _polars()
+    x = _as_float(name)
+    if transform == "log":
+        value = pl.when(x > -3).then((x + 3).log()).otherwise(0.0)
+    elif transform == "standardize":
+        value = (x - stats["mean"]) / stats["std"]
+    else:
+        value = x
+    return value.fill_null(0.0).fill_nan(0.0)
+
+
+def mapped_columns(config: Dict[str, Any], dictionaries: Sequence[Any]) -> List[Any]:
+    """The expressions of pass 2 (and of ``apply``): feature name -> model value."""
+    pl = _polars()
+    exprs = [_label_int(config["label"]).cast(pl.Boolean).alias(LABEL_FEATURE)]
+    for i, name in enumerate(config["categorical"]):
+        exprs.append(_categorical_expr(name, dictionaries[i]).alias(config["features"]["categorical"][i]))
+    for i, name in enumerate(config["numerical"]):
+        stats = config["numerical_stats"][i] if config["numerical_stats"] else None
+        exprs.append(_numerical_expr(name, config["numerical_transform"], stats)
+                     .alias(config["features"]["numerical"][i]))
+    return exprs
+
+
+def feature_names(categorical: Sequence[str], numerical: Sequence[str], label: str) -> Dict[str, List[str]]:
+    """Feature names in the spec: the column names (the label feature is always ``label``)."""
+    names = {"categorical": list(categorical), "numerical": list(numerical)}
+    taken = set()
+    for name in list(categorical) + list(numerical):
+        if name in taken:
+            raise ClickLogError(f"column {name!r} is named twice in --categorical/--numerical")
+        if name == LABEL_FEATURE:
+            raise ClickLogError(f"column {name!r} cannot be a feature: the spec's label feature is named {name!r}")
+        taken.add(name)
+    if label in taken:
+        raise ClickLogError(f"the label column {label!r} is also listed as a feature")
+    return names
+
+
+def make_feature_spec(config: Dict[str, Any], cardinalities: Sequence[int], splits: Sequence[str],
+                      output_format: str, metadata: Dict[str, Any]) -> FeatureSpec:
+    cats, nums = config["features"]["categorical"], config["features"]["numerical"]
+    # float16 as NVIDIA's numerical.bin for log(x + 3) (small, bounded values); parquet has no float16 column type.
+    num_dtype = "float16" if config["numerical_transform"] == "log" and output_format == "split_binary" else "float32"
+    features: Dict[str, Dict[str, Any]] = {LABEL_FEATURE: {"dtype": "bool"}}
+    for name in nums:
+        features[name] = {"dtype": num_dtype}
+    for name, card in zip(cats, cardinalities):
+        features[name] = {"dtype": smallest_int_dtype(int(card)), "cardinality": int(card)}
+    source: Dict[str, List[Dict[str, Any]]] = {}
+    for split in splits:
+        if output_format == "parquet":
+            source[split] = [{"type": "parquet", "features": [LABEL_FEATURE] + nums + cats,
+                              "files": [f"{split}/data.parquet"]}]
+            continue
+        chunks = []
+        if nums:
+            chunks.append({"type": "split_binary", "features": list(nums), "files": [f"{split}/numerical.bin"]})
+        chunks.append({"type": "split_binary", "features": [LABEL_FEATURE], "files": [f"{split}/label.bin"]})
+        for i, name in enumerate(cats):
+            chunks.append({"type": "split_binary", "features": [name], "files": [f"{split}/cat_{i}.bin"]})
+        source[split] = chunks
+    channels = {"categorical": list(cats), "numerical": list(nums), "label": [LABEL_FEATURE]}
+    return FeatureSpec(features, source, channels, metadata)
+
+
+class _Progress:
+    """``[prepare_clicks] pass 2: 1,048,576 of 40,428,967 rows (2.6 %), 310,000 rows/s, 2 min 7 s left``."""
+
+    def __init__(self, total: int, what: str, every_seconds: float = 5.0):
+        self.total, self.what, self.every = total, what, every_seconds
+        self.started = self.last = time.time()
+        self.done = 0
+
+    def update(self, rows: int, force: bool = False) -> None:
+        self.done += rows
+        now = time.time()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        rate = self.done / max(now - self.started, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 else float("nan")
+        share = 100.0 * self.done / self.total if self.total else 100.0
+        print(f"[prepare_clicks] {self.what}: {self.done:,} of {self.total:,} rows ({share:.1f} %), "
+              f"{rate:,.0f} rows/s, {_duration(left)} left", flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
+# ------------------------------------------------------------------------------------------------ the whole job
+def _scan_all(inputs: Sequence[str], fmt: str, delimiter: Optional[str], roles: Dict[str, Sequence[str]]):
+    """One LazyFrame over every input (same columns in each), the columns of ``roles`` (role -> names) only, with
+    the global row number."""
+    pl = _polars()
+    frames = []
+    needed = list(dict.fromkeys(n for names in roles.values() for n in names))
+    for path in inputs:
+        header = file_columns(path, fmt, delimiter)
+        _check_columns(path, header, roles)
+        frames.append(scan_file(path, fmt, delimiter).select([pl.col(c).cast(pl.String) for c in needed]))
+    lf = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+    return lf.with_row_index(_ROW)
+
+
+def _row_location(inputs: Sequence[str], fmt: str, row: int, rows_per_file: Sequence[int]) -> str:
+    """``file:line N`` of a global data-row number (CSV: the header is line 1; parquet: row N, 0-based)."""
+    for path, n in zip(inputs, rows_per_file):
+        if row < n:
+            if input_format(path, fmt) == "parquet":
+                return f"{path}: row {row}"
+            return f"{path}:{row + 2}"   # 1-based, after the header line (rows without embedded newlines)
+        row -= n
+    return f"{inputs[-1]}: row {row}"
+
+
+def _rows_per_file(inputs: Sequence[str], fmt: str, delimiter: Optional[str]) -> List[int]:
+    pl = _polars()
+    return [int(scan_file(p, fmt, delimiter).select(pl.len()).collect(engine="streaming").item()) for p in inputs]
+
+
+def _raise_bad_row(inputs, fmt, delimiter, lf, row: int, column: str, what: str) -> None:
+    pl = _polars()
+    value = lf.filter(pl.col(_ROW) == row).select(pl.col(column)).collect(engine="streaming").item()
+    where = _row_location(inputs, fmt, row, _rows_per_file(inputs, fmt, delimiter))
+    raise ClickLogError(f"{where}: column {column!r}: {value!r} is not {what}")
+
+
+def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequence[str],
+            numerical: Sequence[str] = (), input_format_name: str = "auto", delimiter: Optional[str] = None,
+            frequency_limit: int = DEFAULT_FREQUENCY_LIMIT, dictionary_source: str = "train",
+            numerical_transform: str = "log", split: str = "random",
+            split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
+            shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 20,
+            overwrite: bool = False) -> Dict[str, Any]:
+    """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
+    pl = _polars()
+    started = time.time()
+    inputs = list(inputs)
+    if not inputs:
+        raise ClickLogError("no --input file given")
+    if not categorical and not numerical:
+        raise ClickLogError("give at least one --categorical or --numerical column")
+    fractions = [float(f) for f in split_fractions]
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or fractions[0] <= 0 or fractions[2] <= 0 \
+            or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ClickLogError(f"--split_fractions must be three numbers train validation test, train and test > 0, "
+                            f"summing to 1; got {split_fractions}")
+    if split == "time" and not time_column:
+        raise ClickLogError("--split time needs --time_column")
+    if frequency_limit < 1:
+        raise ClickLogError(f"--frequency_limit must be >= 1, got {frequency_limit}")
+    if block_rows < 1:
+        raise ClickLogError(f"--block_rows must be >= 1, got {block_rows}")
+    names = feature_names(categorical, numerical, label)
+    check_output_directory(output, overwrite)   # refused before the passes over the data, not after
+
+    roles = {"label": [label], "categorical": list(categorical), "numerical": list(numerical)}
+    if split == "time":
+        roles["time"] = [time_column]
+    lf = _scan_all(inputs, input_format_name, delimiter, roles)
+    described = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (+{len(inputs) - 1} more)"
+
+    split_config: Dict[str, Any] = {"kind": split, "fractions": fractions, "seed": int(seed)}
+    if split == "time":
+        print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
+        split_config.update(time_column=time_column, **time_cutoffs(lf, described, time_column, fractions))
+    lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
+
+    print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
+          f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
+    t1 = time.time()
+    stats, counts = count_values(lf, categorical, numerical, label, dictionary_source == "train",
+                                 numerical_transform == "standardize")
+    rows = int(stats["rows"])
+    if rows == 0:
+        raise ClickLogError(f"{described}: no data rows (only a header?)")
+    if stats["bad_label_row"] is not None:
+        _raise_bad_row(inputs, input_format_name, delimiter, lf, int(stats["bad_label_row"]), label, "a 0/1 label")
+    for i, name in enumerate(numerical):
+        if stats[f"bad_num_{i}"] is not None:
+            _raise_bad_row(inputs, input_format_name, delimiter, lf, int(stats[f"bad_num_{i}"]), name, "a number")
+    split_rows = {"train": int(stats["rows_train"]), "validation": int(stats["rows_validation"]),
+                  "test": int(stats["rows_test"])}
+    for name, wanted in zip(SPLITS, fractions):
+        if wanted > 0 and split_rows[name] == 0:
+            hint = (f"; the time column {time_column!r} has {split_config['distinct_times']} distinct value(s), "
+                    f"and rows of one time stay in one split" if split == "time" else
+                    f"; {rows} rows are too few for these fractions")
+            raise ClickLogError(f"{described}: the {name} split would have no rows (fractions {fractions}){hint}")
+    print(f"[prepare_clicks] pass 1: {rows:,} rows in {time.time() - t1:.1f} s", flush=True)
+
+    dictionaries = build_dictionaries(counts, categorical, frequency_limit)
+    cardinalities = [FIRST_FREQUENT_ID + d.height for d in dictionaries]
+    numerical_stats = []
+    if numerical_transform == "standardize":
+        for i, name in enumerate(numerical):
+            n, s, q = stats[f"n_{i}"] or 0, stats[f"s_{i}"] or 0.0, stats[f"q_{i}"] or 0.0
+            mean = s / n if n else 0.0
+            std = math.sqrt(max(q / n - mean * mean, 0.0)) if n else 1.0
+            numerical_stats.append({"mean": mean, "std": std if std > 0 else 1.0, "count": int(n)})
+    splits = [s for s, f in zip(SPLITS, fractions) if f > 0]
+    config = {
+        "label": label, "categorical": list(categorical), "numerical": list(numerical), "features": names,
+        "frequency_limit": int(frequency_limit), "dictionary_source": dictionary_source,
+        "numerical_transform": numerical_transform, "numerical_stats": numerical_stats,
+        "input_format": input_format_name, "delimiter": delimiter,
+    }
+    metadata = {
+        "dataset": "prepare_clicks", "inputs": [os.path.basename(p) for p in inputs], "label": label,
+        "categorical_ids": "0 missing, 1 rare or unseen, 2.. frequent values by decreasing count",
+        "numerical_transform": {"log": "log(x + 3); missing or x <= -3 -> 0",
+                                "standardize": "(x - train mean) / train std; missing -> 0",
+                                "none": "x; missing -> 0"}[numerical_transform],
+        "split": {k: v for k, v in split_config.items()},
+        "num_samples": {s: split_rows[s] for s in splits},
+    }
+
+    pass2 = lf.select([pl.col(_ROW), pl.col(_SPLIT)] + mapped_columns(config, dictionaries))
+    progress = _Progress(rows, "pass 2 (map and write)")
+    columns = [LABEL_FEATURE] + names["numerical"] + names["categorical"]
+    positives = {s: 0 for s in splits}
+    with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
+        spec = make_feature_spec(config, cardinalities, splits, output_format, metadata)
+        spec.base_directory = tmp
+        writers = {s: DatasetWriter(spec, s) for s in splits}
+        for w in writers.values():
+            w.__enter__()
+        try:
+            for block_number, block in enumerate(pass2.collect_batches(chunk_size=block_rows, engine="streaming")):
+                split_of_row = block[_SPLIT].to_numpy()
+                arrays = {c: block[c].to_numpy() for c in columns}
+                for index, name in enumerate(SPLITS):
+                    if name not in writers:
+                        continue
+                    rows_here = np.flatnonzero(split_of_row == index)
+                    if not rows_here.size:
+                        continue
+                    if name == "train" and shuffle_train:
+                        rows_here = np.random.default_rng([seed, block_number]).permutation(rows_here)
+                    part = {c: a[rows_here] for c, a in arrays.items()}
+                    positives[name] += int(part[LABEL_FEATURE].sum())
+                    writers[name].write(part)
+                progress.update(block.height)
+        except BaseException as error:
+            for w in writers.values():
+                w.__exit__(type(error), error, None)
+            raise
+        for w in writers.values():
+            w.__exit__(None, None, None)
+        progress.update(0, force=True)
+        written = {s: writers[s].rows_written for s in splits}
+        if written != {s: split_rows[s] for s in splits}:
+            raise ClickLogError(f"{described}: pass 2 wrote {written} rows, pass 1 counted {split_rows}: "
+                                f"did the input change while it was being read?")
+        os.makedirs(os.path.join(tmp, "dictionaries"))
+        for i, d in enumerate(dictionaries):
+            d.write_parquet(os.path.join(tmp, "dictionaries", f"{i}.parquet"))
+        report = {
+            "tool": TOOL, "config": config, "split": split_config, "rows": rows, "num_samples": written,
+            "positive_rate": {s: round(positives[s] / written[s], 6) if written[s] else None for s in splits},
+            "cardinalities": dict(zip(names["categorical"], cardinalities)),
+            "values_seen": {c: int(counts.filter(pl.col("feature") == str(i)).height) if counts is not None else 0
+                            for i, c in enumerate(categorical)},
+            "output_format": output_format, "seconds": round(time.time() - started, 2),
+            "polars": pl.__version__,
+        }
+        atomic_write_text(os.path.join(tmp, REPORT_NAME), json.dumps(report, indent=1, default=str) + "\n")
+        spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
+    print(f"[prepare_clicks] wrote {output}: " + ", ".join(
+        f"{s} {written[s]:,} rows (positive rate {report['positive_rate'][s]})" for s in splits)
+        + f"; {time.time() - started:.1f} s", flush=True)
+    return {"spec": FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml")), "report": report}
+
+
+# ------------------------------------------------------------------------------------------------ inference
+class ClickEncoder:
+    """The saved mapping of a prepared dataset, applied to new rows (a Polars/pandas frame, or a dict of lists).
+
+        encoder = ClickEncoder.load("/data/clicks")
+        inputs = encoder.encode({"site_id": ["1fbe01fe"], "C15": ["320"], ...})
+        inputs["categorical"]   # int64 [B, n_categorical]: 0 missing, 1 rare/unseen, as in training
+        inputs["numerical"]     # float32 [B, n_numerical], transformed as in training
+
+    ``served_inputs(...)`` gives the request of the recipes' served models (``numerical``, ``cat_<t>``).
+    """
+
+    def __init__(self, dataset: str, config: Dict[str, Any], dictionaries: List[Any]):
+        self.dataset, self.config, self.dictionaries = dataset, config, dictionaries
+
+    @classmethod
+    def load(cls, dataset: str) -> "ClickEncoder":
+        pl = _polars()
+        path = os.path.join(dataset, REPORT_NAME)
+        try:
+            with open(path, encoding="utf-8") as f:
+                report = json.load(f)
+        except FileNotFoundError:
+            raise ClickLogError(f"{path}: not found; is {dataset} a dataset written by {TOOL}?") from None
+        config = report["config"]
+        dictionaries = []
+        for i, _ in enumerate(config["categorical"]):
+            dictionaries.append(pl.read_parquet(os.path.join(dataset, "dictionaries", f"{i}.parquet")))
+        return cls(dataset, config, dictionaries)
+
+    def _frame(self, rows: Any, need_label: bool):
+        pl = _polars()
+        frame = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows) if isinstance(rows, dict) \
+            else pl.from_pandas(rows)
+        needed = self.config["categorical"] + self.config["numerical"] + ([self.config["label"]] if need_label else [])
+        _check_columns("rows to encode", frame.columns, {"needed": needed})
+        # An empty string is a missing value, as an empty CSV field is when the dataset was prepared.
+        return frame.select([pl.when(pl.col(c).cast(pl.String) == "").then(None)
+                             .otherwise(pl.col(c).cast(pl.String)).alias(c) for c in needed])
+
+    def encode(self, rows: Any) -> Dict[str, np.ndarray]:
+        pl = _polars()
+        has_label = self.config["label"] in (rows.columns if hasattr(rows, "columns") else rows)
+        frame = self._frame(rows, has_label)
+        config = dict(self.config)
+        exprs = mapped_columns(config, self.dictionaries)
+        if not has_label:
+            exprs = exprs[1:]
+        out = frame.select(exprs)
+        names = config["features"]
+        result = {
+            "categorical": (np.stack([out[c].to_numpy() for c in names["categorical"]], axis=1).astype(np.int64)
+                            if names["categorical"] else np.zeros((out.height, 0), np.int64)),
+            "numerical": (np.stack([out[c].to_numpy() for c in names["numerical"]], axis=1).astype(np.float32)
+                          if names["numerical"] else np.zeros((out.height, 0), np.float32)),
+        }
+        if has_label:
+            if out[LABEL_FEATURE].null_count():
+                raise ClickLogError(f"rows to encode: column {self.config['label']!r} has a value that is not 0/1")
+            result["label"] = out[LABEL_FEATURE].to_numpy().astype(np.float32)
+        return result
+
+    def served_inputs(self, rows: Any) -> Dict[str, np.ndarray]:
+        """The served models' request: ``numerical`` FP32 [B, n] and ``cat_<t>`` INT64 [B, 1] per categorical."""
+        encoded = self.encode(rows)
+        inputs = {"numerical": encoded["numerical"]}
+        for t in range(encoded["categorical"].shape[1]):
+            inputs[f"cat_{t}"] = encoded["categorical"][:, t:t + 1]
+        return inputs
+
+
+def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test", input_format_name: str = "auto",
+          delimiter: Optional[str] = None, block_rows: int = 1 << 20, overwrite: bool = False) -> FeatureSpec:
+    """Map new rows with a prepared dataset's dictionaries into a dataset of one mapping (same layout and spec),
+    which the recipes' ``predict`` and ``evaluate`` tools read. Rows without the label column get label 0."""
+    pl = _polars()
+    encoder = ClickEncoder.load(dataset)
+    config = encoder.config
+    spec_in = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
+    output_format = "parquet" if any(c["type"] == "parquet" for cs in spec_in.source_spec.values() for c in cs) \
+        else "split_binary"
+    check_output_directory(output, overwrite)
+    label = config["label"]
+    has_label = all(label in file_columns(p, input_format_name, delimiter) for p in inputs)
+    roles = {"categorical": config["categorical"], "numerical": config["numerical"]}
+    if has_label:
+        roles["label"] = [label]
+    lf = _scan_all(inputs, input_format_name, delimiter, roles)
+    stats = lf.select([pl.len().alias("rows")] + [
+        pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}") for i, n in enumerate(config["numerical"])]
+        + ([pl.col(_ROW).filter(_label_int(label).is_null()).min().alias("bad_label_row")] if has_label else [])
+    ).collect(engine="streaming").row(0, named=True)
+    if stats["rows"] == 0:
+        raise ClickLogError(f"{inputs[0]}: no data rows")
+    if has_label and stats["bad_label_row"] is not None:
+        _raise_bad_row(inputs, input_format_name, delimiter, lf, int(stats["bad_label_row"]), label, "a 0/1 label")
+    for i, name in enumerate(config["numerical"]):
+        if stats[f"bad_num_{i}"] is not None:
+            _raise_bad_row(inputs, input_format_name, delimiter, lf, int(stats[f"bad_num_{i}"]), name, "a number")
+    exprs = mapped_columns(config, encoder.dictionaries)
+    if not has_label:
+        exprs[0] = pl.lit(False).alias(LABEL_FEATURE)
+    cardinalities = [spec_in.cardinality(n) for n in config["features"]["categorical"]]
+    metadata = dict(spec_in.metadata, dataset="prepare_clicks apply", inputs=[os.path.basename(p) for p in inputs],
+                    mapped_with=os.path.abspath(dataset), label_present=has_label,
+                    num_samples={mapping: int(stats["rows"])})
+    metadata.pop("split", None)
+    progress = _Progress(int(stats["rows"]), "apply")
+    with atomic_directory(output, overwrite=overwrite, tool=TOOL + ".apply", marker="feature_spec.yaml") as tmp:
+        spec = make_feature_spec(config, cardinalities, [mapping], output_format, metadata)
+        spec.base_directory = tmp
+        with DatasetWriter(spec, mapping) as writer:
+            for block in lf.select(exprs).collect_batches(chunk_size=block_rows, engine="streaming"):
+                writer.write({c: block[c].to_numpy() for c in block.columns})
+                progress.update(block.height)
+        progress.update(0, force=True)
+        spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
+    return FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml"))
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True,
+                        help="raw click log file(s) with a header line: .csv, .tsv/.txt, .parquet (same columns)")
+    parser.add_argument("--output", required=True, help="dataset directory: new or empty unless --overwrite")
+    parser.add_argument("--label", required=True, help="name of the 0/1 label column")
+    parser.add_argument("--categorical", nargs="*", default=[], help="names of the categorical columns")
+    parser.add_argument("--numerical", nargs="*", default=[], help="names of the numerical columns")
+    parser.add_argument("--input_format", choices=("auto", "csv", "tsv", "parquet"), default="auto",
+                        help="auto: from the file name (.parquet, .tsv/.txt, else CSV)")
+    parser.add_argument("--delimiter", default=None, help="field separator of CSV/TSV input (default , or tab)")
+    parser.add_argument("--frequency_limit", type=int, default=DEFAULT_FREQUENCY_LIMIT,
+                        help="values seen fewer times share the rare/unseen id 1 (Criteo's flag)")
+    parser.add_argument("--dictionary_source", choices=("train", "all"), default="train",
+                        help="rows whose values are counted: the train split, or every row (NVIDIA's Criteo)")
+    parser.add_argument("--numerical_transform", choices=TRANSFORMS, default="log",
+                        help="log: log(x + 3) as Criteo; standardize: train mean/std; none")
+    parser.add_argument("--split", choices=("random", "time"), default="random",
+                        help="random: by a hash of the row number and --seed; time: by --time_column")
+    parser.add_argument("--split_fractions", type=float, nargs=3, default=[0.8, 0.1, 0.1],
+                        metavar=("TRAIN", "VALIDATION", "TEST"), help="fractions of the rows (validation may be 0)")
+    parser.add_argument("--time_column", default=None, help="column ordering the rows in time (--split time)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random split and the train shuffle")
+    parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in file order")
+    parser.add_argument("--output_format", choices=FORMATS, default="split_binary",
+                        help="split_binary (NVIDIA's layout, both DLRM recipes) or parquet")
+    parser.add_argument("--block_rows", type=int, default=1 << 20, help="rows mapped and written at a time")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output, replacing only this tool's earlier outputs there")
+    return parser
+
+
+def build_apply_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {TOOL} apply",
+                                     description="map new rows with a prepared dataset's saved dictionaries",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="a dataset directory written by this tool")
+    parser.add_argument("--input", nargs="+", required=True, help="new rows, same columns (the label may be absent)")
+    parser.add_argument("--output", required=True, help="dataset directory to write (one mapping)")
+    parser.add_argument("--mapping", default="test", help="name of the mapping to write")
+    parser.add_argument("--input_format", choices=("auto", "csv", "tsv", "parquet"), default="auto")
+    parser.add_argument("--delimiter", default=None)
+    parser.add_argument("--block_rows", type=int, default=1 << 20)
+    parser.add_argument("--overwrite", action="store_true")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """``prepare`` (default) or ``apply`` (first argument); returns ``{"spec": FeatureSpec, "report": dict}``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "apply":
+        args = build_apply_parser().parse_args(argv[1:])
+        spec = apply(args.dataset, args.input, args.output, mapping=args.mapping,
+                     input_format_name=args.input_format, delimiter=args.delimiter, block_rows=args.block_rows,
+                     overwrite=args.overwrite)
+        return {"spec": spec, "report": spec.metadata}
+    args = build_parser().parse_args(argv)
+    return prepare(args.input, args.output, args.label, args.categorical, args.numerical,
+                   input_format_name=args.input_format, delimiter=args.delimiter,
+                   frequency_limit=args.frequency_limit, dictionary_source=args.dictionary_source,
+                   numerical_transform=args.numerical_transform, split=args.split,
+                   split_fractions=args.split_fractions, time_column=args.time_column, seed=args.seed,
+                   shuffle_train=not args.no_shuffle_train, output_format=args.output_format,
+                   block_rows=args.block_rows, overwrite=args.overwrite)
+
+
+def run_cli(argv: Optional[Sequence[str]] = None) -> None:
+    """``main`` with errors printed as one line and exit status 2 (no traceback for a user's bad input)."""
+    try:
+        main(argv)
+    except (ClickLogError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run_cli()
