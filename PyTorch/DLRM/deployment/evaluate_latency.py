@@ -81,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                        batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                        warmup_requests=args.warmup_requests, timeout_s=args.timeout,
                        output_json=args.output_json, output_png=args.output_png, make_inputs=make_inputs,
-                       output_names=["probability"])
+                       output_names=["probability"], perf_analyzer=args.perf_analyzer)
 
 
 def _cli() -> int:

@@ -61,9 +61,12 @@ def test_eager_torchscript_onnxruntime_served_agree(server, repository, model):
     for protocol, client in _clients(server).items():
         with client:
             out = client.infer("dlrm-onnx", inputs, ["probability"])["probability"]
+            served_ts = client.infer("dlrm-ts", inputs, ["probability"])["probability"]   # TorchScript, served
         assert out.shape == (300, 1) and out.dtype == np.float32, protocol
         assert np.abs(out.reshape(-1) - eager).max() <= SERVED_TOLERANCE, protocol
         np.testing.assert_array_equal(out.reshape(-1), local, err_msg=protocol)
+        assert served_ts.shape == (300, 1) and served_ts.dtype == np.float32, protocol
+        np.testing.assert_allclose(served_ts.reshape(-1), ts, rtol=0, atol=1e-7, err_msg=protocol)
 
 
 def test_generated_configs_are_valid_triton_configs(repository):
@@ -108,6 +111,27 @@ def test_evaluate_latency_writes_json_and_png(server, repository, tmp_path):
     assert len(records) == 4
     assert all(r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] for r in rows)
     assert (tmp_path / "lat.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("protocol, name", [("grpc", "dlrm-onnx"), ("http", "dlrm-ts")])
+def test_perf_analyzer_agrees_with_evaluate_latency(server, repository, tmp_path, protocol, name):
+    """Triton's perf_analyzer runs against the served model (metadata, config, binary tensors over HTTP) and its
+    throughput agrees with evaluate_latency's on the same rows, batch sizes and concurrencies, within the bounds
+    measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
+    from deployment import evaluate_latency
+    from recsys_common.serving.perf_analyzer import check_agreement
+    from recsys_common.testing import perf_analyzer_path
+    perf_analyzer_path()
+    records = evaluate_latency.main(["--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
+                                     "--protocol", protocol, "--model-name", name, "--model-repository", repository,
+                                     "--batch-sizes", "16", "512", "--concurrency", "1", "2", "--num-requests", "30",
+                                     "--warmup-requests", "3", "--perf-analyzer", "--output-json",
+                                     str(tmp_path / "lat.json"), "--output-png", str(tmp_path / "lat.png")])
+    assert [(r["batch_size"], r["concurrency"]) for r in records] == [(16, 1), (16, 2), (512, 1), (512, 2)]
+    for r in records:
+        assert (r["perf_analyzer"]["batch_size"], r["perf_analyzer"]["concurrency"], r["perf_analyzer"]["model"]) \
+            == (r["batch_size"], r["concurrency"], name)
+    check_agreement(records)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
