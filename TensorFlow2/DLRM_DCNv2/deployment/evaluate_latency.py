@@ -83,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     return run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
                        batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                        warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
-                       output_png=args.output_png, make_inputs=cycling_inputs(pool), output_names=[PROBABILITY])
+                       output_png=args.output_png, make_inputs=cycling_inputs(pool), output_names=[PROBABILITY],
+                       perf_analyzer=args.perf_analyzer)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

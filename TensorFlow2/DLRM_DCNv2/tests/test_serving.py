@@ -195,6 +195,29 @@ def test_evaluate_latency_against_mlserver(deployed, server, tmp_path):
     assert records[0]["requests"] == 3
 
 
+@pytest.mark.parametrize("protocol, name", [("grpc", "dlrm-onnx"), ("http", "dcnv2-onnx")])
+def test_perf_analyzer_agrees_with_evaluate_latency(deployed, server, tmp_path, protocol, name):
+    """Triton's perf_analyzer runs against the served model (metadata, config, binary tensors over HTTP; the
+    multi-hot DCNv2 too) and its throughput agrees with evaluate_latency's on the same rows, batch sizes and
+    concurrencies, within the bounds measured on a loaded 2-core VM (``perf_analyzer.check_agreement``)."""
+    from deployment import evaluate_latency
+    from recsys_common.serving.perf_analyzer import check_agreement
+    from recsys_common.testing import perf_analyzer_path
+    perf_analyzer_path()
+    source = (["--dataset_path", deployed.data["dlrm"]] if name == "dlrm-onnx"
+              else ["--model-repository-path", deployed.served])
+    records = evaluate_latency.main(
+        ["--server-url", server.grpc_url if protocol == "grpc" else server.http_url, "--protocol", protocol,
+         "--model-name", name, *source, "--batch-sizes", "16", "256", "--concurrency", "1", "2",
+         "--num-requests", "30", "--warmup-requests", "3", "--perf-analyzer",
+         "--output-json", str(tmp_path / "lat.json"), "--output-png", str(tmp_path / "lat.png")])
+    assert [(r["batch_size"], r["concurrency"]) for r in records] == [(16, 1), (16, 2), (256, 1), (256, 2)]
+    for r in records:
+        assert (r["perf_analyzer"]["batch_size"], r["perf_analyzer"]["concurrency"], r["perf_analyzer"]["model"]) \
+            == (r["batch_size"], r["concurrency"], name)
+    check_agreement(records)
+
+
 def test_deploy_refuses_what_it_must(deployed, tmp_path):
     from recsys_common.io import OutputDirectoryError
     from deployment import deploy
