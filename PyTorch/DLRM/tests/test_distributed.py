@@ -57,6 +57,21 @@ def assert_matches_reference(run, reference_result):
     assert run["auc"] > 0.55                        # and the model learned: the comparison is not of two untrained
 
 
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    """The training loop's NaN guard agrees across ranks (as NCF's): only rank 1's loss is NaN, at step 2, and both
+    ranks stop there (CPU: checked every step) or at the next check (CUDA way: step 3), naming the first bad step."""
+    import json
+    run_torchrun_nodes([os.path.join("tests", "nonfinite_worker.py"), str(tmp_path)], nnodes=1, nproc_per_node=2,
+                       rendezvous="static", cwd=RECIPE_DIR, env=subprocess_env(), timeout=120)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, result in enumerate(ranks):
+        assert result["per_step"]["stopped_at"] == 2, (rank, result)
+        assert result["deferred"]["stopped_at"] == 3, (rank, result)
+        assert "at step 2 on 1 rank(s)" in result["per_step"]["message"], result
+        assert "became NaN or infinite at step 2 on at least one rank" in result["deferred"]["message"], result
+    assert "training loss became nan at step 2" in ranks[1]["per_step"]["message"]
+
+
 def test_teardown_leaves_no_gloo_thread(small_dataset, tmp_path):
     """main() drops its model (DMP holds the group) and tears the group down: no gloo thread may outlive it, since one
     still running when the interpreter exits can abort the process after a good run."""

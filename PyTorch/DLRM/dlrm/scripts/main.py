@@ -409,10 +409,15 @@ class _NonFiniteLoss:
     stall the GPU on a host sync each step, so the first bad step is recorded on the device and checked at the points
     that sync anyway: every --print_freq, before each evaluation and checkpoint, and at the end. Training may then go
     on a few steps past the NaN, but nothing is saved from them: the newest checkpoint predates the bad step.
+
+    With several processes the verdict is agreed (all-reduced, as NCF's ``check_finite_loss``): every rank stops at
+    the same step, also when only one rank's loss went bad; a rank stopping alone would leave the others waiting in
+    their next collective. On the CPU that is one all-reduce of one number per step.
     """
 
     def __init__(self, device, checkpoints=None, per_step: Optional[bool] = None):
         import torch
+        self.device = device
         self.per_step = device.type != "cuda" if per_step is None else per_step
         self.checkpoints = checkpoints
         self._step = torch.zeros((), dtype=torch.int64, device=device)
@@ -421,8 +426,12 @@ class _NonFiniteLoss:
     def record(self, loss, global_step: int) -> None:
         import torch
         if self.per_step:
-            if not bool(torch.isfinite(loss).item()):
-                self._fail(global_step, float(loss.item()))
+            from dlrm.utils.distributed import all_reduce_sum, group_active
+            value = float(loss.detach().item())
+            bad_ranks = int(all_reduce_sum([float(not math.isfinite(value))], self.device)[0])
+            if bad_ranks:
+                self._fail(global_step, value if not math.isfinite(value) else None, bad_ranks if group_active()
+                           else None)
             return
         self._step.fill_(global_step)  # a kernel argument: no host-to-device copy, no sync
         bad = (self._first_bad == 0) & ~torch.isfinite(loss.detach())
@@ -430,18 +439,24 @@ class _NonFiniteLoss:
 
     def check(self) -> None:
         if not self.per_step:
-            step = int(self._first_bad.item())
-            if step:
-                self._fail(step, None)
+            from dlrm.utils.distributed import all_reduce_min_int, group_active
+            own = int(self._first_bad.item())
+            none = 2 ** 62
+            step = all_reduce_min_int(own or none, self.device)  # the first bad step of any rank
+            if step != none:
+                self._fail(step, None, "some" if group_active() else None)
 
-    def _fail(self, step: int, value) -> None:
+    def _fail(self, step: int, value, ranks=None) -> None:
         what = f"became {value}" if value is not None else "became NaN or infinite"
+        where = ""
+        if ranks is not None:
+            where = f" on {ranks} rank(s)" if isinstance(ranks, int) else " on at least one rank"
         kept = ""
         if self.checkpoints is not None and self.checkpoints.last_path:
             kept = (f"; the last good checkpoint, from step {self.checkpoints.last_step}, is "
                     f"{self.checkpoints.last_path}")
-        raise FloatingPointError(f"training loss {what} at step {step}: the model diverged (lower --lr or lengthen "
-                                 f"--warmup_steps); nothing was saved after it{kept}")
+        raise FloatingPointError(f"training loss {what} at step {step}{where}: the model diverged (lower --lr or "
+                                 f"lengthen --warmup_steps); nothing was saved after it{kept}")
 
 
 def _mean_over_ranks(total: float, count: int, device) -> float:
