@@ -59,6 +59,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .criteo import FIRST_FREQUENT_ID, MISSING_ID, RARE_ID
+from .criteo.dictionaries import DictionaryLookup, build_dictionary
 from .datasets import DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
 from .io import atomic_directory, atomic_write_text, check_output_directory
@@ -68,7 +70,6 @@ REPORT_NAME = "prepare_clicks.json"
 SPLITS = ("train", "validation", "test")
 TRANSFORMS = ("log", "standardize", "none")
 FORMATS = ("split_binary", "parquet")
-MISSING_ID, RARE_ID, FIRST_FREQUENT_ID = 0, 1, 2    # as recsys_common.criteo
 DEFAULT_FREQUENCY_LIMIT = 3
 LABEL_FEATURE = "label"
 
@@ -238,28 +239,27 @@ def count_values(lf, categorical: Sequence[str], numerical: Sequence[str], label
 
 
 def build_dictionaries(counts, categorical: Sequence[str], frequency_limit: int) -> List[Any]:
-    """Per feature, a DataFrame ``value, count, id``: values seen >= frequency_limit times, ids 2.. by decreasing
-    count, ties by value (the rule of recsys_common.criteo)."""
+    """Per feature, a DataFrame ``value, count, id`` by the Criteo rule (``recsys_common.criteo.dictionaries``:
+    values seen >= frequency_limit times, ids 2.. by decreasing count, ties by value)."""
     pl = _polars()
     out = []
     for i, _ in enumerate(categorical):
         if counts is None:
-            part = pl.DataFrame({"value": [], "count": []}, schema={"value": pl.String, "count": pl.UInt32})
+            part = pl.DataFrame({"value": [], "count": []}, schema={"value": pl.String, "count": pl.UInt64})
         else:
-            part = counts.filter(pl.col("feature") == str(i)).select("value", "count")
-        kept = part.filter(pl.col("count") >= frequency_limit).sort(["count", "value"], descending=[True, False])
-        kept = kept.with_columns((pl.int_range(0, kept.height, dtype=pl.Int64) + FIRST_FREQUENT_ID).alias("id"))
-        out.append(kept.with_columns(pl.col("count").cast(pl.Int64)))
+            part = counts.filter(pl.col("feature") == str(i)).select("value", pl.col("count").cast(pl.UInt64))
+        out.append(build_dictionary(part, frequency_limit))
     return out
 
 
 # ------------------------------------------------------------------------------------------------ pass 2: mapping
-def _categorical_expr(name: str, dictionary) -> Any:
-    pl = _polars()
-    raw = pl.col(name).cast(pl.String)
-    mapped = raw.replace_strict(dictionary["value"], dictionary["id"], default=RARE_ID, return_dtype=pl.Int64) \
-        if dictionary.height else pl.lit(RARE_ID, dtype=pl.Int64)
-    return pl.when(raw.is_null()).then(MISSING_ID).otherwise(mapped).cast(pl.Int64)
+def map_categorical(values, lookup: "DictionaryLookup") -> np.ndarray:
+    """Text values (a Polars Series, nulls = missing) -> int64 ids: 0 missing, 1 rare/unseen, 2.. frequent."""
+    ids = np.full(len(values), MISSING_ID, dtype=np.int64)
+    present = values.is_not_null().to_numpy()
+    if present.any():
+        ids[present] = lookup.ids(values.filter(values.is_not_null()))
+    return ids
 
 
 def _numerical_expr(name: str, transform: str, stats: Optional[Dict[str, float]]):
@@ -274,17 +274,30 @@ def _numerical_expr(name: str, transform: str, stats: Optional[Dict[str, float]]
     return value.fill_null(0.0).fill_nan(0.0)
 
 
-def mapped_columns(config: Dict[str, Any], dictionaries: Sequence[Any]) -> List[Any]:
-    """The expressions of pass 2 (and of ``apply``): feature name -> model value."""
+def mapped_columns(config: Dict[str, Any]) -> List[Any]:
+    """The expressions of pass 2 (and of ``apply``): label and numerical features as the model reads them, the
+    categorical columns as text (``map_block`` looks them up)."""
     pl = _polars()
     exprs = [_label_int(config["label"]).cast(pl.Boolean).alias(LABEL_FEATURE)]
     for i, name in enumerate(config["categorical"]):
-        exprs.append(_categorical_expr(name, dictionaries[i]).alias(config["features"]["categorical"][i]))
+        exprs.append(pl.col(name).cast(pl.String).alias(f"__cat_{i}"))
     for i, name in enumerate(config["numerical"]):
         stats = config["numerical_stats"][i] if config["numerical_stats"] else None
         exprs.append(_numerical_expr(name, config["numerical_transform"], stats)
                      .alias(config["features"]["numerical"][i]))
     return exprs
+
+
+def map_block(block, config: Dict[str, Any], lookups: Sequence["DictionaryLookup"],
+              with_label: bool = True) -> Dict[str, np.ndarray]:
+    """A block of ``mapped_columns`` output -> feature name -> numpy array (what DatasetWriter takes)."""
+    names = config["features"]
+    out = {LABEL_FEATURE: block[LABEL_FEATURE].to_numpy()} if with_label else {}
+    for i, name in enumerate(names["categorical"]):
+        out[name] = map_categorical(block[f"__cat_{i}"], lookups[i])
+    for name in names["numerical"]:
+        out[name] = block[name].to_numpy()
+    return out
 
 
 def feature_names(categorical: Sequence[str], numerical: Sequence[str], label: str) -> Dict[str, List[str]]:
@@ -485,9 +498,9 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         "num_samples": {s: split_rows[s] for s in splits},
     }
 
-    pass2 = lf.select([pl.col(_ROW), pl.col(_SPLIT)] + mapped_columns(config, dictionaries))
+    pass2 = lf.select([pl.col(_ROW), pl.col(_SPLIT)] + mapped_columns(config))
+    lookups = [DictionaryLookup(d) for d in dictionaries]
     progress = _Progress(rows, "pass 2 (map and write)")
-    columns = [LABEL_FEATURE] + names["numerical"] + names["categorical"]
     positives = {s: 0 for s in splits}
     with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         spec = make_feature_spec(config, cardinalities, splits, output_format, metadata)
@@ -498,7 +511,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         try:
             for block_number, block in enumerate(pass2.collect_batches(chunk_size=block_rows, engine="streaming")):
                 split_of_row = block[_SPLIT].to_numpy()
-                arrays = {c: block[c].to_numpy() for c in columns}
+                arrays = map_block(block, config, lookups)
                 for index, name in enumerate(SPLITS):
                     if name not in writers:
                         continue
@@ -556,6 +569,7 @@ class ClickEncoder:
 
     def __init__(self, dataset: str, config: Dict[str, Any], dictionaries: List[Any]):
         self.dataset, self.config, self.dictionaries = dataset, config, dictionaries
+        self.lookups = [DictionaryLookup(d) for d in dictionaries]
 
     @classmethod
     def load(cls, dataset: str) -> "ClickEncoder":
@@ -587,21 +601,25 @@ class ClickEncoder:
         has_label = self.config["label"] in (rows.columns if hasattr(rows, "columns") else rows)
         frame = self._frame(rows, has_label)
         config = dict(self.config)
-        exprs = mapped_columns(config, self.dictionaries)
+        exprs = mapped_columns(config)
         if not has_label:
             exprs = exprs[1:]
         out = frame.select(exprs)
+        if has_label and out[LABEL_FEATURE].null_count():
+            raise ClickLogError(f"rows to encode: column {self.config['label']!r} has a value that is not 0/1")
+        bad = [n for n in config["numerical"] if frame.select(_bad_numeric(n).any()).item()]
+        if bad:
+            raise ClickLogError(f"rows to encode: numerical column(s) {bad} have a value that is not a number")
+        columns = map_block(out, config, self.lookups, with_label=has_label)
         names = config["features"]
         result = {
-            "categorical": (np.stack([out[c].to_numpy() for c in names["categorical"]], axis=1).astype(np.int64)
+            "categorical": (np.stack([columns[c] for c in names["categorical"]], axis=1).astype(np.int64)
                             if names["categorical"] else np.zeros((out.height, 0), np.int64)),
-            "numerical": (np.stack([out[c].to_numpy() for c in names["numerical"]], axis=1).astype(np.float32)
+            "numerical": (np.stack([columns[c] for c in names["numerical"]], axis=1).astype(np.float32)
                           if names["numerical"] else np.zeros((out.height, 0), np.float32)),
         }
         if has_label:
-            if out[LABEL_FEATURE].null_count():
-                raise ClickLogError(f"rows to encode: column {self.config['label']!r} has a value that is not 0/1")
-            result["label"] = out[LABEL_FEATURE].to_numpy().astype(np.float32)
+            result["label"] = columns[LABEL_FEATURE].astype(np.float32)
         return result
 
     def served_inputs(self, rows: Any) -> Dict[str, np.ndarray]:
@@ -641,7 +659,7 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
     for i, name in enumerate(config["numerical"]):
         if stats[f"bad_num_{i}"] is not None:
             _raise_bad_row(inputs, input_format_name, delimiter, lf, int(stats[f"bad_num_{i}"]), name, "a number")
-    exprs = mapped_columns(config, encoder.dictionaries)
+    exprs = mapped_columns(config)
     if not has_label:
         exprs[0] = pl.lit(False).alias(LABEL_FEATURE)
     cardinalities = [spec_in.cardinality(n) for n in config["features"]["categorical"]]
@@ -655,7 +673,7 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
         spec.base_directory = tmp
         with DatasetWriter(spec, mapping) as writer:
             for block in lf.select(exprs).collect_batches(chunk_size=block_rows, engine="streaming"):
-                writer.write({c: block[c].to_numpy() for c in block.columns})
+                writer.write(map_block(block, config, encoder.lookups))
                 progress.update(block.height)
         progress.update(0, force=True)
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
