@@ -366,6 +366,9 @@ def _configure_tensorflow(args):
 
 
 def _check_model_flags(args, embedding_dims: List[int]) -> None:
+    if not embedding_dims:
+        raise UsageError("the feature spec has no categorical feature: DLRM and DCNv2 interact embeddings and need at "
+                         "least one embedding table (a numericals-only spec trains with TensorFlow2/WideAndDeep)")
     if args.interaction.startswith("dot") and len(set(embedding_dims)) > 1:
         raise UsageError(f"--interaction {args.interaction} needs one embedding width for every table, got "
                          f"--embedding_dim {args.embedding_dim} ({sorted(set(embedding_dims))}); use one value, or "
