@@ -278,3 +278,38 @@ def test_streamed_reader_types_like_the_text_reader(raw_outbrain):
         blocks = list(raw.iter_raw_frames(raw_outbrain, name, block_bytes=2048))
         assert len(blocks) > 1 or len(whole) < 50, name
         pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), whole)
+
+
+def test_document_lists_equal_joinexternal_categorify_listslice(raw_outbrain, tmp_path):
+    """``DocumentListCategorify`` (per page) against the chain it replaces (per row): NVTabular's JoinExternal of the
+    page lists, Categorify(max_size) fitted on train, ListSlice(3); caps small enough to cut the vocabulary."""
+    import nvtabular as nvt
+    from merlin.io import Dataset
+    from nvtabular import ops
+    from wide_deep.data.outbrain.nvtabular.workflow import DocumentListCategorify, document_tables, join_and_split
+    tables = raw.read_raw_tables(raw_outbrain)
+    train, valid = join_and_split(tables, seed=0)
+    pages = np.unique(np.concatenate([train["document_id"], valid["document_id"]]))
+    lists, _ = document_tables(tables, pages)
+    caps = {"topic_id_list": 40, "entity_id_list": 60, "category_id_list": 100}
+    chains = []
+    for name, (documents, index, terms) in lists.items():
+        starts = np.searchsorted(index, np.arange(len(documents) + 1))
+        table = pd.DataFrame({"document_id": documents,
+                              name: [terms[starts[i]:starts[i + 1]] for i in range(len(documents))]})
+        joined = ["document_id"] >> ops.JoinExternal(table, on="document_id", columns_ext=["document_id", name])
+        chains.append(joined[name] >> ops.Categorify(max_size=caps[name], dtype=np.int32, out_path=str(tmp_path))
+                      >> ops.ListSlice(3))
+    reference = nvt.Workflow(chains[0] + chains[1] + chains[2])
+    ours = nvt.Workflow(["document_id"] >> DocumentListCategorify(lists, caps, 3))
+    train_ds = Dataset(train, cpu=True, npartitions=2)
+    reference.fit(train_ds)
+    ours.fit(train_ds)
+    for frame in (train, valid):
+        want = reference.transform(Dataset(frame, cpu=True, npartitions=2)).to_ddf().compute()
+        got = ours.transform(Dataset(frame, cpu=True, npartitions=3)).to_ddf().compute()
+        for name in caps:
+            assert [list(v) for v in got[name]] == [list(v) for v in want[name]], name
+        assert got["topic_id_list"].map(len).max() == 3   # up to 5 topics a page: cut
+    codes = np.concatenate(got["entity_id_list"].to_list())
+    assert (codes == 2).any() and codes.max() < caps["entity_id_list"]   # cut: out-of-vocabulary ids exist
