@@ -279,6 +279,28 @@ def test_evaluate_latency_report(trained, repo, server, tmp_path):
     assert open(out_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_agrees_with_evaluate_latency(trained, repo, server, tmp_path, protocol):
+    """Triton's perf_analyzer runs against the served model (metadata, config, binary tensors over HTTP) and its
+    throughput agrees with evaluate_latency's on the same rows, batch sizes and concurrencies, within the bounds
+    measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
+    from recsys_common.serving.perf_analyzer import check_agreement
+    from recsys_common.testing import perf_analyzer_path
+    from wide_deep.serving.latency import main
+    perf_analyzer_path()
+    out_json = str(tmp_path / "lat.json")
+    assert main(["--model-repository", repo, "--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
+                 "--protocol", protocol, "--batch-sizes", "16", "256", "--concurrency", "1", "2", "--num-requests",
+                 "30", "--warmup-requests", "3", "--dataset_path", trained["flags"][3], "--perf-analyzer",
+                 "--output-json", out_json, "--output-png", str(tmp_path / "lat.png")]) == 0
+    records = json.load(open(out_json))["records"]
+    assert [(r["batch_size"], r["concurrency"]) for r in records] == [(16, 1), (16, 2), (256, 1), (256, 2)]
+    for r in records:
+        assert (r["perf_analyzer"]["batch_size"], r["perf_analyzer"]["concurrency"], r["perf_analyzer"]["model"]) \
+            == (r["batch_size"], r["concurrency"], "widedeep-onnx")
+    check_agreement(records)
+
+
 @pytest.mark.parametrize("script", ["triton/export_model.py", "triton/evaluate_accuracy.py",
                                     "triton/evaluate_latency.py", "predict.py"])
 def test_scripts_run_from_anywhere(script, tmp_path):

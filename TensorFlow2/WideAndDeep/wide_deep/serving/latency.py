@@ -80,7 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
                     batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                     warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
-                    output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME])
+                    output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME],
+                    perf_analyzer=args.perf_analyzer)
     except (SidecarError, ServingError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
