@@ -111,7 +111,6 @@ CASES = {
     "kaggle_limit2": ("kaggle", ["--frequency_limit", "2"]),
     "kaggle_limit5_train_dictionary": ("kaggle", ["--frequency_limit", "5", "--dictionary_source", "train"]),
     "terabyte_limit3_crlf_header": ("terabyte", ["--frequency_limit", "3"]),
-    "terabyte_limit0": ("terabyte", ["--frequency_limit", "0"]),
 }
 
 

@@ -57,6 +57,7 @@ _BOM = b"\xef\xbb\xbf"
 _REASONS = [REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, REASON_BAD_LABEL] + [
     REASON_BAD_NUMERICAL.format(i + 1) for i in range(NUM_NUMERICAL)]
 _NAMES = ["label"] + [f"i{i}" for i in range(NUM_NUMERICAL)] + [f"c{i}" for i in range(NUM_CATEGORICAL)]
+_INT_COLUMNS = _NAMES[:1 + NUM_NUMERICAL]
 
 
 class CriteoPreprocessError(RuntimeError):
@@ -130,7 +131,7 @@ class ParsedChunk:
     num_lines: int
     label: np.ndarray                  # int8 [n]
     numerical: np.ndarray              # float16 [n, 13]
-    codes: np.ndarray                  # uint32 [n, 26]: 0 missing, k = uniques[c][k - 1]
+    codes: np.ndarray                  # uint32 [26, n] (column-major): 0 missing, k = uniques[c][k - 1]
     uniques: List[Any]                 # per column: pyarrow string array of the chunk's distinct values
     lines: np.ndarray                  # int64 [n]: data-line index in the file of each good row
     padded: np.ndarray                 # bool [n]: the row had fewer than 40 fields
@@ -140,10 +141,34 @@ class ParsedChunk:
 
 
 def _read_frame(data: bytes, separator: str):
+    """All 40 fields as text (empty -> null); a line with fewer fields gets nulls (Spark pads it), a line with more
+    makes Polars raise (the caller then drops such lines first)."""
     import polars as pl
-    return pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES + ["_extra"],
-                       schema={n: pl.Utf8 for n in _NAMES + ["_extra"]}, truncate_ragged_lines=True,
+    return pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES,
+                       schema={n: pl.Utf8 for n in _NAMES}, truncate_ragged_lines=False,
                        quote_char=None, missing_columns="insert", encoding="utf8-lossy", raise_if_empty=False)
+
+
+def _read_typed(data: bytes, separator: str):
+    """The fast reading: label and integer fields parsed as Int64 by the CSV reader itself. Returns None when that
+    cannot be trusted to give Spark's answer, so that the caller reads the text (``_read_frame``): a field that is
+    not a plain integer (the reader raises), a line with more than 40 fields (raises), a space or, in a comma file, a
+    tab anywhere in the chunk (the reader skips blanks before a number, Spark does not), or a value of 19 digits
+    (Spark's limit is 18)."""
+    import polars as pl
+    if b" " in data or (separator != "\t" and b"\t" in data):
+        return None
+    schema = {n: (pl.Utf8 if n.startswith("c") else pl.Int64) for n in _NAMES}
+    try:
+        frame = pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES, schema=schema,
+                            truncate_ragged_lines=False, quote_char=None, missing_columns="insert",
+                            encoding="utf8-lossy", raise_if_empty=False)
+    except pl.exceptions.ComputeError:
+        return None
+    limit = 10 ** 18
+    if frame.select(pl.any_horizontal([(pl.col(n).abs() >= limit).any() for n in _INT_COLUMNS])).item():
+        return None
+    return frame
 
 
 def integral_value(text):
@@ -166,26 +191,30 @@ def integral_value(text):
             .otherwise(None))
 
 
-def _integers(frame, column: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values int64, present bool, bad bool) of a text column under ``integral_value``'s rules, fast for plain
-    integers: a strict cast, checked for Spark's 18-digit limit; only values that fail go through the regexes."""
+def _integers(frame) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values int64 [n, 14], present bool [n, 14], bad bool [n, 14]) of the label and the 13 integer columns under
+    ``integral_value``'s rules. Fast for plain integers (one strict cast, checked against Spark's 18-digit limit, all
+    columns in one parallel select); only the values that fail it go through the regular expressions."""
     import polars as pl
-    text = pl.col(column)
-    digits = text.str.len_bytes() - text.str.starts_with("+").cast(pl.UInt32) - text.str.starts_with("-").cast(
-        pl.UInt32)
-    fast = frame.select(text.cast(pl.Int64, strict=False).alias("v"), text.is_not_null().alias("p"),
-                        (text.cast(pl.Int64, strict=False).is_not_null() & (digits <= 18)).alias("ok"))
-    present = fast["p"].to_numpy()
-    ok = fast["ok"].to_numpy()
-    values = fast["v"].fill_null(0).to_numpy().copy()
-    slow = present & ~ok
-    bad = np.zeros(len(present), dtype=bool)
-    if slow.any():
-        index = np.flatnonzero(slow)
-        exact = frame.select(pl.col(column).gather(index)).select(integral_value(pl.col(column)).alias("v"))["v"]
-        values[index] = exact.fill_null(0).to_numpy()
-        bad[index] = exact.is_null().to_numpy()
-    values[~present] = 0
+    exprs = []
+    for name in _INT_COLUMNS:
+        text = pl.col(name)
+        value = text.cast(pl.Int64, strict=False)
+        digits = text.str.len_bytes() - text.str.starts_with("+").cast(pl.UInt32) - text.str.starts_with(
+            "-").cast(pl.UInt32)
+        exprs.append(pl.when(digits <= 18).then(value).alias(name))
+    fast = frame.select(exprs)
+    present = frame.select(pl.all().is_not_null()).select(_INT_COLUMNS).to_numpy()
+    values_null = fast.select(pl.all().is_null()).to_numpy()
+    values = fast.fill_null(0).to_numpy()
+    slow = present & values_null
+    bad = np.zeros(values.shape, dtype=bool)
+    for j in np.flatnonzero(slow.any(axis=0)):
+        index = np.flatnonzero(slow[:, j])
+        name = _INT_COLUMNS[j]
+        exact = frame.select(pl.col(name).gather(index)).select(integral_value(pl.col(name)).alias("v"))["v"]
+        values[index, j] = exact.fill_null(0).to_numpy()
+        bad[index, j] = exact.is_null().to_numpy()
     return values, present, bad
 
 
@@ -196,87 +225,124 @@ def _line_offsets(data: bytes) -> Tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
+def _fields_per_line(data: bytes, separator: str, ends: np.ndarray) -> np.ndarray:
+    separators = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord(separator))
+    return np.diff(np.searchsorted(separators, ends), prepend=0) + 1
+
+
 def _line_text(data: bytes, starts: np.ndarray, ends: np.ndarray, line: int) -> str:
     return data[starts[line]:ends[line]][:_MAX_EXAMPLE_CHARS * 4].decode("utf-8", "replace")[:_MAX_EXAMPLE_CHARS]
 
 
+def _encode(array):
+    """pyarrow string array -> (codes uint32 with 0 = null and k = k-th distinct value, distinct values)."""
+    import pyarrow.compute as pc
+    encoded = pc.dictionary_encode(array)
+    if hasattr(encoded, "combine_chunks"):
+        encoded = encoded.combine_chunks()
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.indices.null_count:
+        codes = np.where(np.asarray(encoded.indices.is_valid()), indices + 1, 0).astype(np.uint32)
+    else:
+        codes = indices.astype(np.uint32) + 1
+    return codes, encoded.dictionary
+
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="criteo-encode")
+    return _POOL
+
+
 def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedChunk:
     """Parse one chunk with the Spark job's row rules; ``examples``: how many malformed lines to quote."""
-    import pyarrow.compute as pc
     data, n_lines, sep = chunk.data, chunk.num_lines, fmt.delimiter
     structural = np.full(n_lines, -1, dtype=np.int16)       # reason index of empty / too-long lines
     padded_lines = np.zeros(n_lines, dtype=bool)
-    frame = None
     kept = np.arange(n_lines)
-    # Fast path: every line has exactly 40 fields when the separators add up and no 41st field is seen; else count
-    # the fields of every line.
-    if data.count(sep.encode()) == (NUM_FIELDS - 1) * n_lines:
-        frame = _read_frame(data, sep)
-        if frame.height != n_lines or frame["_extra"].is_not_null().any():
-            frame = None
-    if frame is None:
-        a = np.frombuffer(data, dtype=np.uint8)
+    starts = ends = None
+    frame = None
+    typed = _read_typed(data, sep)
+    if typed is None:
+        # Count the fields of every line (lines with more than 40 are malformed and left out), read the text.
         starts, ends = _line_offsets(data)
-        fields = np.add.reduceat((a == ord(sep)).view(np.uint8), starts, dtype=np.int64) + 1
-        structural[ends == starts] = _REASONS.index(REASON_EMPTY_LINE)
-        structural[(fields > NUM_FIELDS) & (ends != starts)] = _REASONS.index(REASON_TOO_MANY_FIELDS)
+        fields = _fields_per_line(data, sep, ends)
         padded_lines = fields < NUM_FIELDS
-        keep = structural < 0
-        if not keep.all():
-            byte_keep = np.repeat(keep, ends - starts + 1)
+        structural[(fields > NUM_FIELDS) & (ends != starts)] = _REASONS.index(REASON_TOO_MANY_FIELDS)
+        if (structural >= 0).any():
+            keep = structural < 0
             kept = np.flatnonzero(keep)
-            frame = _read_frame(a[byte_keep].tobytes(), sep) if len(kept) else None
+            frame = _read_frame(np.frombuffer(data, np.uint8)[np.repeat(keep, ends - starts + 1)].tobytes(), sep)
         else:
             frame = _read_frame(data, sep)
-        if frame is not None and frame.height != len(kept):
-            raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
+    else:
+        frame = typed
+        if data.count(sep.encode()) != (NUM_FIELDS - 1) * n_lines:
+            # Some lines have fewer than 40 fields (none has more: the reader would have raised). Only a row whose
+            # last field is empty can be one: count the separators of those lines alone.
+            import polars as pl
+            candidates = np.flatnonzero(frame[_NAMES[-1]].is_null().to_numpy())
+            if len(candidates):
+                starts, ends = _line_offsets(data)
+                needle = sep.encode()
+                short = [data.count(needle, s, e) < NUM_FIELDS - 1
+                         for s, e in zip(starts[candidates].tolist(), ends[candidates].tolist())]
+                padded_lines[candidates[np.array(short, dtype=bool)]] = True
+    if frame.height != len(kept):
+        raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
     n = len(kept)
     reason = np.full(n, -1, dtype=np.int16)
     if chunk.bom_line and n and kept[0] == 0:
         reason[0] = _REASONS.index(REASON_BAD_LABEL)     # Spark reads the mark as part of the label
-    if n:
-        label, label_present, label_bad = _integers(frame, "label")
-        bad_label = ~label_present | label_bad | ((label != 0) & (label != 1))
-        reason[(reason < 0) & bad_label] = _REASONS.index(REASON_BAD_LABEL)
-        values = np.zeros((n, NUM_NUMERICAL), dtype=np.int64)
-        present = np.zeros((n, NUM_NUMERICAL), dtype=bool)
-        for i in range(NUM_NUMERICAL):
-            values[:, i], present[:, i], bad = _integers(frame, f"i{i}")
-            reason[(reason < 0) & bad] = _REASONS.index(REASON_BAD_NUMERICAL.format(i + 1))
+    futures = [_pool().submit(lambda name: _encode(frame[name].to_arrow()), f"c{c}") for c in range(NUM_CATEGORICAL)]
+    if typed is None:
+        values, present, bad = _integers(frame)
+    else:
+        import polars as pl
+        present = frame.select([pl.col(n).is_not_null() for n in _INT_COLUMNS]).to_numpy()
+        values = frame.select([pl.col(n).fill_null(0) for n in _INT_COLUMNS]).to_numpy()
+        bad = np.zeros(values.shape, dtype=bool)
+    label = values[:, 0]
+    bad_label = ~present[:, 0] | bad[:, 0] | ((label != 0) & (label != 1))
+    reason[(reason < 0) & bad_label] = _REASONS.index(REASON_BAD_LABEL)
+    for i in range(NUM_NUMERICAL):
+        reason[(reason < 0) & bad[:, 1 + i]] = _REASONS.index(REASON_BAD_NUMERICAL.format(i + 1))
+    if bad_label.any():
+        # A row without a label is an empty line or a line whose first field is empty: look at the text.
+        starts, ends = (starts, ends) if starts is not None else _line_offsets(data)
+        unlabeled = np.flatnonzero(~present[:, 0])
+        empty = ends[kept[unlabeled]] == starts[kept[unlabeled]]
+        reason[unlabeled[empty]] = _REASONS.index(REASON_EMPTY_LINE)
     good = reason < 0
-    malformed_lines = np.concatenate([np.flatnonzero(structural >= 0), kept[~good]]) if n else np.flatnonzero(
-        structural >= 0)
-    malformed_reasons = np.concatenate([structural[structural >= 0], reason[~good]]) if n else structural[
-        structural >= 0]
+    structural_lines = np.flatnonzero(structural >= 0)
+    malformed_lines = np.concatenate([structural_lines, kept[~good]])
+    malformed_reasons = np.concatenate([structural[structural_lines], reason[~good]])
     order = np.argsort(malformed_lines, kind="stable")
     malformed_lines, malformed_reasons = malformed_lines[order], malformed_reasons[order]
-    texts: Dict[int, str] = {}
+    texts: Dict[int, Tuple[str, str]] = {}
     if examples and len(malformed_lines):
-        starts, ends = _line_offsets(data)
+        starts, ends = (starts, ends) if starts is not None else _line_offsets(data)
         for line, why in zip(malformed_lines[:examples].tolist(), malformed_reasons[:examples].tolist()):
             texts[line + chunk.first_line] = (_REASONS[why], ("\ufeff" if chunk.bom_line and line == 0 else "")
                                               + _line_text(data, starts, ends, line))
-    if not n or not good.any():
-        empty = np.zeros(0, dtype=np.int64)
-        return ParsedChunk(n_lines, np.zeros(0, np.int8), np.zeros((0, NUM_NUMERICAL), np.float16),
-                           np.zeros((0, NUM_CATEGORICAL), np.uint32), [None] * NUM_CATEGORICAL, empty,
-                           np.zeros(0, bool), malformed_lines + chunk.first_line, malformed_reasons, texts)
-    frame = frame.filter(good) if not good.all() else frame
-    values, present = values[good], present[good]
+    encoded = [f.result() for f in futures]
+    all_good = bool(good.all())
+    values, present = (values, present) if all_good else (values[good], present[good])
     # Spark: log(double(x) + 3) cast to float (NULL, hence 0, for missing and x <= -3); the binary holds float16.
-    usable = present & (values > -3)
-    x = np.where(usable, values, 0).astype(np.float64) + 3.0
+    numbers, usable = values[:, 1:], present[:, 1:] & (values[:, 1:] > -3)
+    x = np.where(usable, numbers, 0).astype(np.float64) + 3.0
     numerical = np.where(usable, np.log(x), 0.0).astype(np.float32).astype(np.float16)
-    codes = np.empty((len(values), NUM_CATEGORICAL), dtype=np.uint32)
+    codes = np.empty((NUM_CATEGORICAL, len(values)), dtype=np.uint32)
     uniques = []
-    for c in range(NUM_CATEGORICAL):
-        encoded = pc.dictionary_encode(frame[f"c{c}"].to_arrow())
-        if hasattr(encoded, "combine_chunks"):
-            encoded = encoded.combine_chunks()
-        indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-        codes[:, c] = indices.astype(np.int64) + 1
-        uniques.append(encoded.dictionary)
-    return ParsedChunk(n_lines, label[good].astype(np.int8), numerical, codes, uniques,
+    for c, (column_codes, dictionary) in enumerate(encoded):
+        codes[c] = column_codes if all_good else column_codes[good]
+        uniques.append(dictionary)
+    return ParsedChunk(n_lines, values[:, 0].astype(np.int8), numerical, codes, uniques,
                        kept[good].astype(np.int64) + chunk.first_line, padded_lines[kept[good]],
                        malformed_lines + chunk.first_line, malformed_reasons, texts)
 
@@ -395,7 +461,7 @@ class SplitBinaryAppender:
             os.truncate(path, sizes.get(path, 0))
 
     def append(self, label: np.ndarray, numerical: np.ndarray, ids: np.ndarray) -> None:
-        """``label`` [n], ``numerical`` float16 [n, 13], ``ids`` [n, 26] (any integer dtype)."""
+        """``label`` [n], ``numerical`` float16 [n, 13], ``ids`` [26, n] (any integer dtype)."""
         for features, path in self.paths.items():
             dtype = self.dtypes[features]
             if features[0] == "label":
@@ -403,7 +469,7 @@ class SplitBinaryAppender:
             elif features[0].startswith("num_"):
                 block = np.ascontiguousarray(numerical, dtype=np.float16)
             else:
-                block = ids[:, int(features[0][4:-4])].astype(dtype)
+                block = ids[int(features[0][4:-4])].astype(dtype)
             with open(path, "ab") as f:
                 f.write(block.tobytes())
 
@@ -520,7 +586,7 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
             for c in range(NUM_CATEGORICAL):
                 if parsed.uniques[c] is None or not len(parsed.uniques[c]):
                     continue
-                codes = parsed.codes[:, c] if counted is None else parsed.codes[counted, c]
+                codes = parsed.codes[c] if counted is None else parsed.codes[c, counted]
                 counts = np.bincount(codes, minlength=len(parsed.uniques[c]) + 1)[1:]
                 counted_frames[c].append(pl.DataFrame({"value": pl.from_arrow(parsed.uniques[c]).cast(pl.Utf8),
                                                        "count": counts.astype(np.uint64)}).filter(pl.col("count") > 0))
@@ -656,7 +722,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     out_dir = os.path.join(work, "out")
     spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS)
     writers = {s: SplitBinaryAppender(spec, s, out_dir) for s in SPLITS}
-    shuffle = args.train_ordering == "random"
+    buckets = _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows)
+    # Train rows that fit one bucket are written in input order and then permuted column file by column file
+    # (memory: one column); more go through bucket files (an external shuffle).
+    scatter = args.train_ordering == "random" and buckets > 1
     total_good = sum(report["rows_written"].values())
     progress = Progress("pass 2/2 (map and write)", total_good, "rows")
     padded = {s: 0 for s in SPLITS}
@@ -677,33 +746,32 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         directory = os.path.join(work, "files", str(index))
         file_padded = {s: 0 for s in SPLITS}
         shuffle_dir = os.path.join(work, "shuffle", str(index))
-        if shuffle:
+        if scatter:
             if os.path.isdir(shuffle_dir):
                 shutil.rmtree(shuffle_dir)
             os.makedirs(shuffle_dir)
         for k in range(info[name]["chunks"]):
             arrays, uniques = _load_chunk(directory, k)
             codes = arrays["codes"]
-            ids = np.empty(codes.shape, dtype=np.int32)
+            ids = np.empty(codes.shape, dtype=np.int32)       # [26, n]
             for c in range(NUM_CATEGORICAL):
                 table = np.empty(len(uniques[c]) + 1, dtype=np.int32)
                 table[0] = MISSING_ID
                 table[1:] = lookups[c].ids(uniques[c])
-                ids[:, c] = table[codes[:, c]]
+                ids[c] = table[codes[c]]
             splits = _split_of_lines(arrays["lines"], is_split, bounds)
             for s, split in enumerate(SPLITS):
                 mask = splits == s
                 if not mask.any():
                     continue
                 file_padded[split] += int(arrays["padded"][mask].sum())
-                if split == "train" and shuffle:
-                    _scatter(shuffle_dir, k, arrays["label"][mask], arrays["numerical"][mask], ids[mask],
-                             args.seed, index, state.data.get("buckets_total") or
-                             _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows))
+                if split == "train" and scatter:
+                    _scatter(shuffle_dir, k, arrays["label"][mask], arrays["numerical"][mask], ids[:, mask],
+                             args.seed, index, buckets)
                 else:
-                    writers[split].append(arrays["label"][mask], arrays["numerical"][mask], ids[mask])
-            done_rows += len(codes)
-            progress.update(done_rows, len(codes), what=f"({name})")
+                    writers[split].append(arrays["label"][mask], arrays["numerical"][mask], ids[:, mask])
+            done_rows += codes.shape[1]
+            progress.update(done_rows, codes.shape[1], what=f"({name})")
         for s in SPLITS:
             padded[s] += file_padded[s]
         state.data["pass2"][name] = {"done": True, "padded": file_padded}
@@ -712,10 +780,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     progress.update(done_rows, 0, force=True)
     report["rows_padded"] = padded
 
-    if shuffle:
-        _assemble_shuffle(work, files, info, state, writers["train"], args.seed,
-                          _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows),
+    if scatter:
+        _assemble_shuffle(work, files, info, state, writers["train"], args.seed, buckets,
                           report["rows_written"]["train"])
+    elif args.train_ordering == "random":
+        _permute_columns(writers["train"], state, args.seed)
     for s in SPLITS:
         rows = os.path.getsize(writers[s].paths[("label",)])
         if rows != report["rows_written"][s]:
@@ -742,55 +811,79 @@ def _bucket_count(train_rows: int, bucket_rows: int) -> int:
     return max(1, -(-train_rows // bucket_rows))
 
 
-def _record_dtype(ids_dtype=np.int32) -> np.dtype:
-    return np.dtype([("label", np.int8), ("numerical", np.float16, (NUM_NUMERICAL,)),
-                     ("ids", ids_dtype, (NUM_CATEGORICAL,))])
-
-
 def _scatter(directory: str, k: int, label, numerical, ids, seed: int, file_index: int, buckets: int) -> None:
-    """Chunk ``k``'s train rows into ``chunk_<k>.rec``, grouped by a random bucket per row (``.offsets.npy``)."""
+    """Chunk ``k``'s train rows into ``chunk_<k>.{label,numerical,ids}``, grouped by a random bucket per row
+    (``chunk_<k>.offsets.npy``: the first row of each bucket). ``ids`` [26, n] is stored row-major, so that a bucket is
+    one contiguous range of every file."""
     rng = np.random.default_rng([seed, file_index, k])
     bucket = rng.integers(0, buckets, len(label))
-    order = np.argsort(bucket, kind="stable")
-    records = np.empty(len(label), dtype=_record_dtype())
-    records["label"], records["numerical"], records["ids"] = label[order], numerical[order], ids[order]
-    offsets = np.searchsorted(bucket[order], np.arange(buckets + 1))
-    records.tofile(os.path.join(directory, f"chunk_{k}.rec"))
-    np.save(os.path.join(directory, f"chunk_{k}.offsets.npy"), offsets)
+    order = np.argsort(bucket, kind="stable") if buckets > 1 else np.arange(len(label))
+    base = os.path.join(directory, f"chunk_{k}")
+    label[order].tofile(base + ".label")
+    numerical[order].tofile(base + ".numerical")
+    np.ascontiguousarray(ids[:, order].T).tofile(base + ".ids")
+    np.save(base + ".offsets.npy", np.searchsorted(bucket[order], np.arange(buckets + 1)))
+
+
+def _permute_columns(writer: SplitBinaryAppender, state: WorkState, seed: int) -> None:
+    """Permute every train file with one permutation drawn from ``seed``. Each file is written to ``<name>.shuffled``
+    and recorded as done, so that a resumed run never permutes a file twice; the shuffled files replace the others
+    at the end."""
+    paths = list(writer.paths.values())
+    rows = os.path.getsize(writer.paths[("label",)])
+    order = np.random.default_rng([seed, 1 << 21]).permutation(rows)
+    done = state.data.setdefault("permuted", [])
+    for (features, path) in writer.paths.items():
+        if path in done:
+            continue
+        dtype = writer.dtypes[features]
+        width = len(features)
+        column = np.fromfile(path, dtype=dtype).reshape(rows, width) if width > 1 else np.fromfile(path, dtype=dtype)
+        column[order].tofile(path + ".shuffled")
+        done.append(path)
+        state.save()
+    for path in paths:
+        if os.path.exists(path + ".shuffled"):   # a resumed run may have replaced some already
+            os.replace(path + ".shuffled", path)
 
 
 def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, writer: SplitBinaryAppender, seed: int,
                       buckets: int, total: int) -> None:
     """Each bucket: its rows from every chunk, permuted in memory, appended to the train files."""
-    dtype = _record_dtype()
     sources = []
     for index, path in enumerate(files):
         directory = os.path.join(work, "shuffle", str(index))
         for k in range(info[os.path.basename(path)]["chunks"]):
-            rec = os.path.join(directory, f"chunk_{k}.rec")
-            if os.path.exists(rec):
-                sources.append((rec, np.load(os.path.join(directory, f"chunk_{k}.offsets.npy"))))
+            base = os.path.join(directory, f"chunk_{k}")
+            if os.path.exists(base + ".offsets.npy"):
+                sources.append((base, np.load(base + ".offsets.npy")))
     progress = Progress("shuffle (train buckets)", buckets, "buckets")
-    done_rows = 0
     for b in range(buckets):
-        entry = state.data["buckets"].get(str(b))
-        if entry:
-            done_rows += entry["rows"]
+        if state.data["buckets"].get(str(b)):
             continue
         writer.truncate(state.data.get("bucket_sizes", {}))   # train files are empty before the first bucket
-        parts = []
-        for rec, offsets in sources:
+        labels, numericals, ids = [], [], []
+        for base, offsets in sources:
             lo, hi = int(offsets[b]), int(offsets[b + 1])
             if hi > lo:
-                parts.append(np.fromfile(rec, dtype=dtype, count=hi - lo, offset=lo * dtype.itemsize))
-        rows = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
-        rows = rows[np.random.default_rng([seed, 1 << 20, b]).permutation(len(rows))]
-        writer.append(rows["label"], rows["numerical"], rows["ids"])
-        done_rows += len(rows)
-        state.data["buckets"][str(b)] = {"rows": len(rows)}
+                labels.append(np.fromfile(base + ".label", np.int8, hi - lo, offset=lo))
+                numericals.append(np.fromfile(base + ".numerical", np.float16, (hi - lo) * NUM_NUMERICAL,
+                                              offset=lo * NUM_NUMERICAL * 2).reshape(-1, NUM_NUMERICAL))
+                ids.append(np.fromfile(base + ".ids", np.int32, (hi - lo) * NUM_CATEGORICAL,
+                                       offset=lo * NUM_CATEGORICAL * 4).reshape(-1, NUM_CATEGORICAL))
+        if labels:
+            order = np.random.default_rng([seed, 1 << 20, b]).permutation(sum(len(x) for x in labels))
+            label = np.concatenate(labels)[order]
+            numerical = np.concatenate(numericals)[order]
+            bucket_ids = np.concatenate(ids)[order].T
+            writer.append(label, numerical, bucket_ids)
+            rows = len(label)
+        else:
+            rows = 0
+        state.data["buckets"][str(b)] = {"rows": rows}
         state.data["bucket_sizes"] = writer.sizes()
         state.save()
-        progress.update(b + 1, len(rows))
+        progress.update(b + 1, rows)
     progress.update(buckets, 0, force=True)
 
 
