@@ -87,3 +87,35 @@ def test_use_checkpoint_without_one_is_a_clear_error(etl_training, tmp_path, cap
     emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
     assert main(flags(etl_training, tmp_path, str(emb)) + ["--use_checkpoint", "--evaluate"]) == 1
     assert "no complete checkpoint in" in capsys.readouterr().err
+
+
+def test_an_evaluation_that_fails_on_the_data_keeps_the_epochs_checkpoint(etl_training, tmp_path, capsys):
+    """A validation display without a click stops the run at the end-of-epoch evaluation (MAP@12 is undefined), but
+    the epoch's checkpoint is written first: with the data fixed (here: --disable_map_calculation), the run goes on
+    from it instead of training the epoch again."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from wide_deep.data.outbrain.features import EMBEDDING_SIZES
+    emb = tmp_path / "emb.json"
+    emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
+    dataset = tmp_path / "data"
+    shutil.copytree(etl_training, dataset)
+    valid = sorted((dataset / "valid").glob("*.parquet"))[0]
+    original = pq.read_table(valid)
+    table = original.to_pandas()
+    display = table["display_id"].iloc[0]
+    table.loc[table["display_id"] == display, "clicked"] = 0      # this display now has no clicked ad
+    pq.write_table(pa.Table.from_pandas(table, schema=original.schema, preserve_index=False), valid)
+
+    one_epoch = flags(str(dataset), tmp_path, str(emb)) + ["--num_epochs", "1", "--checkpoint_every_steps", "0"]
+    assert main(one_epoch) == 1
+    err = capsys.readouterr().err
+    assert f"display_id {display} has 0 clicked ads" in err and "evaluation after epoch 1" in err
+    assert "--use_checkpoint" in err
+    meta = tmp_path / "model" / "checkpoint" / "meta.json"
+    assert json.loads(meta.read_text())["step"] == 31                 # the whole epoch (31 steps) was saved
+    assert main(one_epoch + ["--use_checkpoint", "--disable_map_calculation"]) == 0
+    final = summary(tmp_path)
+    assert set(final) == {"eval_loss", "eval_auc"} and final["eval_auc"] > 0.55

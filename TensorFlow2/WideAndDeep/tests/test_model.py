@@ -60,6 +60,32 @@ def test_multihot_pooling_ignores_padding(combiner):
     np.testing.assert_allclose(model.wide(batch()).numpy(), [1 + 2, 0, 6 + 6 + 5])
 
 
+def test_amp_loss_scaling_guards_both_parts():
+    """Under float16 AMP (``loss_scale``) both optimizers are dynamic LossScaleOptimizers, as NVIDIA's: a step whose
+    gradients overflowed (here: an inf input) changes neither part and halves both scales; a good step moves both.
+    With only the deep optimizer wrapped, FTRL applied the NaN gradients and the wide part's weights became NaN."""
+    from wide_deep.trainer.run import create_optimizers, make_train_step
+    model = WideDeepModel(tiny_config()).build_from_config()
+    wide_opt, deep_opt = create_optimizers(model, 0.1, 0.01, loss_scale=True)
+    assert all(isinstance(o, tf.keras.mixed_precision.LossScaleOptimizer) for o in (wide_opt, deep_opt))
+    step = make_train_step(model, wide_opt, deep_opt, xla=False, loss_scale=True)
+    labels = tf.constant([1.0, 0.0, 1.0])
+    scales = [float(o.loss_scale) for o in (wide_opt, deep_opt)]
+    before = [v.numpy() for v in model.trainable_variables]
+
+    overflow = dict(batch(), x=tf.constant([0.5, np.inf, 2.0]))
+    step(overflow, labels, tf.constant(0.01))
+    for old, var in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(var.numpy(), old, err_msg=var.name)
+    assert [float(o.loss_scale) for o in (wide_opt, deep_opt)] == [s / 2 for s in scales]
+
+    step(batch(), labels, tf.constant(0.01))
+    for part in (model.wide, model.deep):
+        assert any(not np.array_equal(v.numpy(), old) for v, old in zip(model.trainable_variables, before)
+                   if any(v is p for p in part.trainable_variables)), part.name
+    assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+
+
 def test_deep_schedule():
     s = DeepLearningRateSchedule(base_lr=1.0, warmup_epochs=2, num_epochs=6, steps_per_epoch=10)
     assert [s(0), s(9), s(19)] == pytest.approx([0.05, 0.5, 1.0])

@@ -177,15 +177,18 @@ def create_optimizers(model, linear_learning_rate: float, deep_learning_rate: fl
 
     The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: their sparse kernels update only the embedding
     rows a batch touched (the new Keras RMSprop decays every row of every table at each step). ``loss_scale`` wraps
-    the deep optimizer in a dynamic LossScaleOptimizer (float16 on GPU).
+    each of them in a dynamic LossScaleOptimizer (float16 on GPU), as NVIDIA's recipe: each part's gradients come
+    from the loss scaled by its own optimizer, and a step whose gradients overflowed is skipped (and that scale
+    halved) by the part it overflowed in. Wrapping only the deep one left FTRL to apply inf/NaN gradients.
     """
     import tensorflow as tf
     wide_opt = tf.keras.optimizers.legacy.Ftrl(learning_rate=linear_learning_rate)
     deep_opt = tf.keras.optimizers.legacy.RMSprop(learning_rate=deep_learning_rate, rho=0.5)
     if loss_scale:
+        wide_opt = tf.keras.mixed_precision.LossScaleOptimizer(wide_opt)
         deep_opt = tf.keras.mixed_precision.LossScaleOptimizer(deep_opt)
     # Slots exist before a restore or the first step (also what a traced apply step needs).
-    wide_opt._create_all_weights(model.wide.trainable_variables)
+    (wide_opt.inner_optimizer if loss_scale else wide_opt)._create_all_weights(model.wide.trainable_variables)
     (deep_opt.inner_optimizer if loss_scale else deep_opt)._create_all_weights(model.deep.trainable_variables)
     return wide_opt, deep_opt
 
@@ -203,14 +206,17 @@ def make_train_step(model, wide_opt, deep_opt, *, xla: bool, loss_scale: bool, a
     n_wide = len(wide_vars)
 
     def grads_fn(features, labels):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=loss_scale) as tape:
             logits = model(features, training=True)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-            scaled = deep_opt.get_scaled_loss(loss) if loss_scale else loss
-        grads = tape.gradient(scaled, all_vars)
-        if loss_scale:
-            grads = deep_opt.get_unscaled_gradients(grads)
-        return loss, grads
+            if loss_scale:  # one scaled loss per part, each with its own optimizer's dynamic scale
+                wide_loss, deep_loss = wide_opt.get_scaled_loss(loss), deep_opt.get_scaled_loss(loss)
+        if not loss_scale:
+            return loss, tape.gradient(loss, all_vars)
+        wide_grads = wide_opt.get_unscaled_gradients(tape.gradient(wide_loss, wide_vars))
+        deep_grads = deep_opt.get_unscaled_gradients(tape.gradient(deep_loss, deep_vars))
+        del tape
+        return loss, list(wide_grads) + list(deep_grads)
     # XLA compiles the forward and backward pass; Horovod's collectives and the sparse updates stay outside it.
     grads_fn = tf.function(grads_fn, jit_compile=xla or None)
 
@@ -235,6 +241,7 @@ def _run(args, dist: Dist) -> int:
     import tensorflow as tf
     from recsys_common.logger import Logger
     from .dataloader import ParquetBatches, read_feature_spec
+    from .evaluator import MissingClickError
     from .schedulers import DeepLearningRateSchedule
 
     if args.global_batch_size % dist.size or args.eval_batch_size % dist.size:
@@ -327,10 +334,17 @@ def _run(args, dist: Dist) -> int:
             if args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0:
                 _save(checkpointer, step, dist)
         train._epoch = epoch + 1
-        metrics = evaluate(model, valid, dist, predict_fn, with_map)
+        # The epoch's checkpoint first: an evaluation that fails on the data (a display without a click) must
+        # not cost the epoch's training.
+        _save(checkpointer, step, dist)
+        try:
+            metrics = evaluate(model, valid, dist, predict_fn, with_map)
+        except MissingClickError as e:
+            raise TrainingError(f"evaluation after epoch {epoch + 1}: {e}. The epoch's checkpoint is saved in "
+                                f"{checkpointer.directory}: fix the validation data (or pass "
+                                f"--disable_map_calculation) and go on with --use_checkpoint") from e
         logger.log((epoch + 1,), {f"eval_{k}": v for k, v in metrics.items()})
         _print(dist, f"[eval] epoch {epoch + 1}/{args.num_epochs} " + _metric_text(metrics))
-        _save(checkpointer, step, dist)
     final = evaluate(model, valid, dist, predict_fn, with_map) if start_epoch >= args.num_epochs else metrics
     logger.log_summary({f"eval_{k}": v for k, v in final.items()})
     _print(dist, "[final] " + _metric_text(final))
