@@ -11,9 +11,10 @@ and returns ``probability`` FP32 ``[B, 1]`` = ``sigmoid(logit)`` of the trained 
 two inputs (``input__0`` numerical, ``input__1`` categorical) under names that say what they are.
 
 Embeddings are served as one plain lookup per table (``F.embedding``, an ONNX ``Gather``), not the training path's
-``EmbeddingBag`` or TorchRec collection: with one id per bag the result is the same row, and a ``Gather`` per table
-makes an id at or above its table's size an error in onnxruntime and in TorchScript (an index into one concatenated
-table would silently read the next table's rows).
+``EmbeddingBag`` or TorchRec collection: with one id per bag the result is the same row, and an id is checked
+against its own table (an index into one concatenated table would silently read the next table's rows). The check
+is in the exported graph: a row with an id outside ``[0, cardinality)`` scores NaN in every format and on any server
+(``recsys_common.serving.id_range_torch``); ONNX's ``Gather`` alone would wrap a negative id to the table's end.
 
 Loading (:func:`load_model`) builds the plain ``multi_table`` model on the CPU and reads the checkpoint through
 :func:`dlrm.utils.checkpointing.load_checkpoint`, so checkpoints of any embedding type and process count load. The
@@ -40,6 +41,7 @@ from torch import nn
 
 from dlrm.model.dlrm import DLRM
 from dlrm.model.parallel import ModelConfig, build_trainable_model
+from recsys_common.serving.id_range_torch import checked_ids, flag_rows
 
 NUMERICAL = "numerical"
 CATEGORICAL = "categorical"
@@ -75,11 +77,14 @@ class ServingDLRM(nn.Module):
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         if self.hash_indices:
             categorical = torch.remainder(categorical, self.sizes)
+        # the id range check in the graph (``recsys_common.serving.id_range_torch``): a row with an id outside its
+        # table scores NaN on any server (ONNX's Gather would wrap a negative id, a GPU gather read zeros)
+        categorical, row_ok = checked_ids(categorical, self.sizes)
         bottom = self.bottom_mlp(numerical)
         columns = [F.embedding(categorical[:, i], table.weight) for i, table in enumerate(self.tables)]
         embedded = torch.stack(columns, dim=1)                                  # [B, T, d]
         logit = self.top_mlp(self.interaction(bottom, embedded))               # [B, 1]
-        return torch.sigmoid(logit)
+        return flag_rows(torch.sigmoid(logit), row_ok)
 
 
 def _table_weights(model: DLRM) -> List[torch.Tensor]:
@@ -152,8 +157,16 @@ def check_flags(config: ModelConfig, where: str, *, num_numerical_features: Opti
         if len(table_sizes) != len(config.table_sizes):
             fail(f"the checkpoint has {len(config.table_sizes)} embedding tables, {table_source} has "
                  f"{len(table_sizes)} categorical features")
+        # --max_table_size with --hash_indices trains every larger table capped at one size (ids taken modulo it):
+        # a checkpoint table smaller than its cardinality matches when all such tables have that size, the largest.
+        cap = None
+        if config.hash_indices:
+            capped = {int(s) for g, s in zip(table_sizes, config.table_sizes) if int(s) < int(g)}
+            if len(capped) == 1 and max(int(s) for s in config.table_sizes) in capped:
+                cap = capped.pop()
         for i, (given_rows, saved_rows) in enumerate(zip(table_sizes, config.table_sizes)):
-            if int(given_rows) != int(saved_rows):
+            capped_here = cap is not None and int(saved_rows) == cap < int(given_rows)
+            if int(given_rows) != int(saved_rows) and not capped_here:
                 fail(f"embedding table {i} ({config.feature_names[i]}) has {saved_rows} rows in the checkpoint, "
                      f"{table_source} gives {given_rows}")
 

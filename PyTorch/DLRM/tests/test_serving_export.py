@@ -75,20 +75,32 @@ def test_hash_indices_model_exports_modulo_lookup(tmp_path):
     np.testing.assert_allclose(got[0], got[2], atol=ONNX_TOLERANCE)  # 9 % 7 == 16 % 7, 6 % 5 == 11 % 5
 
 
-def test_exported_models_reject_ids_beyond_their_table(loaded, tmp_path):
-    """On a real Triton server nothing checks id ranges before the model: one Gather per table makes an id at or
-    above its table's size an error in onnxruntime and TorchScript, never a silent read of another table's row."""
+def test_exported_models_flag_ids_outside_their_table(loaded, tmp_path):
+    """On a real Triton server nothing checks id ranges before the model, ONNX's Gather wraps a negative id to the end
+    of the table and a GPU gather reads zeros past it: the check is in the graph. Used directly (no server),
+    onnxruntime, TorchScript (script and trace) and the eager module score a row with an id outside its table (at
+    or above the table's size, or negative) NaN; the valid rows of the same batch keep their scores."""
     import onnxruntime as ort
     from dlrm import serving
     model, config, _ = loaded
     module = serving.serving_module(model)
-    serving.export_onnx(module, str(tmp_path / "m.onnx"), config)
-    inputs = serving.example_inputs(config, 2)
+    inputs = serving.example_inputs(config, 6, seed=3)
+    clean = _eager_probabilities(model, {k: v[[0, 2, 4]] for k, v in inputs.items()})
     inputs["categorical"][1, 3] = config.table_sizes[3]
-    with pytest.raises(Exception, match="out of data bounds"):
-        ort.InferenceSession(str(tmp_path / "m.onnx")).run(["probability"], inputs)
-    with pytest.raises(IndexError):
-        serving.predict_probabilities(module, inputs["numerical"], inputs["categorical"])
+    inputs["categorical"][3, 0] = -1
+    inputs["categorical"][5, 7] = -config.table_sizes[7]
+    outputs = {"eager": serving.predict_probabilities(module, inputs["numerical"], inputs["categorical"])}
+    serving.export_onnx(module, str(tmp_path / "m.onnx"), config)
+    outputs["onnxruntime"] = ort.InferenceSession(str(tmp_path / "m.onnx")).run(["probability"], inputs)[0]
+    for method in ("script", "trace"):
+        path = str(tmp_path / f"{method}.pt")
+        serving.export_torchscript(module, path, method, config)
+        outputs[method] = serving.predict_probabilities(torch.jit.load(path), inputs["numerical"],
+                                                        inputs["categorical"])
+    for name, out in outputs.items():
+        out = np.asarray(out).reshape(-1)
+        assert np.isnan(out[[1, 3, 5]]).all(), (name, out)
+        np.testing.assert_allclose(out[[0, 2, 4]], clean, atol=ONNX_TOLERANCE, err_msg=name)
 
 
 def test_checkpoint_flag_mismatch_names_the_layer(checkpoint):

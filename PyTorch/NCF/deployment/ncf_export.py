@@ -2,7 +2,8 @@
 
 The served model takes two INT64 inputs ``user`` and ``item`` of shape ``[B, 1]`` (dataset ids, ``0 <= id <
 num_users`` / ``num_items``) and returns ``probability`` FP32 ``[B, 1]`` = ``sigmoid(logit)`` of the trained
-model (:class:`ServingNCF`). The ``[B, 1]`` shapes are Triton's convention for one value per row: with
+model (:class:`ServingNCF`), NaN for a row whose id is out of range (the check is in the exported graph, so every
+server flags it; see ``recsys_common.serving.id_range_torch``). The ``[B, 1]`` shapes are Triton's convention for one value per row: with
 ``max_batch_size > 0`` the config lists ``dims: [1]`` (the batch dimension is implicit), and no ``reshape`` is
 needed, so the same config serves the ONNX and the TorchScript file.
 
@@ -26,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from recsys_common.serving.id_range_torch import checked_ids, flag_rows
+
 INPUT_NAMES = ("user", "item")
 OUTPUT_NAME = "probability"
 FORMATS = ("onnx", "ts-script", "ts-trace")
@@ -48,10 +51,24 @@ class ServingNCF(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        # the table sizes, for the id range check inside the exported graph (``id_range_torch``): a row with an id
+        # outside [0, num_users) / [0, num_items) scores NaN on any server instead of a wrapped or zero lookup
+        self.register_buffer("num_users", torch.tensor(_table_rows(model, "user_embedding")), persistent=False)
+        self.register_buffer("num_items", torch.tensor(_table_rows(model, "item_embedding")), persistent=False)
 
     def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-        logits = self.model(user.reshape(-1), item.reshape(-1))
-        return torch.sigmoid(logits.float()).unsqueeze(1)
+        user, user_ok = checked_ids(user.reshape(-1), self.num_users)
+        item, item_ok = checked_ids(item.reshape(-1), self.num_items)
+        logits = self.model(user, item)
+        return flag_rows(torch.sigmoid(logits.float()).unsqueeze(1), user_ok & item_ok)
+
+
+def _table_rows(model: nn.Module, suffix: str) -> int:
+    """Rows of the model's ``*<suffix>`` embedding tables (NeuMF has two per side, GMF and MLP, of one size)."""
+    rows = {m.num_embeddings for n, m in model.named_modules() if n.endswith(suffix) and isinstance(m, nn.Embedding)}
+    if len(rows) != 1:
+        raise ValueError(f"expected {suffix} tables of one size in the model, found sizes {sorted(rows)}")
+    return rows.pop()
 
 
 def serving_module(model: nn.Module) -> ServingNCF:

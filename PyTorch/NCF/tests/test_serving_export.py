@@ -96,3 +96,35 @@ def test_readme_deployer_flag_table_matches_the_parser():
         expected = actions[flags].default
         expected = " ".join(map(str, expected)) if isinstance(expected, list) else expected
         assert default == ("" if expected is None else str(expected)), (flags, default, expected)
+
+
+def test_out_of_range_ids_are_flagged_inside_every_exported_format(model, tmp_path):
+    """The range check is in the graphs themselves: onnxruntime, TorchScript (script and trace) and eager, used
+    directly (no server), score a row with an id outside the tables NaN; ONNX's Gather would otherwise wrap -1 to
+    the last row and a GPU gather would read zeros. Valid rows in the same batch keep their scores."""
+    batch = ncf_export.example_inputs(USERS, ITEMS, rows=8, seed=2)
+    bad_rows = {1: ("user", USERS), 3: ("item", -1), 5: ("user", -USERS), 6: ("item", ITEMS + 7)}
+    for row, (name, value) in bad_rows.items():
+        batch[name][row, 0] = value
+    good = [r for r in range(8) if r not in bad_rows]
+    module = ncf_export.serving_module(model)
+    with torch.no_grad():
+        clean = model(torch.from_numpy(batch["user"][good, 0]), torch.from_numpy(batch["item"][good, 0]))
+        clean = torch.sigmoid(clean).numpy()
+    outputs = {}
+    with torch.no_grad():
+        outputs["eager"] = module(torch.from_numpy(batch["user"]), torch.from_numpy(batch["item"])).numpy()
+    for method in ("script", "trace"):
+        path = str(tmp_path / f"{method}.pt")
+        ncf_export.export_torchscript(module, path, method, USERS, ITEMS)
+        with torch.no_grad():
+            outputs[method] = torch.jit.load(path)(torch.from_numpy(batch["user"]),
+                                                   torch.from_numpy(batch["item"])).numpy()
+    onnx_path = str(tmp_path / "model.onnx")
+    ncf_export.export_onnx(module, onnx_path, USERS, ITEMS)
+    outputs["onnxruntime"] = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(
+        ["probability"], batch)[0]
+    for name, out in outputs.items():
+        assert out.shape == (8, 1), name
+        assert np.isnan(out[sorted(bad_rows), 0]).all(), (name, out[:, 0])
+        np.testing.assert_allclose(out[good, 0], clean, atol=1e-6, err_msg=name)
