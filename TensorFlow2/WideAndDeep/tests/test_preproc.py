@@ -71,6 +71,34 @@ def test_output_schema_is_the_feature_spec(etl_single, raw_outbrain):
     assert batch["numerical"].shape == (64, 13) and batch["onehot_categorical"].shape == (64, 13)
 
 
+def test_output_equals_the_in_memory_etl(etl_single, raw_outbrain, tmp_path):
+    """The whole ETL against the former in-memory one, rebuilt here: all seven tables read whole, stage 1 on them
+    (``join_and_split``), the joined rows cut with ``numpy.array_split`` and the page lists through NVTabular's
+    JoinExternal >> Categorify >> ListSlice on every row. Same rows, values and dtypes, same feature spec."""
+    import pyarrow as pa
+    from merlin.io import Dataset
+    from test_preproc_dask import assert_same_rows
+    from wide_deep.data.outbrain.nvtabular.workflow import build_workflow, document_tables, join_and_split
+    tables = raw.read_raw_tables(raw_outbrain)
+    train, valid = join_and_split(tables, seed=ETL_OPTIONS["seed"])
+    pages = np.concatenate([train["document_id"].to_numpy(), valid["document_id"].to_numpy()])
+    lists, matrices = document_tables(tables, pages)
+    workflow = build_workflow(lists, matrices, str(tmp_path / "stats"), list_encoding="per_row")
+    datasets = {}
+    for mapping, df in (("train", train), ("test", valid)):
+        paths = []
+        for i, rows in enumerate(np.array_split(np.arange(len(df)), ETL_OPTIONS["num_partitions"])):
+            paths.append(str(tmp_path / f"{mapping}_{i}.parquet"))
+            pq.write_table(pa.Table.from_pandas(df.iloc[rows], preserve_index=False), paths[-1])
+        datasets[mapping] = Dataset(paths, engine="parquet", cpu=True)
+    workflow.fit(datasets["train"])
+    spec = FeatureSpec.from_yaml(os.path.join(etl_single, "feature_spec.yaml"))
+    for mapping in ("train", "test"):
+        want = workflow.transform(datasets[mapping]).to_ddf().compute().reset_index(drop=True)
+        assert_same_rows(read_mapping(spec, mapping), want)
+    assert spec.metadata["rows"] == {"train": len(train), "test": len(valid)}
+
+
 def test_saved_workflow_reloads_and_reproduces(etl_single, raw_outbrain):
     import nvtabular as nvt
     from merlin.io import Dataset

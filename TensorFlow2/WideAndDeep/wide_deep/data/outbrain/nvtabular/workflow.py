@@ -294,8 +294,12 @@ class DocumentListCategorify(ops.StatOperator):
 
 
 def build_workflow(list_tables: Dict[str, DocumentLists], matrices: Dict[str, scipy.sparse.csr_matrix],
-                   stats_path: str, client=None):
+                   stats_path: str, client=None, list_encoding: str = "per_page"):
     """Stage 2: the NVTabular ``Workflow`` producing ``features.OUTPUT_COLUMNS`` from ``JOINED_COLUMNS``.
+
+    ``list_encoding``: ``per_page`` (:class:`DocumentListCategorify`) or ``per_row`` (NVTabular's ``JoinExternal``
+    >> ``Categorify`` >> ``ListSlice`` on every row: the same output, several times slower on CPU; kept as the
+    reference the tests compare with).
 
     ``stats_path``: where ``Categorify`` and ``JoinGroupby`` write their fitted statistics (``Workflow.save`` copies
     them into the saved workflow). ``client``: a ``distributed.Client`` to fit and transform on, or None.
@@ -322,8 +326,20 @@ def build_workflow(list_tables: Dict[str, DocumentLists], matrices: Dict[str, sc
                             >> ops.ColumnSimilarity(matrix, metric="tfidf", on_device=False)
                             >> ops.Rename(postfix=f"_{suffix}") >> ops.LambdaOp(to_float32))
 
-    multihot = [["document_id"] >> DocumentListCategorify(
-        list_tables, {name: F.FEATURE_BY_NAME[name].cardinality for name in list_tables}, F.MAX_HOTNESS)]
+    caps = {name: F.FEATURE_BY_NAME[name].cardinality for name in list_tables}
+    if list_encoding == "per_page":
+        multihot = [["document_id"] >> DocumentListCategorify(list_tables, caps, F.MAX_HOTNESS)]
+    elif list_encoding == "per_row":   # NVTabular's own chain: the definition DocumentListCategorify is tested against
+        multihot = []
+        for name, (documents, index, terms) in list_tables.items():
+            starts = np.searchsorted(index, np.arange(len(documents) + 1))
+            table = pd.DataFrame({"document_id": documents,
+                                  name: [terms[starts[i]:starts[i + 1]] for i in range(len(documents))]})
+            joined = ["document_id"] >> ops.JoinExternal(table, on="document_id", columns_ext=["document_id", name])
+            multihot.append(joined[name] >> ops.Categorify(max_size=caps[name], dtype=np.int32, out_path=stats_path)
+                            >> ops.ListSlice(F.MAX_HOTNESS))
+    else:
+        raise ValueError(f"list_encoding must be 'per_page' or 'per_row', got {list_encoding!r}")
 
     label = [F.LABEL] >> ops.LambdaOp(to_int32)
     output = label + [F.DISPLAY_ID] + onehot + ctr + counts + days
