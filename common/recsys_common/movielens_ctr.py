@@ -54,7 +54,7 @@ import io
 import os
 import re
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -399,6 +399,194 @@ def main(argv: Optional[Sequence[str]] = None, tool: str = "recsys_common.moviel
                          positive_threshold=args.positive_threshold, test_fraction=args.test_fraction,
                          genres=args.genres, genre_slots=args.genre_slots, seed=args.seed,
                          shuffle_train=not args.no_shuffle_train, tool=tool)
+
+
+# ------------------------------------------------------------------------------- streaming ratings readers
+# Every MovieLens ratings layout (and the recipes' other delimited integer files) is read here, a block at a time,
+# so that a reader's memory is its output arrays plus one block, never the file's text: ML-25M's ratings.csv is
+# 650 MB, which whole-file readers turned into 10 to 14 GB. pyarrow's CSV parser does the work; a file it does not
+# accept as plain numbers (a bad line, a blank line inside, ids written as ``7.0``) is handed, from the failing block
+# on, to a line-by-line scan that either reads the same values or names the file, line and column.
+
+RATINGS_BLOCK_BYTES = 1 << 20   # pyarrow block (~40k rows). Its reader runs ~30 blocks ahead: 16 MB blocks cost 500 MB
+_SCAN_BATCH_ROWS = 1 << 20
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_header(path: str, separator: str, error=MovieLensFormatError) -> List[str]:
+    """The first line of ``path`` split at ``separator`` (names stripped, quotes removed)."""
+    if not os.path.isfile(path):
+        raise error(f"{path}: file not found")
+    with _open_binary(path) as f:
+        first = f.readline().decode("latin-1").rstrip("\r\n")
+    return [name.strip().strip('"') for name in first.split(separator)] if first.strip() else []
+
+
+def _parse_number(text: str, integer: bool):
+    """``text`` as an int (``integer``; an integral float like ``7.0`` too) or a finite float; None if neither."""
+    value = text.strip().strip('"')
+    try:
+        return int(value) if integer else _finite(float(value))
+    except ValueError:
+        pass
+    if integer:
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        if number == number and number not in (float("inf"), float("-inf")) and number % 1 == 0:
+            return int(number)
+    return None
+
+
+def _finite(value: float):
+    return value if value - value == 0 else None   # nan and inf give nan
+
+
+def _scan_lines(path: str, separator: str, names: Sequence[str], skip_lines: int, int_columns: Sequence[str],
+                float_columns: Sequence[str], error) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
+    """Line-by-line reader from line ``skip_lines + 1`` on: the same batches as the fast path, or ``error`` naming
+    the line. Streams (a batch of :data:`_SCAN_BATCH_ROWS` rows at a time); blank lines are allowed at the end only."""
+    index = {name: names.index(name) for name in list(int_columns) + list(float_columns)}
+    wanted = [(name, index[name], name in int_columns) for name in list(int_columns) + list(float_columns)]
+    values = {name: [] for name, _, _ in wanted}
+    first_line, blank_at = skip_lines + 1, None
+    with _open_binary(path) as f:
+        for number, raw in enumerate(f, start=1):
+            if number <= skip_lines:
+                continue
+            line = raw.decode("latin-1").rstrip("\r\n")
+            if not line.strip():
+                blank_at = blank_at or number
+                continue
+            if blank_at is not None:
+                raise error(f"{path}: line {blank_at}: expected {len(names)} {separator!r}-separated fields "
+                            f"({', '.join(names)}), found a blank line (only the end of the file may be blank)")
+            fields = line.split(separator)
+            if len(fields) != len(names):
+                raise error(f"{path}: line {number}: expected {len(names)} {separator!r}-separated fields "
+                            f"({', '.join(names)}), found {len(fields)}: {line!r}")
+            for name, column, integer in wanted:
+                parsed = _parse_number(fields[column], integer)
+                if parsed is None:
+                    raise error(f"{path}: line {number}: column {name!r} must be "
+                                f"{'an integer' if integer else 'a number'}, got {fields[column]!r}")
+                values[name].append(parsed)
+            if len(values[wanted[0][0]]) >= _SCAN_BATCH_ROWS:
+                yield first_line, _scanned_arrays(path, values, int_columns, error)
+                values = {name: [] for name, _, _ in wanted}
+                first_line = number + 1
+    if values[wanted[0][0]]:
+        yield first_line, _scanned_arrays(path, values, int_columns, error)
+
+
+def _scanned_arrays(path: str, values: Dict[str, list], int_columns: Sequence[str], error) -> Dict[str, np.ndarray]:
+    out = {}
+    for name, column in values.items():
+        try:
+            out[name] = np.asarray(column, dtype=np.int64 if name in int_columns else np.float64)
+        except OverflowError:
+            raise error(f"{path}: column {name!r} has a value outside int64") from None
+    return out
+
+
+def iter_delimited_columns(path: str, separator: str, names: Optional[Sequence[str]], int_columns: Sequence[str],
+                           float_columns: Sequence[str] = (), has_header: bool = False, error=MovieLensFormatError,
+                           block_bytes: Optional[int] = None) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
+    """Stream the numeric columns of a delimited file (``.gz`` too) as ``(first line number, {column: array})``.
+
+    ``names``: every column of a line, in order (headerless files); with ``has_header`` the first line names them
+    and must contain every wanted column (``names`` is then only what the error message calls the layout).
+    ``int_columns`` come back int64, ``float_columns`` float64 (finite). ``separator``: one character, or ``::``
+    (ML-1M's). Line numbers are 1-based file lines, so ``first + i`` is the line of row ``i`` of a batch. Raises
+    ``error`` (a ValueError subclass) naming the file, line and column of a malformed line; an empty file raises
+    ``error`` too. Memory: the batch and one pyarrow block, whatever the file size.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    wanted = list(int_columns) + list(float_columns)
+    if has_header:
+        header = read_header(path, separator, error)
+        if not header:
+            raise error(f"{path}: empty file (expected a header line {','.join(names or wanted)})")
+        missing = [c for c in wanted if c not in header]
+        if missing:
+            raise error(f"{path}: line 1: header {separator.join(header)!r} lacks column(s) {missing}; expected "
+                        f"{separator.join(names or wanted)}")
+        if len(set(header)) != len(header):
+            raise error(f"{path}: line 1: header {separator.join(header)!r} repeats a column name")
+        names, skip = header, 1
+    else:
+        if not os.path.isfile(path):
+            raise error(f"{path}: file not found")
+        names, skip = list(names), 0
+    if separator == "::":
+        # ':' as the delimiter, with an always-empty column between every two fields; a stray ':' in a field
+        # changes the column count and is caught like any malformed line.
+        arrow_names = [part for name in names for part in (name, f"\0sep{name}")][:-1]
+        delimiter, spacers = ":", [f"\0sep{name}" for name in names[:-1]]
+    elif len(separator) == 1:
+        arrow_names, delimiter, spacers = list(names), separator, []
+    else:
+        raise ValueError(f"separator must be one character or '::', got {separator!r}")
+    types = {name: pa.int64() for name in int_columns}
+    types.update({name: pa.float64() for name in float_columns})
+    types.update({name: pa.null() for name in spacers})
+    line, rows, handoff = skip + 1, 0, False
+    try:
+        reader = pacsv.open_csv(
+            pa.input_stream(path, compression="gzip" if path.endswith(".gz") else None),
+            read_options=pacsv.ReadOptions(column_names=arrow_names, skip_rows=skip,
+                                           block_size=block_bytes or RATINGS_BLOCK_BYTES),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=False, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=wanted + spacers,
+                                                 strings_can_be_null=False))
+        for batch in reader:
+            # A null is an empty (or 'NA'-like) field, a blank line or a non-finite rating: the scan says which.
+            arrays = {name: batch.column(i) for i, name in enumerate(wanted)}
+            if any(column.null_count for column in arrays.values()):
+                handoff = True
+                break
+            arrays = {name: column.to_numpy() for name, column in arrays.items()}
+            if not all(np.isfinite(arrays[c]).all() for c in float_columns):
+                handoff = True
+                break
+            rows += batch.num_rows
+            yield line, arrays
+            line += batch.num_rows
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        handoff = True   # a block it cannot parse or convert: the scan names its bad line, or reads it (7.0 ids)
+    except (OSError, EOFError) as err:   # a truncated .gz, an unreadable file
+        raise error(f"{path}: cannot read after line {line - 1}: {err}") from err
+    if handoff:
+        try:
+            for batch_line, arrays in _scan_lines(path, separator, names, line - 1, int_columns, float_columns,
+                                                  error):
+                rows += len(arrays[wanted[0]])
+                yield batch_line, arrays
+        except (OSError, EOFError) as err:
+            raise error(f"{path}: cannot read: {err}") from err
+    if rows == 0:
+        raise error(f"{path}: empty file: no ratings")
+
+
+def check_rating_range(path: str, first_line: int, column: str, ratings: np.ndarray, rating_range: tuple,
+                       layout: str, error=MovieLensFormatError) -> None:
+    """Raise ``error`` naming the line of the first rating outside ``rating_range`` = (lowest, highest, step).
+
+    ML-100K and ML-1M rate in whole stars 1 to 5, ML-20M/25M and ml-latest in half stars 0.5 to 5: a 0, a 6 or a
+    3.7 there means the file is not what its name says (or a column is shifted), which must not become labels.
+    """
+    low, high, step = rating_range
+    bad = np.flatnonzero((ratings < low) | (ratings > high) | ((ratings / step) % 1 != 0))
+    if bad.size:
+        i = int(bad[0])
+        raise error(f"{path}: line {first_line + i}: column {column!r}: rating {ratings[i]:g} is outside the "
+                    f"{layout} range ({low:g} to {high:g} in steps of {step:g}; {bad.size} such row(s) in this block)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 import os
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
 
 import convert
+from recsys_common import movielens_ctr
 from convert import ConversionError
 from dataloading import load_dataset
 
@@ -93,6 +96,44 @@ def test_bad_input_names_file_and_line_and_writes_nothing(tmp_path, text, messag
         convert.write_split(split, str(out))
     assert str(path) in str(err.value)
     assert not out.exists() and os.listdir(tmp_path) == ["ml-100k"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    # a rating outside the layout's range: half stars 0.5..5 (ML-20m/25m/latest), whole stars 1..5 (ML-1m)
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n1,3,5.5,5\n",
+     r"line 3: column 'rating': rating 5.5 is outside the ml-20m range \(0.5 to 5"),
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n1,3,3.7,5\n", r"line 3: column 'rating': rating 3.7"),
+    ("ratings.dat", "1::2::3::4\n1::3::0::5\n", r"line 2: column 'Rating': rating 0 is outside the ml-1m range"),
+    # a truncated file: the last line cut short
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n1,3,4", r"line 3: expected 4 ','-separated fields"),
+    ("ratings.dat", "1::2::3::4\n1::3::4::5\n2::1::3", r"line 3: expected 4 '::'-separated fields"),
+    ("ratings.dat", "1::2::3::4\n1::x::4::5\n", r"line 2: column 'MovieID' must be an integer, got 'x'"),
+    ("ratings.csv", "userId,movieId,rating\n1,2,3.5\n", r"line 1: header .* lacks column\(s\) \['timestamp'\]"),
+])
+def test_bad_movielens_files_name_file_line_and_column(tmp_path, name, text, message):
+    d = tmp_path / "ml-20m"
+    d.mkdir()
+    path = write(d / name, text)
+    before = sorted(os.listdir(d))
+    assert convert.main(["--path", path, "--output", str(tmp_path / "out")]) == 2
+    with pytest.raises(ConversionError, match=message) as err:
+        convert.read_ratings_columns(path)
+    assert str(err.value).startswith(path)
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(d)) == before
+
+
+def test_a_truncated_gzip_is_refused(tmp_path):
+    import gzip
+    d = tmp_path / "ml-20m"
+    d.mkdir()
+    body = "userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},4.0,{u * 1000 + i}\n" for u in range(1, 300)
+                                                         for i in range(1, 40))
+    data = gzip.compress(body.encode())
+    path = str(d / "ratings.csv.gz")
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(ConversionError, match=r"ratings.csv.gz: (cannot read|line \d+: expected 4)"):
+        convert.read_ratings_columns(path, "ml-20m")
 
 
 def test_cli_exits_non_zero_with_the_message(tmp_path, capsys):
@@ -210,9 +251,64 @@ def test_min_interactions_makes_a_random_movielens_sample_convertible(tmp_path, 
 
 
 # ------------------------------------------------------------------ streaming reader vs the previous implementation
+def _reference_read(path: str, spec) -> dict:
+    """Read the whole file as text and check every line; int64 columns ``user, item, timestamp``.
+
+    Slow and memory-hungry (about 14x the file), but it names the first bad line; used for ``::`` files and
+    whenever the streaming parser refuses a file.
+    """
+    text = convert._read_text(path)
+    if spec.separator == "::":
+        text = text.replace("::", "\t")  # lets the fast C parser read ML-1m
+        sep = "\t"
+    else:
+        sep = spec.separator
+    lines = text.splitlines()
+    first_data_line = 2 if spec.has_header else 1
+    if spec.has_header:
+        if not lines or not lines[0].strip():
+            raise convert.ConversionError(f"{path}: empty file (expected a header line {','.join(spec.columns)})")
+        header = [h.strip() for h in lines[0].split(sep)]
+        missing = [c for c in (spec.user, spec.item, spec.timestamp) if c not in header]
+        if missing:
+            raise convert.ConversionError(f"{path}: line 1: header {lines[0]!r} lacks column(s) {missing}; "
+                                  f"expected {sep.join(spec.columns)}")
+        columns = header
+        body = lines[1:]
+    else:
+        columns = list(spec.columns)
+        body = lines
+    # a trailing newline is fine; any other blank line is an error below
+    while body and not body[-1].strip():
+        body.pop()
+    if not body:
+        raise convert.ConversionError(f"{path}: empty file: no interactions")
+    # column count, checked on every line (vectorised: count separators)
+    counts = np.fromiter((line.count(sep) for line in body), dtype=np.int64, count=len(body)) + 1
+    bad = np.flatnonzero(counts != len(columns))
+    if bad.size:
+        i = int(bad[0])
+        raise convert.ConversionError(f"{path}: line {i + first_data_line}: expected {len(columns)} "
+                              f"{sep!r}-separated fields ({', '.join(columns)}), found {counts[i]}: {body[i]!r}")
+    frame = pd.read_csv(io.StringIO("\n".join(body)), sep=sep, header=None, names=columns, dtype=str,
+                        usecols=[spec.user, spec.item, spec.timestamp], skip_blank_lines=False,
+                        keep_default_na=False, engine="c")
+    out = {}
+    for target, source in (("user", spec.user), ("item", spec.item), ("timestamp", spec.timestamp)):
+        values = pd.to_numeric(frame[source].str.strip(), errors="coerce")
+        bad_rows = np.flatnonzero(values.isna().to_numpy() | (values.to_numpy() % 1 != 0))
+        if bad_rows.size:
+            i = int(bad_rows[0])
+            raise convert.ConversionError(f"{path}: line {i + first_data_line}: column {source!r} must be an integer, "
+                                  f"got {frame[source].iloc[i]!r}")
+        out[target] = values.to_numpy().astype(np.int64)
+    return out
+
+
+
 def _reference_convert(path, fmt, valid_negative, seed, min_interactions):
     """The converter before it streamed (whole-file text parse + pandas leave-one-out), kept as the reference."""
-    raw = pd.DataFrame(convert._read_ratings_checked(path, convert.FORMATS[fmt]))
+    raw = pd.DataFrame(_reference_read(path, convert.FORMATS[fmt]))
     if min_interactions > 1:
         distinct = raw[["user", "item"]].drop_duplicates()
         per_user = distinct["user"].value_counts()
@@ -234,15 +330,17 @@ def _reference_convert(path, fmt, valid_negative, seed, min_interactions):
                          len(raw_users), num_items)
 
 
-def _ml20m_text(rng, rows, extra=""):
+def _ml20m_text(rng, rows, extra="", whole_stars=False):
     users = np.sort(rng.integers(1, 60, rows))
     items = rng.zipf(1.3, rows) % 400 + 1                       # popular items repeat: duplicate pairs
     stamps = rng.integers(1_000_000_000, 1_000_000_050, rows)    # few distinct times: many ties
-    return "".join(f"{u},{i},{rng.integers(1, 11) / 2},{t}{extra}\n" for u, i, t in zip(users, items, stamps))
+    stars = (lambda: rng.integers(1, 6)) if whole_stars else (lambda: rng.integers(1, 11) / 2)
+    return "".join(f"{u},{i},{stars()},{t}{extra}\n" for u, i, t in zip(users, items, stamps))
 
 
 @pytest.mark.parametrize("case", ["ml-20m", "ml-20m-gz", "ml-20m-small-chunks", "ml-100k", "byo-extra-column",
-                                  "checked-path-float-ids", "min-interactions"])
+                                  "checked-path-float-ids", "min-interactions", "ml-1m", "argsort-path",
+                                  "wide-ids"])
 def test_output_is_byte_identical_to_the_previous_converter(tmp_path, monkeypatch, case):
     rng = np.random.default_rng(7)
     d = tmp_path / "ml-20m"
@@ -257,11 +355,11 @@ def test_output_is_byte_identical_to_the_previous_converter(tmp_path, monkeypatc
             os.remove(path)
             path += ".gz"
         if case == "ml-20m-small-chunks":  # chunks mixing int32 and int64 columns are joined in order
-            monkeypatch.setattr(convert, "READ_CHUNK_ROWS", 7)
+            monkeypatch.setattr(movielens_ctr, "RATINGS_BLOCK_BYTES", 256)
             text = open(path).read().replace("1000000001\n", "99000000001\n", 3)
             path = write(d / "ratings.csv", text)
     elif case == "ml-100k":
-        fmt, path = "ml-100k", write(d / "u.data", _ml20m_text(rng, 2000).replace(",", "\t"))
+        fmt, path = "ml-100k", write(d / "u.data", _ml20m_text(rng, 2000, whole_stars=True).replace(",", "\t"))
     elif case == "byo-extra-column":
         body = "".join(f"{t},note {k},{i},{u}\n" for k, (u, i, _r, t) in
                        enumerate(line.split(",") for line in _ml20m_text(rng, 2000).splitlines()))
@@ -269,17 +367,26 @@ def test_output_is_byte_identical_to_the_previous_converter(tmp_path, monkeypatc
     elif case == "checked-path-float-ids":  # ids the C parser refuses as integers: the checked path reads them
         text = _ml20m_text(rng, 2000)
         path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + text.replace(",7,", ",7.0,") + "\n\n")
+    elif case == "ml-1m":
+        fmt, path = "ml-1m", write(d / "ratings.dat", _ml20m_text(rng, 2000, whole_stars=True).replace(",", "::"))
+    elif case == "argsort-path":   # keys too wide to pack into 63 bits take the argsort path: the same output
+        monkeypatch.setattr(convert, "_time_packs", lambda timestamps: False)
+        path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + _ml20m_text(rng, 2000))
+    elif case == "wide-ids":   # ids beyond int32 and far above the row count: pandas' factorize, int64 columns
+        text = "".join(f"{int(u) * 10**12},{i},{r},{t}\n" for u, i, r, t in
+                       (line.split(",") for line in _ml20m_text(rng, 2000).splitlines()))
+        path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + text)
     else:
         path = write(d / "ratings.csv", "userId,movieId,rating,timestamp\n" + _ml20m_text(rng, 400) + "999,1,3,5\n")
         min_interactions = 2
     out_new, out_ref = tmp_path / "new", tmp_path / "ref"
-    checked_calls = []
-    real_checked = convert._read_ratings_checked
-    monkeypatch.setattr(convert, "_read_ratings_checked", lambda *a: checked_calls.append(a) or real_checked(*a))
+    scans = []   # the line-by-line reader takes over only where pyarrow refuses a block (ids written as 7.0)
+    real_scan = movielens_ctr._scan_lines
+    monkeypatch.setattr(movielens_ctr, "_scan_lines", lambda *a: scans.append(a) or real_scan(*a))
     assert convert.main(["--path", path, "--output", str(out_new), "--format", fmt, "--valid_negative", "20",
                          "--min_interactions", str(min_interactions)]) == 0
-    assert len(checked_calls) == (1 if case == "checked-path-float-ids" else 0)  # which reader did the work
-    monkeypatch.setattr(convert, "_read_ratings_checked", real_checked)
+    assert len(scans) == (1 if case == "checked-path-float-ids" else 0), scans
+    monkeypatch.setattr(movielens_ctr, "_scan_lines", real_scan)
     convert.write_split(_reference_convert(path, fmt, 20, 1, min_interactions), str(out_ref))
     for name in ("feature_spec.yaml", "train.parquet", "test.parquet"):
         assert (out_new / name).read_bytes() == (out_ref / name).read_bytes(), name
