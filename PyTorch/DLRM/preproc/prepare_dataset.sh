@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Criteo click logs -> the split-binary dataset DLRM trains on.
 #
-#   cd preproc && ./prepare_dataset.sh [FREQUENCY_LIMIT] [CPU] [Spark]
+#   cd preproc && ./prepare_dataset.sh [FREQUENCY_LIMIT] [CPU] [Polars|Spark]
 #
 # Input (INPUT_PATH): the Criteo Terabyte days day_0 .. day_23 (uncompressed or .gz), or the Criteo Kaggle
-# train.txt (a directory holding it, or the file itself). Steps:
-#   1. verify_criteo_downloaded.sh      the input is complete and readable
-#   2. recsys_common.criteo.spark_preprocess   Spark: dictionaries + parquet train/test/validation in OUTPUT_PATH
-#   3. recsys_common.criteo.to_split_binary    parquet -> BINARY_PATH/{train,test,validation}/*.bin + feature_spec.yaml
+# train.txt (a directory holding it, or the file itself). Two engines give the same dataset (byte for byte with
+# --train_ordering input; common/tests/test_criteo_engine.py):
+#   Polars (default): one machine, bounded memory, resumable after a kill
+#     1. verify_criteo_downloaded.sh                the input is complete and readable
+#     2. recsys_common.criteo.polars_preprocess    raw text -> BINARY_PATH/{train,test,validation}/*.bin + feature_spec.yaml
+#   Spark (third argument Spark, PREPROC_ENGINE=spark, or SPARK_MASTER set): the cluster engine
+#     1. verify_criteo_downloaded.sh
+#     2. recsys_common.criteo.spark_preprocess     dictionaries + parquet train/test/validation in OUTPUT_PATH
+#     3. recsys_common.criteo.to_split_binary      parquet -> BINARY_PATH/{train,test,validation}/*.bin + feature_spec.yaml
 # Environment (defaults in brackets; PREPROC_CONFIG=configs/<name>.sh sets several at once):
-#   INPUT_PATH [/data/dlrm/criteo]  OUTPUT_PATH [/data/dlrm/spark/output]  SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]
-#   BINARY_PATH [/data/dlrm/binary_dataset]  TOTAL_CORES [all]  TOTAL_MEMORY [GiB, 80 % of RAM]
-#   SPARK_MASTER [local[*]]  FREQUENCY_LIMIT [15]  PYTHON [python3]  OVERWRITE [0]
-#   SPARK_PREPROCESS_ARGS  extra flags for spark_preprocess (see its --help), e.g. "--dictionary_source train", or
-#                          "--header yes --delimiter comma" for CSV copies (both are detected per file by default)
+#   INPUT_PATH [/data/dlrm/criteo]  BINARY_PATH [/data/dlrm/binary_dataset]  FREQUENCY_LIMIT [15]  PYTHON [python3]
+#   OVERWRITE [0]  PREPROC_ENGINE [polars, or spark when SPARK_MASTER is set]
+#   Polars: WORK_DIR [BINARY_PATH.work: intermediate files and resume state]  PREPROC_ARGS (more flags, see
+#           python -m recsys_common.criteo.polars_preprocess --help)
+#   Spark:  OUTPUT_PATH [/data/dlrm/spark/output]  SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]  TOTAL_CORES [all]
+#           TOTAL_MEMORY [GiB, 80 % of RAM]  SPARK_MASTER [local[*]]
+#           SPARK_PREPROCESS_ARGS  extra flags for spark_preprocess (see its --help), e.g. "--dictionary_source train",
+#                                  or "--header yes --delimiter comma" for CSV copies (both detected per file by default)
 # See README.md in this directory for the outputs, disk and memory needs, and how this differs from NVIDIA's script.
 set -euo pipefail
 
@@ -27,7 +35,8 @@ fi
 
 FREQUENCY_LIMIT="${1:-${FREQUENCY_LIMIT:-15}}"
 DEVICE="${2:-CPU}"
-ENGINE="${3:-Spark}"
+if [[ -n "${SPARK_MASTER:-}" ]]; then default_engine=spark; else default_engine=polars; fi
+ENGINE="${3:-${PREPROC_ENGINE:-$default_engine}}"
 
 die() { echo "prepare_dataset.sh: error: $*" >&2; exit 2; }
 
@@ -38,7 +47,11 @@ case "$DEVICE" in
     Spark and pass SPARK_PREPROCESS_ARGS='--spark_conf spark.plugins=com.nvidia.spark.SQLPlugin' with CPU." ;;
     *) die "second argument must be CPU (or GPU), got '$DEVICE'" ;;
 esac
-[[ "$ENGINE" == "Spark" ]] || die "third argument must be Spark (NVIDIA's NVTabular path is not part of this recipe), got '$ENGINE'"
+case "${ENGINE,,}" in
+    polars) ENGINE=polars ;;
+    spark) ENGINE=spark ;;
+    *) die "third argument (or PREPROC_ENGINE) must be Polars or Spark (NVIDIA's NVTabular path is not part of this recipe), got '$ENGINE'" ;;
+esac
 
 INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
 OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
@@ -57,17 +70,32 @@ export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
     export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
 fi
+overwrite_flag=()
+[[ "$OVERWRITE" == "1" ]] && overwrite_flag=(--overwrite)
+
+if [[ "$ENGINE" == polars ]]; then
+    echo "[prepare_dataset] engine=polars input=$INPUT_PATH binary=$BINARY_PATH frequency_limit=$FREQUENCY_LIMIT"
+    "$here/verify_criteo_downloaded.sh" "$INPUT_PATH"
+    work_flag=()
+    [[ -n "${WORK_DIR:-}" ]] && work_flag=(--work_dir "$WORK_DIR")
+    # shellcheck disable=SC2086  # PREPROC_ARGS is a list of flags
+    "$PYTHON" -m recsys_common.criteo.polars_preprocess \
+        --input_path "$INPUT_PATH" --output_path "$BINARY_PATH" --frequency_limit "$FREQUENCY_LIMIT" \
+        "${work_flag[@]}" "${overwrite_flag[@]}" ${PREPROC_ARGS:-}
+    echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
+    echo "[prepare_dataset] train with: python -m dlrm.scripts.main --mode train --dataset $BINARY_PATH"
+    exit 0
+fi
+
 command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
 
-echo "[prepare_dataset] input=$INPUT_PATH output=$OUTPUT_PATH binary=$BINARY_PATH frequency_limit=$FREQUENCY_LIMIT"
+echo "[prepare_dataset] engine=spark input=$INPUT_PATH output=$OUTPUT_PATH binary=$BINARY_PATH frequency_limit=$FREQUENCY_LIMIT"
 echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_MEMORY}g local_dirs=$SPARK_LOCAL_DIRS"
 
 # 1. verify
 "$here/verify_criteo_downloaded.sh" "$INPUT_PATH"
 
 # 2. Spark (skipped when a finished run with the same frequency limit is already there)
-overwrite_flag=()
-[[ "$OVERWRITE" == "1" ]] && overwrite_flag=(--overwrite)
 report="$OUTPUT_PATH/preprocess_report.json"
 # cardinalities.json is the job's completion marker (moved in last): without it the output is partial.
 if [[ -f "$OUTPUT_PATH/cardinalities.json" && -f "$report" && "$OVERWRITE" != "1" ]]; then

@@ -23,7 +23,7 @@ def run_script(args, env_overrides, timeout=600):
     env = {k: v for k, v in os.environ.items()
            if k not in ("INPUT_PATH", "OUTPUT_PATH", "BINARY_PATH", "SPARK_LOCAL_DIRS", "FREQUENCY_LIMIT",
                         "TOTAL_CORES", "TOTAL_MEMORY", "SPARK_MASTER", "PREPROC_CONFIG", "OVERWRITE",
-                        "SPARK_PREPROCESS_ARGS")}
+                        "SPARK_PREPROCESS_ARGS", "PREPROC_ENGINE", "PREPROC_ARGS", "WORK_DIR")}
     env.update({"PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
                 "PYTHONPATH": os.path.join(REPO_ROOT, "common") + os.pathsep + env.get("PYTHONPATH", "")})
     env.update(env_overrides)
@@ -38,7 +38,7 @@ def paths(tmp_path, input_path):
 # ------------------------------------------------------------------------------------------- argument errors
 @pytest.mark.parametrize("args, message", [
     (["15", "GPU"], "GPU Spark (RAPIDS Accelerator) is not packaged"),
-    (["15", "CPU", "NVTabular"], "third argument must be Spark"),
+    (["15", "CPU", "NVTabular"], "third argument (or PREPROC_ENGINE) must be Polars or Spark"),
     (["fifteen"], "FREQUENCY_LIMIT must be a non-negative integer"),
 ])
 def test_prepare_dataset_rejects_unsupported_arguments(tmp_path, args, message):
@@ -77,7 +77,7 @@ exec {sys.executable} "$@"
     shim.chmod(0o755)
     env = paths(tmp_path, tmp_path / "in")
     env.update({"PYTHON": str(shim), "SPARK_PREPROCESS_ARGS": "--header yes --delimiter comma"})
-    result = run_script(["3"], env)
+    result = run_script(["3", "CPU", "Spark"], env)
     assert result.returncode == 7, result.stderr
     argv = recorded.read_text().split("\n")
     assert argv[argv.index("--header") + 1] == "yes" and argv[argv.index("--delimiter") + 1] == "comma"
@@ -117,7 +117,7 @@ def test_prepare_dataset_reuses_finished_spark_output(tmp_path):
     (tmp_path / "in" / "train.txt").write_text("0\t1\n")
     env = paths(tmp_path, tmp_path / "in")
     cards, written = fake_spark_output(env["OUTPUT_PATH"], {"train": 300, "test": 50, "validation": 40})
-    result = run_script(["15"], env)
+    result = run_script(["15", "CPU", "Spark"], env)
     assert result.returncode == 0, result.stderr
     assert "skipping the Spark job" in result.stdout
     from recsys_common.feature_spec import FeatureSpec
@@ -129,7 +129,7 @@ def test_prepare_dataset_reuses_finished_spark_output(tmp_path):
         np.testing.assert_array_equal(columns["cat_25.bin"], table.column("cat_25").to_numpy())
         np.testing.assert_allclose(columns["num_3"].astype(np.float32), table.column("num_3").to_numpy(), atol=1e-3)
     # a finished run with another frequency limit is not silently reused
-    result = run_script(["3"], env)
+    result = run_script(["3"], {**env, "SPARK_MASTER": "local[2]"})     # SPARK_MASTER set: Spark by default
     assert result.returncode == 2 and "holds a run with frequency limit 15" in result.stderr
 
 
@@ -142,7 +142,7 @@ def test_prepare_dataset_end_to_end_on_real_kaggle_rows(tmp_path):
     # C1-only JIT: the job is tiny, JVM warm-up dominates
     env["SPARK_PREPROCESS_ARGS"] = ("--shuffle_partitions 2 "
                                     "--spark_conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1")
-    result = run_script(["3"], env)
+    result = run_script(["3", "CPU", "Spark"], env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.load(open(os.path.join(env["OUTPUT_PATH"], "preprocess_report.json")))
     assert report["rows_written"] == {"train": 1714, "test": 143, "validation": 142}
@@ -151,6 +151,29 @@ def test_prepare_dataset_end_to_end_on_real_kaggle_rows(tmp_path):
     assert open_reader(spec, "test", batch_size=64).num_samples == 143
     auc = logistic_baseline.main(["--dataset", env["BINARY_PATH"]])
     assert 0.6 < auc < 0.8          # measured 0.695 on these 143 test rows (frequency limit 3)
+
+
+def test_prepare_dataset_default_engine_is_polars_end_to_end(tmp_path):
+    """The default engine (no JVM): 1,999 real rows as Kaggle's train.txt -> split binary in one step, then the
+    logistic baseline on it; the same AUC as the Spark path's run above (same rows, same dataset bytes)."""
+    (tmp_path / "in").mkdir()
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), tmp_path / "in" / "train.txt")
+    env = paths(tmp_path, tmp_path / "in")
+    result = run_script(["3"], env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "engine=polars" in result.stdout and "pass 2/2 (map and write)" in result.stdout
+    assert not (tmp_path / "spark").exists() and not os.path.exists(env["BINARY_PATH"] + ".work")
+    report = json.load(open(os.path.join(env["BINARY_PATH"], "preprocess_report.json")))
+    assert report["rows_written"] == {"train": 1714, "test": 143, "validation": 142}
+    from recsys_common.feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(os.path.join(env["BINARY_PATH"], "feature_spec.yaml"))
+    assert open_reader(spec, "test", batch_size=64).num_samples == 143
+    auc = logistic_baseline.main(["--dataset", env["BINARY_PATH"]])
+    assert 0.6 < auc < 0.8
+    # a second run refuses the finished dataset unless OVERWRITE=1
+    again = run_script(["3"], env)
+    assert again.returncode == 2 and "not empty" in again.stderr
+    assert run_script(["3"], {**env, "OVERWRITE": "1"}).returncode == 0
 
 
 # ------------------------------------------------------------------------------------------- README vs parsers

@@ -3,20 +3,27 @@
 #
 #   cd preproc && ./prepare_dataset.sh [CPU] [FREQUENCY_THRESHOLD]       (NVIDIA's arguments: <DGX2|CPU> <threshold>)
 #
-# Two steps, both the shared implementation in common/recsys_common/criteo (the same job PyTorch/DLRM runs):
-#   1. python -m recsys_common.criteo.spark_preprocess   Spark: checks the input, dictionaries of the categorical
+# The shared implementation in common/recsys_common/criteo (the same PyTorch/DLRM runs), with two engines that give
+# the same dataset (byte for byte with --train_ordering input; common/tests/test_criteo_engine.py):
+#   Polars (default): python -m recsys_common.criteo.polars_preprocess   one machine, bounded memory, resumable:
+#                     raw text -> BINARY_PATH/{train,test,validation}/*.bin + BINARY_PATH/feature_spec.yaml
+#   Spark (PREPROC_ENGINE=spark, or SPARK_MASTER set): the cluster engine, two steps:
+#     1. python -m recsys_common.criteo.spark_preprocess   checks the input, dictionaries of the categorical
 #                                                        values seen >= FREQUENCY_THRESHOLD times, parquet splits
 #                                                        train (day_0..22) / test / validation (halves of day_23)
-#   2. python -m recsys_common.criteo.to_split_binary    parquet -> BINARY_PATH/{train,test,validation}/*.bin and
+#     2. python -m recsys_common.criteo.to_split_binary    parquet -> BINARY_PATH/{train,test,validation}/*.bin and
 #                                                        BINARY_PATH/feature_spec.yaml
 # Environment [default]:
 #   INPUT_PATH [/data/dlrm/criteo]              day_0 .. day_23 (plain or .gz), or a directory with Kaggle's train.txt
-#   OUTPUT_PATH [/data/dlrm/spark/output]       Spark output (dictionaries + parquet), intermediate
 #   BINARY_PATH [/data/dlrm/binary_dataset]     the dataset to train on
-#   SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]     Spark shuffle scratch (the most disk: ~2x the raw data)
-#   SPARK_MASTER [local[*]]                     or spark://host:7077, yarn, k8s://... (paths on a shared file system)
-#   TOTAL_CORES [all]  TOTAL_MEMORY [GiB, 80 % of RAM]  PYTHON [python3]  OVERWRITE [0: refuse non-empty outputs]
-#   SPARK_PREPROCESS_ARGS   more flags for spark_preprocess (python -m recsys_common.criteo.spark_preprocess --help)
+#   PREPROC_ENGINE [polars; spark when SPARK_MASTER is set]   PYTHON [python3]  OVERWRITE [0: refuse non-empty outputs]
+#   Polars: WORK_DIR [BINARY_PATH.work]         intermediate files and the resume state of a killed run
+#           PREPROC_ARGS                        more flags (python -m recsys_common.criteo.polars_preprocess --help)
+#   Spark:  OUTPUT_PATH [/data/dlrm/spark/output]  Spark output (dictionaries + parquet), intermediate
+#           SPARK_LOCAL_DIRS [/data/dlrm/spark/tmp]  Spark shuffle scratch (the most disk: ~2x the raw data)
+#           SPARK_MASTER [local[*]]             or spark://host:7077, yarn, k8s://... (paths on a shared file system)
+#           TOTAL_CORES [all]  TOTAL_MEMORY [GiB, 80 % of RAM]
+#           SPARK_PREPROCESS_ARGS   more flags for spark_preprocess (python -m recsys_common.criteo.spark_preprocess --help)
 # Then: python dlrm.py --dataset_path $BINARY_PATH   (README.md, "Criteo").
 set -euo pipefail
 
@@ -36,6 +43,14 @@ esac
 [[ "$FREQUENCY_THRESHOLD" =~ ^[0-9]+$ ]] || die "FREQUENCY_THRESHOLD (second argument) must be a non-negative integer, got '$FREQUENCY_THRESHOLD'"
 [[ $# -le 2 ]] || die "at most two arguments (CPU FREQUENCY_THRESHOLD), got $#"
 
+if [[ -n "${SPARK_MASTER:-}" ]]; then default_engine=spark; else default_engine=polars; fi
+ENGINE="${PREPROC_ENGINE:-$default_engine}"
+case "${ENGINE,,}" in
+    polars) ENGINE=polars ;;
+    spark) ENGINE=spark ;;
+    *) die "PREPROC_ENGINE must be polars or spark, got '$ENGINE'" ;;
+esac
+
 INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
 OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
 BINARY_PATH="${BINARY_PATH:-/data/dlrm/binary_dataset}"
@@ -52,12 +67,25 @@ export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
     export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
 fi
-command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
-
 overwrite=()
 [[ "${OVERWRITE:-0}" == "1" ]] && overwrite=(--overwrite)
 
-echo "[prepare_dataset] input=$INPUT_PATH spark_output=$OUTPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
+if [[ "$ENGINE" == polars ]]; then
+    echo "[prepare_dataset] engine=polars input=$INPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
+    work=()
+    [[ -n "${WORK_DIR:-}" ]] && work=(--work_dir "$WORK_DIR")
+    # shellcheck disable=SC2086  # PREPROC_ARGS is a list of flags
+    "$PYTHON" -m recsys_common.criteo.polars_preprocess \
+        --input_path "$INPUT_PATH" --output_path "$BINARY_PATH" --frequency_limit "$FREQUENCY_THRESHOLD" \
+        "${work[@]}" "${overwrite[@]}" ${PREPROC_ARGS:-}
+    echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
+    echo "[prepare_dataset] train with: python dlrm.py --dataset_path $BINARY_PATH   (or dcnv2.py)"
+    exit 0
+fi
+
+command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
+
+echo "[prepare_dataset] engine=spark input=$INPUT_PATH spark_output=$OUTPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
 echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_MEMORY}g local_dirs=$SPARK_LOCAL_DIRS"
 mkdir -p "$SPARK_LOCAL_DIRS"
 # shellcheck disable=SC2086  # SPARK_PREPROCESS_ARGS is a list of flags

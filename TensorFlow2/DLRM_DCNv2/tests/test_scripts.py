@@ -135,7 +135,8 @@ PREPARE = os.path.join(RECIPE_DIR, "preproc", "prepare_dataset.sh")
 def _run_prepare(args, tmp_path, **env_overrides):
     env = {k: v for k, v in subprocess_env().items()
            if k not in ("INPUT_PATH", "OUTPUT_PATH", "BINARY_PATH", "SPARK_LOCAL_DIRS", "FREQUENCY_LIMIT",
-                        "SPARK_MASTER", "OVERWRITE", "SPARK_PREPROCESS_ARGS")}
+                        "SPARK_MASTER", "OVERWRITE", "SPARK_PREPROCESS_ARGS", "PREPROC_ENGINE", "PREPROC_ARGS",
+                        "WORK_DIR")}
     env.update({"PYTHON": sys.executable, "INPUT_PATH": str(tmp_path / "criteo"),
                 "OUTPUT_PATH": str(tmp_path / "spark"), "BINARY_PATH": str(tmp_path / "binary"),
                 "SPARK_LOCAL_DIRS": str(tmp_path / "scratch"), "TOTAL_CORES": "1", "TOTAL_MEMORY": "1"})
@@ -185,6 +186,31 @@ exec {sys.executable} "$@"
     calls.unlink()
     assert _run_prepare([], tmp_path, PYTHON=str(shim)).returncode == 0
     assert "--overwrite" not in calls.read_text() and "--frequency_limit\n15\n" in calls.read_text()
+
+
+def test_prepare_dataset_default_engine_is_polars_and_spark_on_request(tmp_path):
+    """Without SPARK_MASTER the single-machine engine runs (one step, straight to the split-binary dataset);
+    PREPROC_ENGINE=spark picks the Spark job. A stand-in interpreter records the calls."""
+    (tmp_path / "criteo").mkdir()
+    calls = tmp_path / "calls.txt"
+    shim = tmp_path / "python"
+    shim.write_text(f"""#!/usr/bin/env bash
+if [[ "${{1:-}}" == -m ]]; then {{ printf '%s\\n' "$@"; echo ----; }} >> {calls}; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    result = _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), PREPROC_ARGS="--train_ordering input")
+    assert result.returncode == 0, result.stderr
+    (polars,) = [c.strip("\n").split("\n") for c in calls.read_text().split("----") if c.strip()]
+    assert polars == ["-m", "recsys_common.criteo.polars_preprocess", "--input_path", str(tmp_path / "criteo"),
+                      "--output_path", str(tmp_path / "binary"), "--frequency_limit", "3",
+                      "--train_ordering", "input"]
+    calls.unlink()
+    assert _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), PREPROC_ENGINE="spark").returncode == 0
+    assert [c.strip("\n").split("\n")[1] for c in calls.read_text().split("----") if c.strip()] == [
+        "recsys_common.criteo.spark_preprocess", "recsys_common.criteo.to_split_binary"]
+    bad = _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), PREPROC_ENGINE="dask")
+    assert bad.returncode == 2 and "PREPROC_ENGINE must be polars or spark" in bad.stderr
 
 
 def test_prepare_dataset_stops_at_the_first_failing_step(tmp_path):

@@ -95,12 +95,12 @@ def iter_line_chunks(path: str, fmt: FileFormat, chunk_bytes: int = 32 << 20) ->
                 raise CriteoInputError(f"{path}: truncated or corrupt compressed data after line "
                                        f"{line + (1 if fmt.header else 0)}: {e}") from None
             if block:
-                data = carry + block
-                cut = data.rfind(b"\n")
+                cut = block.rfind(b"\n")
                 if cut < 0:
-                    carry = data   # a line longer than a chunk: read on
+                    carry += block   # a line longer than a chunk: read on
                     continue
-                carry, data = data[cut + 1:], data[:cut + 1]
+                data = carry + block[:cut + 1] if carry else block[:cut + 1]
+                carry = block[cut + 1:]
             else:
                 data, carry = (carry + b"\n" if carry else b""), b""   # last line without a line end
                 if not data:
@@ -286,13 +286,14 @@ def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedCh
             # Some lines have fewer than 40 fields (none has more: the reader would have raised). Only a row whose
             # last field is empty can be one: count the separators of those lines alone.
             import polars as pl
-            candidates = np.flatnonzero(frame[_NAMES[-1]].is_null().to_numpy())
-            if len(candidates):
+            candidate = frame[_NAMES[-1]].is_null().to_numpy()
+            if candidate.any():
                 starts, ends = _line_offsets(data)
-                needle = sep.encode()
-                short = [data.count(needle, s, e) < NUM_FIELDS - 1
-                         for s, e in zip(starts[candidates].tolist(), ends[candidates].tolist())]
-                padded_lines[candidates[np.array(short, dtype=bool)]] = True
+                a = np.frombuffer(data, dtype=np.uint8)
+                lines = a[np.repeat(candidate, ends - starts + 1)]      # the candidate lines, back to back
+                separators = np.cumsum(lines == ord(sep), dtype=np.int64)[np.flatnonzero(lines == 10)]
+                per_line = np.diff(separators, prepend=0)
+                padded_lines[np.flatnonzero(candidate)[per_line < NUM_FIELDS - 1]] = True
     if frame.height != len(kept):
         raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
     n = len(kept)
@@ -409,25 +410,28 @@ def _fingerprint(args: argparse.Namespace, files: List[str]) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------- chunk files
+_CHUNK_ARRAYS = ("label", "numerical", "codes", "lines", "padded")
+
+
 def _save_chunk(directory: str, k: int, parsed: ParsedChunk) -> None:
     import pyarrow as pa
     import pyarrow.feather as feather
-    np.savez(os.path.join(directory, f"chunk_{k}.tmp.npz"), label=parsed.label, numerical=parsed.numerical,
-             codes=parsed.codes, lines=parsed.lines, padded=parsed.padded)
+    for name in _CHUNK_ARRAYS:
+        np.save(os.path.join(directory, f"chunk_{k}.tmp.{name}.npy"), getattr(parsed, name))
     lengths = [0 if u is None else len(u) for u in parsed.uniques]
     values = pa.concat_arrays([u.cast(pa.large_string()) for u in parsed.uniques if u is not None]) \
         if any(lengths) else pa.array([], pa.large_string())
     feather.write_feather(pa.table({"value": values}), os.path.join(directory, f"chunk_{k}.tmp.arrow"),
                           compression="uncompressed")
     np.save(os.path.join(directory, f"chunk_{k}.tmp.lengths.npy"), np.array(lengths, dtype=np.int64))
-    for suffix in ("npz", "arrow", "lengths.npy"):
+    for suffix in ("arrow", "lengths.npy") + tuple(f"{name}.npy" for name in _CHUNK_ARRAYS):
         os.replace(os.path.join(directory, f"chunk_{k}.tmp.{suffix}"), os.path.join(directory, f"chunk_{k}.{suffix}"))
 
 
 def _load_chunk(directory: str, k: int):
     import polars as pl
     import pyarrow.feather as feather
-    arrays = np.load(os.path.join(directory, f"chunk_{k}.npz"))
+    arrays = {name: np.load(os.path.join(directory, f"chunk_{k}.{name}.npy")) for name in _CHUNK_ARRAYS}
     lengths = np.load(os.path.join(directory, f"chunk_{k}.lengths.npy"))
     values = pl.from_arrow(feather.read_table(os.path.join(directory, f"chunk_{k}.arrow"))["value"])
     offsets = np.concatenate([[0], np.cumsum(lengths)])
