@@ -157,13 +157,9 @@ def check_flags(config: ModelConfig, where: str, *, num_numerical_features: Opti
         if len(table_sizes) != len(config.table_sizes):
             fail(f"the checkpoint has {len(config.table_sizes)} embedding tables, {table_source} has "
                  f"{len(table_sizes)} categorical features")
-        # --max_table_size with --hash_indices trains every larger table capped at one size (ids taken modulo it):
-        # a checkpoint table smaller than its cardinality matches when all such tables have that size, the largest.
-        cap = None
-        if config.hash_indices:
-            capped = {int(s) for g, s in zip(table_sizes, config.table_sizes) if int(s) < int(g)}
-            if len(capped) == 1 and max(int(s) for s in config.table_sizes) in capped:
-                cap = capped.pop()
+        # --max_table_size with --hash_indices trains every larger table capped at one size (ids taken modulo it),
+        # which is then the largest table: a checkpoint table of that size may be smaller than its cardinality.
+        cap = max(int(s) for s in config.table_sizes) if config.hash_indices and config.table_sizes else None
         for i, (given_rows, saved_rows) in enumerate(zip(table_sizes, config.table_sizes)):
             capped_here = cap is not None and int(saved_rows) == cap < int(given_rows)
             if int(given_rows) != int(saved_rows) and not capped_here:

@@ -31,6 +31,29 @@ def test_deployer_writes_a_triton_repository(checkpoint, small_dataset, tmp_path
     assert sidecar["feature_spec"]["channel_spec"]["categorical"][0] == "cat_0.bin"
 
 
+def test_capped_hashed_tables_deploy_against_their_dataset(small_dataset, tmp_path):
+    """A model trained with --max_table_size --hash_indices has its larger tables capped: ``deployer --dataset`` and
+    ``evaluate_accuracy`` (which compare the checkpoint's tables with the FeatureSpec's cardinalities) accept it, and
+    still refuse a FeatureSpec the model was not trained on."""
+    from conftest import TABLE_SIZES, train_args
+    from deployment import deployer
+    from dlrm import serving
+    from dlrm.scripts.main import main
+    ck = str(tmp_path / "ck")
+    main(train_args(small_dataset, tmp_path / "log.json", "--max_steps", "4", "--max_table_size", "300",
+                    "--hash_indices", "--save_checkpoint_path", ck))
+    result = deployer.deploy(["--onnx", "--deploy_cpu", "--save-dir", str(tmp_path / "repo"), "--model_checkpoint", ck,
+                              "--dataset", small_dataset, "--check_rows", "64"])
+    assert result["config"]["table_sizes"] == [300, 300, 200, 100, 50, 20, 10, 5]
+    assert max(result["max_abs_diff"].values()) <= ONNX_TOLERANCE
+    _, config, _ = serving.load_model(ck, table_sizes=TABLE_SIZES)        # what evaluate_accuracy passes
+    assert config.hash_indices
+    with pytest.raises(serving.ModelMismatchError, match=r"embedding table 2 \(cat_2.bin\) has 200 rows .* 250"):
+        serving.load_model(ck, table_sizes=[1000, 500, 250, 100, 50, 20, 10, 5])
+    with pytest.raises(serving.ModelMismatchError, match=r"embedding table 1 \(cat_1.bin\) has 300 rows .* 280"):
+        serving.load_model(ck, table_sizes=[1000, 280, 200, 100, 50, 20, 10, 5])
+
+
 def test_deployer_refuses_bad_input(checkpoint, small_dataset, tmp_path, capsys):
     from deployment import deployer
     repo = tmp_path / "repo"
