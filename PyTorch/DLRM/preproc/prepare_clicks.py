@@ -1,0 +1,19 @@
+#!/usr/bin/env python3
+"""A raw click log (CSV / TSV / parquet with a header) -> this recipe's split-binary dataset: the shared
+``recsys_common.prepare_clicks`` (one copy for both DLRM recipes; see it for the semantics and the ``apply`` step).
+
+    python preproc/prepare_clicks.py --input train.csv --output /data/clicks --label click \
+        --categorical site_id app_id device_model --numerical C15 C16
+    python -m dlrm.scripts.main --dataset /data/clicks
+
+``main(argv)`` returns ``{"spec": FeatureSpec, "report": dict}``.
+"""
+from __future__ import annotations
+
+import sys
+
+from recsys_common.prepare_clicks import (ClickEncoder, ClickLogError, apply, build_parser, main,  # noqa: F401
+                                          prepare, run_cli)
+
+if __name__ == "__main__":
+    run_cli(sys.argv[1:])

@@ -1,0 +1,67 @@
+"""A user's raw click log end to end: Avazu rows as they come -> ``preproc/prepare_clicks.py`` -> DLRM -> test AUC,
+against the one-hot logistic regression on the same prepared data.
+
+Data: the 999-row Avazu sample (24 columns, hex ids, ``click`` label; skipped when absent, an error under
+RECSYS_REQUIRE_DATA=1), 18 categorical columns (ids by frequency, values seen once -> the rare id), C15/C16 (banner
+width/height) as numericals (log(x + 3)); three random 70/30 splits (``--seed 0, 1, 2``: ~708 train / ~291 test
+rows each), since one 291-row test set is too noisy (single-split AUC differences spread over +-0.1).
+Baseline: ``recsys_common.logistic_baseline`` (scikit-learn, C=1), deterministic.
+"""
+import statistics
+
+import pytest
+
+from conftest import RECIPE_DIR  # noqa: F401  (puts the recipe and common/ on sys.path)
+from dlrm.scripts.main import main
+from recsys_common.testing import shared_data_path
+
+CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category",
+               "device_id", "device_model", "device_type", "device_conn_type", "C14", "C17", "C18", "C19", "C20",
+               "C21"]
+SPLIT_SEEDS = (0, 1, 2)
+DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_table", "--Adam_embedding_optimizer",
+             "--Adam_MLP_optimizer", "--lr", "0.005", "--warmup_steps", "0", "--decay_steps", "0", "--epochs", "2",
+             "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "16,1", "--batch_size", "32",
+             "--test_batch_size", "1024", "--shuffle", "--print_freq", "0", "--seed", "1"]
+BASELINE = [0.6832, 0.6381, 0.7071]      # LR test AUC of splits 0, 1, 2 (mean 0.6761)
+# DLRM's mean test AUC over the three splits with DLRM_ARGS and --seed 1..N, measured 2026-11-25 (torch 2.13 CPU,
+# AMD EPYC, 2 shared cores):
+MEASURED = [0.6766, 0.6892, 0.6370, 0.6712, 0.6634]
+# mean 0.6675, sd 0.0196: DLRM is not ahead of LR on 999 rows (lead -0.009 on average; on MovieLens-1M it is,
+# tests/test_movielens_accuracy.py). What is asserted is robust to the seed: the mean AUC stays above the study's
+# mean - 3 sd, i.e. at most MARGIN below LR's; a model that learned nothing is at 0.5, one that sees only the two
+# numericals near 0.55.
+MARGIN = -0.068
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    from preproc import prepare_clicks
+    raw = shared_data_path("avazu", "avazu-train-head999.csv")
+    out = []
+    for seed in SPLIT_SEEDS:
+        directory = str(tmp_path_factory.mktemp("avazu") / f"split{seed}")
+        prepare_clicks.main(["--input", raw, "--output", directory, "--label", "click", "--categorical", *CATEGORICAL,
+                             "--numerical", "C15", "C16", "--frequency_limit", "2", "--split_fractions", "0.7", "0",
+                             "0.3", "--seed", str(seed)])
+        out.append(directory)
+    return out
+
+
+def test_margin_follows_the_seed_study():
+    floor = statistics.mean(MEASURED) - 3 * statistics.stdev(MEASURED) - statistics.mean(BASELINE)
+    assert MARGIN <= floor < MARGIN + 0.001, floor
+
+
+def test_dlrm_on_a_prepared_raw_click_log(datasets, tmp_path):
+    from preproc import logistic_baseline
+    baseline = [logistic_baseline.main(["--dataset", d]) for d in datasets]
+    assert baseline == pytest.approx(BASELINE, abs=5e-4)    # deterministic fit: a change means the data changed
+    aucs = []
+    for i, dataset in enumerate(datasets):
+        result = main(["--dataset", dataset, "--log_path", str(tmp_path / f"log{i}.json"), *DLRM_ARGS])
+        assert 280 <= result["test_samples"] <= 310
+        aucs.append(result["auc"])
+    print(f"Avazu 999 rows, 3 splits: DLRM {aucs} (mean {statistics.mean(aucs):.4f}), "
+          f"LR {baseline} (mean {statistics.mean(baseline):.4f})")
+    assert statistics.mean(aucs) > statistics.mean(baseline) + MARGIN, (aucs, baseline)
