@@ -301,6 +301,14 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
     if args.mode == "train" and (args.checkpoint_every_steps or args.checkpoint_every_minutes) \
             and not args.save_checkpoint_path:
         raise UsageError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
+    if args.use_mde_embeddings and (args.save_checkpoint_path or args.restore_checkpoint_path):
+        from dlrm_dcnv2.nn.sparse_model import mde_available
+        if mde_available():  # refused before any training, not at the first save after it
+            raise UsageError("--use_mde_embeddings with --save_checkpoint_path/--restore_checkpoint_path: this "
+                             "recipe's checkpoints hold its own placement's table shards, and Merlin Distributed "
+                             "Embeddings (installed here, so used by default) keeps its tables in its own layers; "
+                             "pass --nouse_mde_embeddings (this recipe's placement, same threshold flags) to save "
+                             "or restore checkpoints")
     return args
 
 

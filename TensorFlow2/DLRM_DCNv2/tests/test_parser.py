@@ -96,6 +96,21 @@ def test_impossible_flags_name_the_flag(argv, match):
         parse_args(argv, "dlrm")
 
 
+def test_mde_embeddings_with_checkpoints_are_refused_before_training(monkeypatch, tmp_path):
+    """Where Merlin Distributed Embeddings is installed (so --use_mde_embeddings, the default, uses it), saving or
+    restoring the recipe's checkpoints cannot work: refused when the flags are read, not after training."""
+    from dlrm_dcnv2.nn import sparse_model
+    base = ["--dataset_type", "synthetic"]
+    for flag in ("--save_checkpoint_path", "--restore_checkpoint_path"):
+        assert parse_args(base + [flag, str(tmp_path)], "dlrm")  # MDE absent here: our placement, checkpoints fine
+    monkeypatch.setattr(sparse_model, "mde_available", lambda: True)
+    for flag in ("--save_checkpoint_path", "--restore_checkpoint_path"):
+        with pytest.raises(UsageError, match="--use_mde_embeddings with --save_checkpoint_path.*--nouse_mde_embeddings"):
+            parse_args(base + [flag, str(tmp_path)], "dlrm")
+    assert not parse_args(base + ["--nouse_mde_embeddings", "--save_checkpoint_path", str(tmp_path)],
+                          "dlrm").use_mde_embeddings
+
+
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
 def test_parameter_table_lists_every_flag_with_its_default(model):
     table = parameter_table(model)

@@ -224,7 +224,8 @@ class MDESparseModel(tf.keras.layers.Layer):
     ``placement.input_tables(rank)``), multi-hot ids are passed as ragged tensors (the -1 padding dropped) with
     ``combiner='sum'``. Initial values: U(-sqrt(1/rows), sqrt(1/rows)) per table as NVIDIA's (seeded per table,
     but not slice-identical to our placement's). ``model_parallel_variables``: the weights of MDE's local
-    (model-parallel) layers; everything else is allreduced by ``reduce_gradients`` as usual.
+    (model-parallel) layers; everything else is allreduced by ``reduce_gradients`` as usual. It has no
+    ``shard_variables``, so the recipe's checkpoints refuse it (``main`` refuses the flags up front).
     """
 
     def __init__(self, table_sizes, embedding_dims, hotness, ctx, seed, strategy, column_slice_threshold,
@@ -263,10 +264,6 @@ class MDESparseModel(tf.keras.layers.Layer):
             raise NotImplementedError("this distributed_embeddings version has no local_embedding_layers: the recipe "
                                       "was written against NVIDIA's pinned commit 45cffaa8 (see the Dockerfile)")
         return [w for layer in local for w in layer.trainable_weights]
-
-    @property
-    def shard_variables(self):
-        raise NotImplementedError("checkpoints of MDE tables go through DistributedEmbedding.get_weights/set_weights")
 
     def call(self, categorical, training=None):
         inputs = []
