@@ -116,3 +116,14 @@ def test_bad_value_in_a_later_block_names_the_file_row(raw_copy):
     df.to_csv(path, index=False)
     got = pd.concat(raw.iter_raw_frames(str(raw_copy), "clicks_train", block_bytes=4096), ignore_index=True)
     assert len(got) == len(df) and got.loc[1700, "display_id"] == 3 and got.loc[1500, "ad_id"] == 12
+
+
+def test_truncated_file_names_the_last_row(raw_copy, tmp_path, capsys):
+    path = raw_copy / "clicks_train.csv"
+    text = path.read_bytes()
+    cut = text.rfind(b",", 0, len(text) - 40)      # mid-line: the last row loses its last column
+    path.write_bytes(text[:cut])
+    rows = text[:cut].count(b"\n")                   # data rows before the cut one, plus the header line
+    rc, err = _run(raw_copy, tmp_path / "out", capsys)
+    assert rc == 2 and f"clicks_train.csv: row {rows}, column 'clicked': missing value" in err, err
+    assert not (tmp_path / "out").exists()

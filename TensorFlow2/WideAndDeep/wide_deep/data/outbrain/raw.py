@@ -115,6 +115,10 @@ def coerce_raw_frame(name: str, df: pd.DataFrame, origin: str, row_offset: int =
             bad = bad | frac
         if bool(np.any(bad)):
             row = int(np.flatnonzero(np.asarray(bad))[0])
+            if pd.isna(values.iloc[row]):   # empty, \N, or absent (a short, e.g. truncated, line)
+                raise RawInputError(f"{origin}: row {row + 1 + row_offset}, column {column!r}: missing value "
+                                    f"({name} requires one; a line cut short, as at the end of a truncated file, "
+                                    f"also reads so)")
             raise RawInputError(f"{origin}: row {row + 1 + row_offset}, column {column!r}: cannot read "
                                 f"{values.iloc[row]!r} as "
                                 f"{'an integer' if base == 'int' else 'a number'}"
