@@ -184,6 +184,20 @@ def _ids(tensors, hotness: Sequence[int]) -> tuple:
     return tuple(tf.reshape(x, [-1]) if h == 1 else x for x, h in zip(tensors, hotness))
 
 
+def _checked_ids(loaded: LoadedModel, tensors) -> tuple:
+    """``(the model's ids, row_ok [b])``: the id range check inside the exported graph
+    (``recsys_common.serving.id_range_tf``): an id outside ``[min_id, rows)`` of its table (``min_id`` -1 for the
+    padding of multi-hot tables) is looked up as row 0 and its request row flagged, so the part scores it NaN on any
+    server instead of a GPU gather's zeros or ONNX's wrapped negative id."""
+    from recsys_common.serving.id_range_tf import all_rows_ok, checked_ids
+    safe, oks = [], []
+    for x, rows, h in zip(tensors, loaded.table_sizes, loaded.hotness):
+        ids, ok = checked_ids(x, rows, PAD if h > 1 else 0)
+        safe.append(ids)
+        oks.append(ok)
+    return _ids(safe, loaded.hotness), all_rows_ok(oks)
+
+
 def monolithic_function(loaded: LoadedModel) -> Tuple[Callable, list]:
     """``(tf.function, input specs)``: numerical, cat_<t>... -> {"probability": [b, 1]} (the whole model)."""
     import tensorflow as tf
@@ -191,10 +205,11 @@ def monolithic_function(loaded: LoadedModel) -> Tuple[Callable, list]:
     specs = _specs(loaded)
 
     def serve(*inputs):
+        from recsys_common.serving.id_range_tf import flag_rows
         numerical = inputs[0] if has_numerical else tf.zeros([tf.shape(inputs[0])[0], 0], tf.float32)
-        categorical = _ids(inputs[1:] if has_numerical else inputs, hotness)
+        categorical, row_ok = _checked_ids(loaded, inputs[1:] if has_numerical else inputs)
         logits = model((numerical, categorical), training=False)
-        return {PROBABILITY: tf.sigmoid(tf.cast(logits, tf.float32))}
+        return {PROBABILITY: flag_rows(tf.sigmoid(tf.cast(logits, tf.float32)), row_ok)}
 
     return tf.function(serve, input_signature=specs), specs
 
@@ -206,8 +221,11 @@ def sparse_function(loaded: LoadedModel) -> Tuple[Callable, list]:
     specs = _specs(loaded, numerical=False)
 
     def serve(*inputs):
-        embeddings = sparse(_ids(inputs, hotness), training=False)
-        return {EMBEDDINGS: tf.concat([tf.cast(e, tf.float32) for e in embeddings], axis=1)}
+        from recsys_common.serving.id_range_tf import flag_rows
+        ids, row_ok = _checked_ids(loaded, inputs)
+        embeddings = sparse(ids, training=False)
+        # NaN embeddings for a flagged row: the dense part then scores it NaN
+        return {EMBEDDINGS: flag_rows(tf.concat([tf.cast(e, tf.float32) for e in embeddings], axis=1), row_ok)}
 
     return tf.function(serve, input_signature=specs), specs
 

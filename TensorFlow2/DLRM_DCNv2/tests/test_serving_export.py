@@ -66,6 +66,39 @@ def test_sparse_then_dense_equals_monolithic(checkpoints, tmp_path, model):
     assert np.abs(saved.numpy() - embeddings).max() <= TOLERANCE
 
 
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_ids_outside_a_table_are_flagged_inside_every_exported_graph(checkpoints, tmp_path, model):
+    """The id range check is in the exported graphs, used directly (no server): the SavedModel (TF) and ONNX
+    (onnxruntime) monolithic models and the sparse part (SavedModel and ONNX) flag a row holding an id at or past
+    its table's end, or below its lowest id (0; -1 is multi-hot padding), as NaN; TF's GPU gather would read zeros
+    and ONNX's Gather wrap a negative id. The valid rows of the same batch keep their scores."""
+    import onnxruntime as ort
+    import tensorflow as tf
+    from deployment import export
+    loaded = export.load_checkpoint_model(checkpoints[model])
+    batch = export.random_inputs(loaded, 6, seed=4)
+    good, bad = [0, 2, 4], [1, 3, 5]
+    reference = export.keras_probabilities(loaded, {k: v[good] for k, v in batch.items()})
+    last = len(loaded.table_sizes) - 1
+    batch["cat_0"][1, 0] = loaded.table_sizes[0]
+    batch[f"cat_{last}"][3, 0] = -1 if loaded.hotness[last] == 1 else -2   # -1 is padding only in multi-hot tables
+    batch["cat_0"][5, 0] = -loaded.table_sizes[0]
+    categorical = {k: v for k, v in batch.items() if k.startswith("cat_")}
+    out = {}
+    for part, inputs, name in (("monolithic", batch, "probability"), ("sparse", categorical, "embeddings")):
+        export.export_savedmodel(loaded, part, str(tmp_path / f"{part}.savedmodel"))
+        signature = tf.saved_model.load(str(tmp_path / f"{part}.savedmodel")).signatures["serving_default"]
+        out[part, "savedmodel"] = signature(**{k: tf.constant(v) for k, v in inputs.items()})[name].numpy()
+        export.export_onnx(loaded, part, str(tmp_path / f"{part}.onnx"))
+        out[part, "onnx"] = ort.InferenceSession(str(tmp_path / f"{part}.onnx"),
+                                                 providers=["CPUExecutionProvider"]).run([name], inputs)[0]
+    for key, value in out.items():
+        assert np.isnan(value[bad]).all(axis=1).all(), (key, value)
+        assert not np.isnan(value[good]).any(), key
+        if key[0] == "monolithic":
+            assert np.abs(value[good] - reference).max() <= TOLERANCE, key
+
+
 def test_feature_spec_that_does_not_fit_the_checkpoint_is_refused(checkpoints, tmp_path):
     from recsys_common.feature_spec import FeatureSpec
     from deployment import export

@@ -29,5 +29,6 @@ def all_rows_ok(row_oks):
 
 def flag_rows(probability, row_ok):
     """``probability`` [B, k] with NaN in the rows where ``row_ok`` is False."""
-    mask = tf.broadcast_to(tf.reshape(row_ok, [-1, 1]), tf.shape(probability))
-    return tf.where(mask, probability, tf.fill(tf.shape(probability), tf.constant(float("nan"), probability.dtype)))
+    # a [B, 1] mask against a scalar NaN, both broadcast by Where: tf2onnx converts this form exactly (with
+    # tf.broadcast_to / tf.fill operands its ONNX graph flagged every row)
+    return tf.where(tf.reshape(row_ok, [-1, 1]), probability, tf.constant(float("nan"), probability.dtype))
