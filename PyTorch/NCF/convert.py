@@ -41,7 +41,8 @@ other users' counts, so one pass is enough.
 OUTPUT is refused unless ``--overwrite`` is given, and even then only this tool's own previous outputs are replaced
 (``recsys_common.io.atomic_directory``); the input file and any other file are never touched.
 
-Bad input (wrong column count, non-numeric ids, an empty file, a user with a single interaction) raises
+Bad input (wrong column count, non-numeric ids, a rating outside the layout's range, a truncated last line, an empty
+file, a user with a single interaction) raises
 :class:`ConversionError` naming the file and line; nothing is written.
 """
 from __future__ import annotations
