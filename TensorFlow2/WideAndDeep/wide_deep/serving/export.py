@@ -194,8 +194,17 @@ def serving_function(model, inputs: Sequence[ServingInput]):
 
     @tf.function(input_signature=[signature])
     def serve(features):
-        logits = model(to_model_inputs(features, inputs), training=False)
-        return {OUTPUT_NAME: tf.reshape(tf.sigmoid(logits), [-1, 1])}
+        from recsys_common.serving.id_range_tf import all_rows_ok, checked_ids, flag_rows
+        # the id range check inside the exported graph: an id outside [min_id, max_id) is looked up as 0 and its row
+        # scores NaN on any server (TF's GPU gather reads zeros past a table, ONNX's Gather wraps negative ids)
+        checked, oks = dict(features), []
+        for s in inputs:
+            if s.max_id is not None:
+                checked[s.name], ok = checked_ids(features[s.name], s.max_id, s.min_id or 0)
+                oks.append(ok)
+        logits = model(to_model_inputs(checked, inputs), training=False)
+        probability = tf.reshape(tf.sigmoid(logits), [-1, 1])
+        return {OUTPUT_NAME: flag_rows(probability, all_rows_ok(oks)) if oks else probability}
     return serve
 
 
