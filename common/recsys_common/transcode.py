@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import time
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from .feature_spec import AUTO, FeatureSpec, FeatureSpecError, is_categorical_ch
 from .io import atomic_directory, check_output_directory
 
 FORMATS = ("split_binary", "parquet")
-_BLOCK_BYTES = 1 << 22   # CSV bytes parsed at a time (pyarrow needs whole rows in a block: a row must be shorter)
+_BLOCK_BYTES_MAX = 1 << 26   # at most this many CSV bytes parsed at a time
 
 
 def _file_stem(name: str) -> str:
@@ -58,59 +58,80 @@ def _roles(spec: FeatureSpec):
     return label, categorical, numerical, other
 
 
+def _line_blocks(path: str, block_bytes: int) -> Iterator[Tuple[bytes, int]]:
+    """``(whole lines, file offset after them)`` of about ``block_bytes`` each. Read here rather than by pyarrow's
+    incremental reader, which reads ahead without bound (a 92 MiB file was read whole before its first batch came
+    out). A row is a line: quoted cells must not contain newlines (numeric data and list cells never do)."""
+    with open(path, "rb") as f:
+        carry = b""
+        while True:
+            data = f.read(block_bytes)
+            if not data:
+                if carry.strip():
+                    yield carry if carry.endswith(b"\n") else carry + b"\n", f.tell()
+                return
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:       # a line longer than the block: read on
+                carry = data
+                continue
+            carry = data[cut:]
+            yield data[:cut], f.tell() - len(carry)
+
+
 def _chunk_rows(spec: FeatureSpec, mapping: str, index: int, chunk: dict, chunk_size: int,
                 features: Optional[Sequence[str]] = None, progress: Optional["_Progress"] = None
                 ) -> Iterator[Dict[str, np.ndarray]]:
     """Blocks of at most ``chunk_size`` rows of one CSV chunk (its files in order): feature -> array in the spec's
     dtype, multi-hot features int64 ``[rows, max_hotness]`` padded with -1. Only ``features`` are converted (the rest
-    are read as text and dropped)."""
+    are skipped). Memory: one block of lines (about ``chunk_size`` rows' worth of bytes) at a time."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     names = list(chunk["features"])
     wanted = names if features is None else [f for f in names if f in set(features)]
     types = csv_column_types(spec, names)
+    read_types = {f: (types[f] if f in wanted else pa.string()) for f in names}
+    block_bytes = None
     for rel in chunk["files"]:
         path = spec.resolve_file(rel)
         row = 0
-        if os.path.getsize(path) == 0:
-            continue
-        with open(path, "rb") as raw:
+        if block_bytes is None:   # about chunk_size rows per block, from the first line's length
+            with open(path, "rb") as f:
+                first = f.readline(1 << 20)
+            block_bytes = int(min(max(len(first), 64) * 1.2 * chunk_size, _BLOCK_BYTES_MAX)) + (1 << 16)
+        for lines, offset in _line_blocks(path, block_bytes):
             try:
-                # block_size caps the bytes per parsed block; blocks are then cut to chunk_size rows
-                reader = pacsv.open_csv(raw, read_options=pacsv.ReadOptions(column_names=names,
-                                                                           block_size=_BLOCK_BYTES),
-                                        convert_options=pacsv.ConvertOptions(
-                                            column_types={f: (types[f] if f in wanted else pa.string())
-                                                          for f in names},
-                                            include_columns=wanted or names[:1]))
-                for batch in reader:
-                    for lo in range(0, batch.num_rows, chunk_size):
-                        part = batch.slice(lo, chunk_size)
-                        block = {}
-                        for f in wanted:
-                            col = part.column(part.schema.get_field_index(f))
-                            if is_multi_hot(spec, f):
-                                block[f] = parse_list_cells(col, spec.max_hotness(f), path, f, row)
-                            else:
-                                if col.null_count:
-                                    bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-                                    raise DatasetError(f"{path}: line {row + bad + 1}, column {f!r}: empty value")
-                                block[f] = col.to_numpy(zero_copy_only=False)
-                        block["__rows__"] = part.num_rows
-                        row += part.num_rows
-                        yield block
-                    if progress is not None:
-                        progress.update(path, raw.tell())
+                table = pacsv.read_csv(pa.py_buffer(lines),
+                                       read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
+                                       convert_options=pacsv.ConvertOptions(column_types=read_types,
+                                                                            include_columns=wanted or names[:1]))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                where = _locate_bad_value(path, names, types, str(e), row)
+                where = _locate_bad_value(lines, names, types, str(e), row)
                 raise DatasetError(f"{path}: cannot read as headerless CSV with columns {names} (source_spec."
                                    f"{mapping}[{index}]) and dtypes { {f: str(t) for f, t in types.items()} }; "
-                                   f"{where or f'in the rows after line {row}'}: {e}") from None
+                                   f"{where or f'in the lines after line {row}'}: {e}") from None
+            for lo in range(0, table.num_rows, chunk_size):
+                part = table.slice(lo, chunk_size)
+                block = {}
+                for f in wanted:
+                    col = part.column(f).combine_chunks()
+                    if is_multi_hot(spec, f):
+                        block[f] = parse_list_cells(col, spec.max_hotness(f), path, f, row)
+                    else:
+                        if col.null_count:
+                            bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                            raise DatasetError(f"{path}: line {row + bad + 1}, column {f!r}: empty value")
+                        block[f] = col.to_numpy(zero_copy_only=False)
+                block["__rows__"] = part.num_rows
+                row += part.num_rows
+                yield block
+            if progress is not None:
+                progress.update(path, offset)
 
 
-def _locate_bad_value(path: str, names: List[str], types: dict, message: str, first_row: int) -> Optional[str]:
-    """``line N, column 'name'`` of the value pyarrow could not convert (its message names only the column's
-    number); found by streaming the file again as text from ``first_row``. Runs only on the error path."""
+def _locate_bad_value(lines: bytes, names: List[str], types: dict, message: str, first_row: int) -> Optional[str]:
+    """``line N, column 'name' (value ...)`` of the value pyarrow could not convert (its message names only the
+    column's number), found in the block of ``lines`` that starts at data row ``first_row``. Error path only."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -118,25 +139,17 @@ def _locate_bad_value(path: str, names: List[str], types: dict, message: str, fi
     if not found or int(found.group(1)) >= len(names):
         return None
     name = names[int(found.group(1))]
-    row = 0
     try:
-        reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(column_names=names, block_size=_BLOCK_BYTES),
-                                convert_options=pacsv.ConvertOptions(column_types={f: pa.string() for f in names},
-                                                                     include_columns=[name]))
-        for batch in reader:
-            col = batch.column(0)
-            if row + batch.num_rows > first_row:
-                try:
-                    pc.cast(col, types[name])
-                except (pa.ArrowInvalid, pa.ArrowTypeError):
-                    for i, value in enumerate(col.to_pylist()):
-                        try:
-                            pc.cast(pa.array([value], pa.string()), types[name])
-                        except (pa.ArrowInvalid, pa.ArrowTypeError):
-                            return f"line {row + i + 1}, column {name!r} (value {value!r})"
-            row += batch.num_rows
+        col = pacsv.read_csv(pa.py_buffer(lines), read_options=pacsv.ReadOptions(column_names=names),
+                             convert_options=pacsv.ConvertOptions(column_types={f: pa.string() for f in names},
+                                                                  include_columns=[name])).column(0)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return None
+        return f"column {name!r}"
+    for i, value in enumerate(col.to_pylist()):
+        try:
+            pc.cast(pa.array([value], pa.string()), types[name])
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return f"line {first_row + i + 1}, column {name!r} (value {value!r})"
     return f"column {name!r}"
 
 
