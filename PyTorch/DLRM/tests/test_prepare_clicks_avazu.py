@@ -26,12 +26,12 @@ DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_tabl
 BASELINE = [0.6832, 0.6381, 0.7071]      # LR test AUC of splits 0, 1, 2 (mean 0.6761)
 # DLRM's mean test AUC over the three splits with DLRM_ARGS and --seed 1..N, measured 2026-11-25 (torch 2.13 CPU,
 # AMD EPYC, 2 shared cores):
-MEASURED = [0.6766, 0.6892, 0.6370, 0.6712, 0.6634]
-# mean 0.6675, sd 0.0196: DLRM is not ahead of LR on 999 rows (lead -0.009 on average; on MovieLens-1M it is,
+MEASURED = [0.6766, 0.6892, 0.6370, 0.6712, 0.6634, 0.6690, 0.6680, 0.6779]
+# mean 0.6690, sd 0.0151: DLRM is not ahead of LR on 999 rows (lead -0.007 on average; on MovieLens-1M it is,
 # tests/test_movielens_accuracy.py). What is asserted is robust to the seed: the mean AUC stays above the study's
 # mean - 3 sd, i.e. at most MARGIN below LR's; a model that learned nothing is at 0.5, one that sees only the two
 # numericals near 0.55.
-MARGIN = -0.068
+MARGIN = -0.053
 
 
 @pytest.fixture(scope="module")
