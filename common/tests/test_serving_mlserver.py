@@ -476,5 +476,5 @@ def test_agreement_check_catches_a_unit_slip():
     assert check_agreement([record(r) for r in (0.19, 1.74, 1.35, 1.71)]) == pytest.approx(0.93, abs=0.01)
     with pytest.raises(AssertionError, match="disagree"):
         check_agreement([record(1 / 64), record(1.0), record(1.0), record(1.0)])
-    with pytest.raises(AssertionError, match="geometric mean 0.3"):
-        check_agreement([record(0.3)] * 4)
+    with pytest.raises(AssertionError, match="geometric mean 0.25"):
+        check_agreement([record(0.25)] * 4)

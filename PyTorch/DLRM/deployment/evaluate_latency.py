@@ -71,7 +71,7 @@ def dataset_inputs(dataset: str, feature_spec: str, mapping: str,
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     """Measure and write the report; returns the records (see ``recsys_common.serving.latency``)."""
-    from recsys_common.serving.latency import run_latency
+    from recsys_common.serving.latency import perf_analyzer_options, run_latency
     args = build_parser().parse_args(argv)
     if args.model_repository:
         make_inputs = sidecar_inputs(args.model_repository, args.model_name)
@@ -81,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                        batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                        warmup_requests=args.warmup_requests, timeout_s=args.timeout,
                        output_json=args.output_json, output_png=args.output_png, make_inputs=make_inputs,
-                       output_names=["probability"], perf_analyzer=args.perf_analyzer)
+                       output_names=["probability"], **perf_analyzer_options(args))
 
 
 def _cli() -> int:

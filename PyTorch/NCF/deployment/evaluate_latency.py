@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
                                    num_requests=args.num_requests, warmup_requests=args.warmup_requests,
                                    timeout_s=args.timeout, output_json=args.output_json, output_png=args.output_png,
                                    make_inputs=make_inputs, output_names=[OUTPUT_NAME],
-                                   perf_analyzer=args.perf_analyzer)
+                                   **latency.perf_analyzer_options(args))
     except (ValueError, ServingError, DatasetError, FeatureSpecError, FileExistsError) as err:
         print(f"evaluate_latency.py: error: {err}", file=sys.stderr)
         raise SystemExit(2)

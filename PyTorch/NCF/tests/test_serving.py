@@ -153,8 +153,8 @@ def test_perf_analyzer_agrees_with_evaluate_latency(deployed, tmp_path, protocol
     server = deployed["server"]
     records = evaluate_latency.main(["--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
                                      "--protocol", protocol, "--model-name", model, "--batch-sizes", "64", "1024",
-                                     "--concurrency", "1", "2", "--num-requests", "40", "--warmup-requests", "4",
-                                     "--data", deployed["data"], "--perf-analyzer",
+                                     "--concurrency", "1", "2", "--num-requests", "20", "--warmup-requests", "4",
+                                     "--data", deployed["data"], "--perf-analyzer", "--perf-analyzer-interval-ms", "300",
                                      "--output-json", str(tmp_path / "l.json"), "--output-png", str(tmp_path / "l.png")])
     assert [(r["batch_size"], r["concurrency"]) for r in records] == [(64, 1), (64, 2), (1024, 1), (1024, 2)]
     for r in records:

@@ -70,7 +70,7 @@ def cycling_inputs(pool: Dict[str, np.ndarray]) -> Callable[[int], Dict[str, np.
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """Parse ``argv``, measure, write the report; returns the records (one per batch size x concurrency)."""
-    from recsys_common.serving.latency import run_latency
+    from recsys_common.serving.latency import perf_analyzer_options, run_latency
     from deployment.export import PROBABILITY
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     if bool(args.dataset_path) == bool(args.model_repository_path):
@@ -84,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
                        batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                        warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
                        output_png=args.output_png, make_inputs=cycling_inputs(pool), output_names=[PROBABILITY],
-                       perf_analyzer=args.perf_analyzer)
+                       **perf_analyzer_options(args))
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -209,7 +209,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(deployed, server, tmp_path, 
     records = evaluate_latency.main(
         ["--server-url", server.grpc_url if protocol == "grpc" else server.http_url, "--protocol", protocol,
          "--model-name", name, *source, "--batch-sizes", "16", "256", "--concurrency", "1", "2",
-         "--num-requests", "30", "--warmup-requests", "3", "--perf-analyzer",
+         "--num-requests", "20", "--warmup-requests", "3", "--perf-analyzer", "--perf-analyzer-interval-ms", "300",
          "--output-json", str(tmp_path / "lat.json"), "--output-png", str(tmp_path / "lat.png")])
     assert [(r["batch_size"], r["concurrency"]) for r in records] == [(16, 1), (16, 2), (256, 1), (256, 2)]
     for r in records:

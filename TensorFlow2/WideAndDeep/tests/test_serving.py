@@ -291,7 +291,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(trained, repo, server, tmp_p
     out_json = str(tmp_path / "lat.json")
     assert main(["--model-repository", repo, "--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
                  "--protocol", protocol, "--batch-sizes", "16", "256", "--concurrency", "1", "2", "--num-requests",
-                 "30", "--warmup-requests", "3", "--dataset_path", trained["flags"][3], "--perf-analyzer",
+                 "20", "--warmup-requests", "3", "--dataset_path", trained["flags"][3], "--perf-analyzer", "--perf-analyzer-interval-ms", "300",
                  "--output-json", out_json, "--output-png", str(tmp_path / "lat.png")]) == 0
     records = json.load(open(out_json))["records"]
     assert [(r["batch_size"], r["concurrency"]) for r in records] == [(16, 1), (16, 2), (256, 1), (256, 2)]

@@ -214,14 +214,25 @@ def add_latency_arguments(parser: argparse.ArgumentParser, *, default_model_name
     parser.add_argument("--perf-analyzer", action="store_true",
                         help="also run Triton's perf_analyzer on each batch size and concurrency (same request rows, "
                              "back to back) and report both tools' throughput side by side")
+    parser.add_argument("--perf-analyzer-rounds", type=int, default=2,
+                        help="with --perf-analyzer: turns each tool takes per batch size (each keeps its best)")
+    parser.add_argument("--perf-analyzer-interval-ms", type=int, default=500,
+                        help="with --perf-analyzer: perf_analyzer's measurement window (--measurement-interval)")
     return parser
+
+
+def perf_analyzer_options(args: argparse.Namespace) -> Dict[str, object]:
+    """``run_latency``'s perf_analyzer keyword arguments from the flags ``add_latency_arguments`` adds."""
+    return {"perf_analyzer": bool(args.perf_analyzer), "perf_analyzer_rounds": int(args.perf_analyzer_rounds),
+            "perf_analyzer_interval_ms": int(args.perf_analyzer_interval_ms)}
 
 
 def run_latency(*, server_url: str, protocol: str, model_name: str, batch_sizes: Sequence[int],
                 concurrency: Sequence[int], num_requests: int, warmup_requests: int, timeout_s: float,
                 output_json: Optional[str], output_png: Optional[str], make_inputs: MakeInputs,
                 output_names: Sequence[str], title: Optional[str] = None, wait_ready_s: float = 30.0,
-                perf_analyzer: bool = False) -> List[dict]:
+                perf_analyzer: bool = False, perf_analyzer_rounds: int = 2,
+                perf_analyzer_interval_ms: int = 500) -> List[dict]:
     """Check the outputs are writable, wait for the model, measure, print one line per pair, write the report.
 
     ``perf_analyzer``: measure each pair with Triton's perf_analyzer too (``perf_analyzer.compare_with_perf_analyzer``);
@@ -234,7 +245,9 @@ def run_latency(*, server_url: str, protocol: str, model_name: str, batch_sizes:
         find_perf_analyzer()   # before measuring anything
         records = compare_with_perf_analyzer(server_url, protocol, model_name, make_inputs, output_names,
                                              batch_sizes, concurrency, num_requests=num_requests,
-                                             warmup_requests=warmup_requests, timeout_s=timeout_s)
+                                             warmup_requests=warmup_requests, timeout_s=timeout_s,
+                                             rounds=perf_analyzer_rounds,
+                                             measurement_interval_ms=perf_analyzer_interval_ms)
         for record in records:
             print(format_comparison(record), flush=True)
     else:

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from recsys_common.serving.client import ServingError
-    from recsys_common.serving.latency import run_latency
+    from recsys_common.serving.latency import perf_analyzer_options, run_latency
     from recsys_common.serving.repository import SidecarError, read_sidecar
     args = build_parser().parse_args(argv)
     try:
@@ -81,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                     warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
                     output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME],
-                    perf_analyzer=args.perf_analyzer)
+                    **perf_analyzer_options(args))
     except (SidecarError, ServingError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
