@@ -57,10 +57,10 @@ def generated_lines(rows, seed, malformed=True):
     return lines
 
 
-def write_days(directory, days, rows, seed, crlf_day=None, header_day=None):
+def write_days(directory, days, rows, seed, crlf_day=None, header_day=None, malformed=True):
     directory.mkdir(parents=True, exist_ok=True)
     for d in range(days):
-        lines = generated_lines(rows, seed + d)
+        lines = generated_lines(rows, seed + d, malformed)
         end = "\r\n" if d == crlf_day else "\n"
         text = end.join(lines) + end
         if d == header_day:
@@ -170,3 +170,116 @@ def test_dictionary_ids_by_decreasing_count_ties_by_value_and_exact_lookup():
     assert build_dictionary(counts, 0).height == 5
     lookup = DictionaryLookup(d)
     assert lookup.ids(pl.Series(["a", "zz", "é", "nope", "c"])).tolist() == [3, 1, 2, 1, 5]
+
+
+# ------------------------------------------------------------------------------------------- resume after SIGKILL
+@pytest.fixture(scope="module")
+def four_days(tmp_path_factory):
+    return write_days(tmp_path_factory.mktemp("four") / "in", 4, 300, 21)
+
+
+@pytest.mark.parametrize("kill_at, flags, resumed", [
+    ("count:2", ["--train_ordering", "input"], {"count": ["day_0", "day_1"], "write": []}),
+    ("write:3", ["--train_ordering", "input"], {"count": ["day_0", "day_1", "day_2", "day_3"],
+                                                "write": ["day_0", "day_1", "day_2"]}),
+    ("bucket:2", ["--shuffle_bucket_rows", "300"], None),       # 3 buckets: the external shuffle
+    ("permute:7", [], None),                                    # one bucket: the column files permuted one by one
+])
+def test_a_killed_run_resumes_without_redoing_finished_files(four_days, tmp_path, kill_at, flags, resumed):
+    common = ["--frequency_limit", "2", "--max_malformed_fraction", "0.05", "--chunk_mb", "1", *flags]
+    reference = run_engine(four_days, tmp_path / "reference", *common)
+    out = tmp_path / "out"
+    env = {**os.environ, polars_preprocess._KILL_ENV: kill_at}
+    killed = subprocess.run([sys.executable, "-m", "recsys_common.criteo.polars_preprocess", "--input_path",
+                             str(four_days), "--output_path", str(out), *common], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not out.exists()                         # nothing half-written in the output
+    assert os.path.isfile(str(out) + ".work/state.json")
+    report = run_engine(four_days, out, *common)
+    if resumed is not None:
+        assert report["resumed"] == resumed
+    assert tree_bytes(out) == tree_bytes(tmp_path / "reference")
+    assert report["rows_written"] == reference["rows_written"]
+    assert not os.path.exists(str(out) + ".work")    # the work directory is removed after success
+    # A resume with other arguments is refused instead of mixing two runs.
+    (tmp_path / "other.work").mkdir()
+    (tmp_path / "other.work" / ".criteo_polars_work").write_text("")
+    (tmp_path / "other.work" / "state.json").write_text(json.dumps({"version": 1, "fingerprint": {}}))
+    with pytest.raises(polars_preprocess.CriteoPreprocessError, match="unfinished run with other input files"):
+        run_engine(four_days, tmp_path / "other", *common)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def _cli(input_path, output, *flags):
+    return subprocess.run([sys.executable, "-m", "recsys_common.criteo.polars_preprocess", "--input_path",
+                           str(input_path), "--output_path", str(output), "--chunk_mb", "1", *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _snapshot(root):
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files}
+
+
+def test_truncated_gzip_day_is_a_clear_error_and_nothing_is_written(tmp_path):
+    import gzip
+    days = write_days(tmp_path / "in", 3, 200, 31)
+    # 12,000 rows (2.9 MB): the first MiB, which the format detection reads, is intact; pass 1 finds the end missing
+    text = ("\n".join(generated_lines(12000, 32, malformed=False)) + "\n").encode()
+    data = gzip.compress(text)
+    (days / "day_1").unlink()
+    (days / "day_1.gz").write_bytes(data[: len(data) // 2])
+    before = _snapshot(days)
+    result = _cli(days, tmp_path / "out")
+    assert result.returncode == 2 and "day_1.gz: truncated or corrupt compressed data after line" in result.stderr
+    assert "Traceback" not in result.stderr and "[criteo] pass 1/2" in result.stdout
+    assert not (tmp_path / "out").exists() and _snapshot(days) == before
+
+
+@pytest.mark.parametrize("name, make, message", [
+    ("wrong number of fields", lambda lines: ["\t".join(l.split("\t")[:39] + ["x", "y", "z"]) for l in lines],
+     "day_1:1: too_many_fields"),
+    ("non-numeric integers", lambda lines: ["\t".join(l.split("\t")[:1] + ["n/a"] + l.split("\t")[2:])
+                                            if i % 3 == 0 else l for i, l in enumerate(lines)],
+     "day_1:1: bad_numerical_I1"),
+])
+def test_a_day_of_malformed_rows_fails_naming_file_and_line(tmp_path, name, make, message):
+    days = write_days(tmp_path / "in", 3, 150, 41, malformed=False)
+    (days / "day_1").write_text("\n".join(make(generated_lines(150, 42, malformed=False))) + "\n")
+    result = _cli(days, tmp_path / "out")
+    assert result.returncode == 2 and "rows are malformed" in result.stderr, result.stderr[-2000:]
+    assert message in result.stdout, result.stdout[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_day_missing_day_and_non_empty_output(tmp_path):
+    days = write_days(tmp_path / "in", 3, 100, 51)
+    (days / "day_1").write_text("")
+    result = _cli(days, tmp_path / "out")
+    assert result.returncode == 2 and "day_1: empty file" in result.stderr
+    (days / "day_1").unlink()
+    result = _cli(days, tmp_path / "out")
+    assert result.returncode == 2 and "missing day_1" in result.stderr
+    write_days(days, 3, 100, 51)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = _cli(days, out, "--train_ordering", "input")
+    assert result.returncode == 2 and "not empty" in result.stderr and not os.path.exists(str(out) + ".work")
+    done = _cli(days, out, "--train_ordering", "input", "--overwrite", "--max_malformed_fraction", "0.2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "notes.txt").read_text() == "mine" and (out / "feature_spec.yaml").exists()
+
+
+def test_header_line_and_crlf_give_the_same_dataset_as_plain_tsv(tmp_path):
+    plain = write_days(tmp_path / "plain", 3, 200, 61)
+    odd = write_days(tmp_path / "odd", 3, 200, 61, crlf_day=0, header_day=2)
+    flags = ["--train_ordering", "input", "--max_malformed_fraction", "0.05", "--max_examples", "100"]
+    a = run_engine(plain, tmp_path / "a", *flags)
+    b = run_engine(odd, tmp_path / "b", *flags)
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    assert b["input_format"]["day_2"] == {"delimiter": "tab", "header": True}
+    # malformed rows are reported with the file and the line in that file (the header is line 1)
+    lines_a = {(e["file"], e["line"]) for e in a["malformed_examples"]}
+    assert ("day_2", 4) in lines_a and ("day_2", 5) in {(e["file"], e["line"]) for e in b["malformed_examples"]}

@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""Throughput and peak memory of the Criteo preprocessing on generated raw rows (no download needed).
+"""Throughput and peak memory of the Criteo preprocessing engines on generated raw rows (no download needed).
 
 Writes ``--rows`` rows in Criteo's raw TSV layout (power-law categorical values as 8-digit hex strings, count-like
-integers, ~10 % missing fields, a few rows with trailing fields stripped) as a Kaggle ``train.txt``, or with
-``--days N`` as Terabyte day files ``day_0 .. day_<N-1>`` (the rows split evenly; the last day is the test day), runs
-the Spark job and the split-binary conversion, and prints one JSON line with seconds, rows/s and peak memory per step.
+integers, ~10 % missing fields, every 50th row with its trailing empty fields stripped) as a Kaggle ``train.txt``, or
+with ``--days N`` as Terabyte day files ``day_0 .. day_<N-1>`` (the rows split evenly; the last day is the test day),
+then runs each engine of ``--engines`` as its own process, end to end from raw text to the split-binary dataset:
 
-    python preproc/benchmark_preprocess.py --rows 1000000 --work_dir /tmp/criteo_bench
-    python preproc/benchmark_preprocess.py --rows 2000000 --days 2 --master 'local[2]'
+- ``ours``: ``python -m recsys_common.criteo.polars_preprocess`` (the recipes' default engine);
+- ``peer``: the plain Polars script ``--peer_script`` (Kaggle layout only: it reads one file);
+- ``spark``: ``python -m recsys_common.criteo.spark_preprocess`` then ``to_split_binary`` (the cluster engine).
 
-Peak memory is the largest sum of the resident set sizes (RSS) of this process and all its descendants, sampled
-every ``--memory_interval`` seconds with psutil while each step runs: the Python driver and the JVM it starts, which
-with a ``local[...]`` master also runs the executors (with a cluster master the executors live on the workers and
-are not counted). Shared pages are counted once per process, so the sum is an upper bound.
+It prints one JSON line: per engine seconds, rows/s and peak memory, the ratios ours/peer and ours/spark (rows/s:
+higher is better; peak memory: lower is better), the machine (CPU model, cores, load average before and after), and
+the time Criteo Kaggle (45,840,617 rows) and Criteo 1TB (4,373,472,329 rows) would take at the measured rate.
 
-``main(argv)`` returns the result dict. The figures include Spark's start-up; on small inputs that dominates.
+    python preproc/benchmark_preprocess.py --rows 1000000 --frequency_limit 15
+    python preproc/benchmark_preprocess.py --rows 6000000 --days 24 --engines ours      # memory at two sizes
+    python preproc/benchmark_preprocess.py --rows 24000000 --days 24 --engines ours
+
+Peak memory is the largest sum of the resident set sizes (RSS) of the engine's process tree (the Python process and,
+for Spark, the JVM it starts, which with a ``local[...]`` master also runs the executors), sampled every
+``--memory_interval`` seconds with psutil. Shared pages are counted once per process, so the sum is an upper bound.
+Engines run one after the other on the same files; on a shared machine compare the ratios, not the absolute figures.
+
+``main(argv)`` returns the result dict.
 """
 from __future__ import annotations
 
@@ -22,35 +31,49 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+KAGGLE_ROWS = 45_840_617
+TERABYTE_ROWS = 4_373_472_329
+_HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_PEER = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "..", "shared", "peers",
+                                             "criteo_polars_preproc.py"))
 
-def write_raw(path: str, rows: int, seed: int, block: int = 100_000) -> None:
+
+def write_raw(path: str, rows: int, seed: int, block: int = 200_000) -> None:
+    """``rows`` generated raw rows into ``path``, vectorised (Polars builds the lines), about 1M rows/s."""
+    import polars as pl
     rng = np.random.default_rng(seed)
     vocab = [rng.integers(1, 10 ** (2 + i % 6), dtype=np.int64) + 1 for i in range(26)]  # per-column value ranges
-    with open(path, "w", encoding="ascii") as f:
+    hex_digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    shifts = np.arange(28, -1, -4, dtype=np.uint64)
+    with open(path, "wb") as f:
         for start in range(0, rows, block):
             n = min(block, rows - start)
-            labels = (rng.random(n) < 0.25).astype(int)
+            columns = {"label": pl.Series((rng.random(n) < 0.25).astype(np.int64)).cast(pl.Utf8)}
             ints = np.floor(rng.pareto(1.5, (n, 13)) * 3).astype(np.int64)
             ints_missing = rng.random((n, 13)) < 0.1
-            cats = np.stack([np.minimum(rng.zipf(1.3, n), vocab[c]) for c in range(26)], axis=1)
-            cats_missing = rng.random((n, 26)) < 0.1
-            lines = []
-            for r in range(n):
-                fields = [str(labels[r])]
-                fields += ["" if ints_missing[r, c] else str(ints[r, c]) for c in range(13)]
-                fields += ["" if cats_missing[r, c] else f"{(cats[r, c] * 2654435761) & 0xFFFFFFFF:08x}"
-                           for c in range(26)]
-                line = "\t".join(fields)
-                lines.append(line.rstrip("\t") if r % 50 == 0 else line)   # some copies strip trailing tabs
-            f.write("\n".join(lines) + "\n")
+            for c in range(13):
+                columns[f"i{c}"] = pl.Series(np.ma.masked_array(ints[:, c], ints_missing[:, c])).cast(pl.Utf8)
+            for c in range(26):
+                v = np.minimum(rng.zipf(1.3, n), vocab[c]).astype(np.uint64)
+                h = (v * np.uint64(2654435761)) & np.uint64(0xFFFFFFFF)
+                text = hex_digits[(h[:, None] >> shifts) & np.uint64(0xF)].view("S8").ravel()
+                missing = rng.random(n) < 0.1
+                columns[f"c{c}"] = pl.Series(text).cast(pl.Utf8).zip_with(pl.Series(~missing), pl.Series([None], dtype=pl.Utf8))
+            frame = pl.DataFrame(columns)
+            line = pl.concat_str([pl.col(c).fill_null("") for c in frame.columns], separator="\t")
+            # some copies of the data strip trailing empty fields: every 50th row here
+            strip = (pl.int_range(pl.len()) + start) % 50 == 0
+            lines = frame.select(pl.when(strip).then(line.str.strip_chars_end("\t")).otherwise(line).alias("l"))
+            f.write((lines["l"].str.join("\n").item() + "\n").encode("ascii"))
 
 
 class PeakTreeRSS:
@@ -113,63 +136,151 @@ class PeakTreeRSS:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--rows", type=int, default=2_000_000, help="generated raw rows")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="generated raw rows")
     parser.add_argument("--work_dir", default=None,
                         help="scratch directory (default: a temporary one, removed); when reused, only the "
-                             "benchmark's own earlier outputs in in/, spark/ and binary/ are replaced")
-    parser.add_argument("--frequency_limit", type=int, default=3, help="as spark_preprocess")
-    parser.add_argument("--master", default="local[*]", help="Spark master")
+                             "benchmark's own earlier outputs are replaced, and generated input of the same "
+                             "--rows/--days/--seed is reused")
+    parser.add_argument("--frequency_limit", type=int, default=15, help="as the engines' --frequency_limit")
+    parser.add_argument("--engines", default="ours,peer,spark", help="comma-separated: ours, peer, spark")
+    parser.add_argument("--peer_script", default=DEFAULT_PEER, help="the plain Polars script (engine peer)")
+    parser.add_argument("--master", default="local[*]", help="Spark master (engine spark)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated rows")
     parser.add_argument("--days", type=int, default=0,
                         help="0: one Kaggle train.txt; N >= 2: Terabyte day_0 .. day_<N-1> with --rows split over them")
-    parser.add_argument("--memory_interval", type=float, default=0.2,
+    parser.add_argument("--memory_interval", type=float, default=0.1,
                         help="seconds between RSS samples of the process tree")
     return parser
 
 
+def _timed(argv: List[str], interval: float, env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
+    """Run one command; its wall time and the peak RSS of its process tree (sampled from this process)."""
+    import psutil
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    peak, stop = [0], threading.Event()
+    output: List[str] = []
+    reader = threading.Thread(target=lambda: output.append(proc.stdout.read()), daemon=True)
+    reader.start()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                root = psutil.Process(proc.pid)
+                total = 0
+                for p in [root] + root.children(recursive=True):
+                    try:
+                        total += p.memory_info().rss
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                        pass
+                peak[0] = max(peak[0], total)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+            stop.wait(interval)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    code = proc.wait()
+    seconds = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    reader.join()
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed with exit code {code}:\n{''.join(output)[-3000:]}")
+    return {"seconds": seconds, "peak_rss_bytes": peak[0], "output": "".join(output)}
+
+
+def _engine_result(rows: int, runs: List[Dict[str, object]], raw_bytes: int) -> Dict[str, object]:
+    seconds = sum(r["seconds"] for r in runs)
+    peak = max(r["peak_rss_bytes"] for r in runs)
+    return {"seconds": round(seconds, 2), "rows_per_s": round(rows / seconds), "peak_rss_mib": round(peak / 2 ** 20, 1),
+            "peak_rss_over_input": round(peak / raw_bytes, 2),
+            "steps_s": [round(r["seconds"], 2) for r in runs]}
+
+
+def _extrapolate(rows_per_s: float, cores: int) -> Dict[str, float]:
+    return {"criteo_kaggle_hours": round(KAGGLE_ROWS / rows_per_s / 3600, 2),
+            "criteo_1tb_hours": round(TERABYTE_ROWS / rows_per_s / 3600, 1),
+            "rows_per_s_per_core": round(rows_per_s / cores),
+            "criteo_1tb_core_hours": round(TERABYTE_ROWS / rows_per_s * cores / 3600, 1)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from recsys_common.criteo import spark_preprocess, to_split_binary
+    from recsys_common.io import atomic_directory
+    from recsys_common.machine import cpu_model_name
 
     args = build_parser().parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = sorted(set(engines) - {"ours", "peer", "spark"})
+    if unknown or not engines:
+        raise SystemExit(f"--engines: unknown {unknown or 'none given'}; choose from ours, peer, spark")
     if args.days == 1 or args.days < 0:
         raise SystemExit(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
                          f"0 writes a Kaggle train.txt")
     if args.memory_interval <= 0:
         raise SystemExit(f"--memory_interval must be > 0, got {args.memory_interval}")
-    from recsys_common.io import atomic_directory
+    if "peer" in engines and args.days:
+        raise SystemExit("--engines peer: the peer script reads one Kaggle train.txt; use --days 0")
+    if "peer" in engines and not os.path.isfile(args.peer_script):
+        raise SystemExit(f"--peer_script {args.peer_script}: not found")
     work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
     names = [f"day_{d}" for d in range(args.days)] if args.days else ["train.txt"]
     started = time.perf_counter()
-    # A --work_dir may be reused: the benchmark replaces its own generated input, never a train.txt it did not write.
-    with atomic_directory(os.path.join(work, "in"), overwrite=True, tool="dlrm.preproc.benchmark_preprocess") as tmp:
-        for i, name in enumerate(names):
-            rows = args.rows // len(names) + (1 if i < args.rows % len(names) else 0)
-            write_raw(os.path.join(tmp, name), rows, args.seed + i)
+    stamp = os.path.join(work, "in", ".generated.json")
+    wanted = {"rows": args.rows, "days": args.days, "seed": args.seed}
+    reuse = os.path.isfile(stamp) and json.load(open(stamp)) == wanted
+    if not reuse:
+        # A --work_dir may be reused: the benchmark replaces its own generated input, never a file it did not write.
+        with atomic_directory(os.path.join(work, "in"), overwrite=True, tool="dlrm.preproc.benchmark_preprocess") as tmp:
+            for i, name in enumerate(names):
+                rows = args.rows // len(names) + (1 if i < args.rows % len(names) else 0)
+                write_raw(os.path.join(tmp, name), rows, args.seed + i)
+            with open(os.path.join(tmp, ".generated.json"), "w") as f:
+                json.dump(wanted, f)
     generate_s = time.perf_counter() - started
     raw_bytes = sum(os.path.getsize(os.path.join(work, "in", name)) for name in names)
-    result = {"rows": args.rows, "layout": "terabyte" if args.days else "kaggle", "files": names,
-              "raw_bytes": raw_bytes, "generate_s": round(generate_s, 1)}
+    cores = os.cpu_count() or 1
+    result: Dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model_name(), "cores": cores,
+        "load_avg_1m_before": round(os.getloadavg()[0], 2), "rows": args.rows,
+        "layout": "terabyte" if args.days else "kaggle", "files": len(names), "raw_bytes": raw_bytes,
+        "frequency_limit": args.frequency_limit, "generate_s": round(generate_s, 1), "input_reused": reuse,
+        "engines": {}}
+    py = sys.executable
+    inp = os.path.join(work, "in")
     try:
-        started = time.perf_counter()
-        with PeakTreeRSS(args.memory_interval) as spark_memory:
-            spark_preprocess.main(["--input_path", os.path.join(work, "in"), "--output_path",
-                                   os.path.join(work, "spark"), "--frequency_limit", str(args.frequency_limit),
-                                   "--master", args.master, "--overwrite"])
-        spark_s = time.perf_counter() - started
-        started = time.perf_counter()
-        with PeakTreeRSS(args.memory_interval) as convert_memory:
-            to_split_binary.main(["--input", os.path.join(work, "spark"), "--output", os.path.join(work, "binary"),
-                                  "--overwrite"])
-        convert_s = time.perf_counter() - started
-        result.update({"spark_s": round(spark_s, 1), "spark_rows_per_s": round(args.rows / spark_s),
-                       **spark_memory.as_json("spark"),
-                       "spark_peak_rss_over_input": round(spark_memory.peak_bytes / raw_bytes, 2),
-                       "convert_s": round(convert_s, 1), "convert_rows_per_s": round(args.rows / convert_s),
-                       **convert_memory.as_json("convert"),
-                       "cores": os.cpu_count(), "master": args.master})
+        for engine in engines:
+            out = os.path.join(work, f"out_{engine}")
+            for path in (out, out + ".work", out + "_spark"):
+                shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
+            if engine == "ours":
+                runs = [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp,
+                                "--output_path", out, "--frequency_limit", str(args.frequency_limit)],
+                               args.memory_interval)]
+            elif engine == "peer":
+                runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
+                                "--frequency_limit", str(args.frequency_limit)], args.memory_interval)]
+            else:
+                env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+                runs = [_timed([py, "-m", "recsys_common.criteo.spark_preprocess", "--input_path", inp,
+                                "--output_path", out + "_spark", "--frequency_limit", str(args.frequency_limit),
+                                "--master", args.master], args.memory_interval, env),
+                        _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
+                                "--output", out], args.memory_interval)]
+            result["engines"][engine] = _engine_result(args.rows, runs, raw_bytes)
+            print(f"[benchmark] {engine}: {json.dumps(result['engines'][engine])}", file=sys.stderr, flush=True)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    e = result["engines"]
+    ratios = {}
+    for other in ("peer", "spark"):
+        if "ours" in e and other in e:
+            ratios[f"ours_vs_{other}_rows_per_s"] = round(e["ours"]["rows_per_s"] / e[other]["rows_per_s"], 2)
+            ratios[f"ours_vs_{other}_peak_rss"] = round(e["ours"]["peak_rss_mib"] / e[other]["peak_rss_mib"], 2)
+    result["ratios"] = ratios
+    result["extrapolated_at_measured_rate"] = {name: _extrapolate(v["rows_per_s"], cores) for name, v in e.items()}
     print(json.dumps(result))
     return result
 

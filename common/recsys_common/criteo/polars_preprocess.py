@@ -60,6 +60,18 @@ _NAMES = ["label"] + [f"i{i}" for i in range(NUM_NUMERICAL)] + [f"c{i}" for i in
 _INT_COLUMNS = _NAMES[:1 + NUM_NUMERICAL]
 
 
+# Fault injection for the resume tests: "<step>:<n>" SIGKILLs this process right after the n-th (1-based) record
+# of that step ("count" = a file of pass 1, "write" = a file of pass 2, "permute" = a train column file, "bucket") is
+# saved, i.e. at the worst moment for a resume.
+_KILL_ENV = "RECSYS_CRITEO_TEST_SIGKILL_AT"
+
+
+def _maybe_killed(step: str, n: int) -> None:
+    if os.environ.get(_KILL_ENV) == f"{step}:{n}":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class CriteoPreprocessError(RuntimeError):
     """The run cannot produce a trustworthy dataset (too many malformed rows, a changed input on resume)."""
 
@@ -144,6 +156,8 @@ def _read_frame(data: bytes, separator: str):
     """All 40 fields as text (empty -> null); a line with fewer fields gets nulls (Spark pads it), a line with more
     makes Polars raise (the caller then drops such lines first)."""
     import polars as pl
+    if not data:
+        return pl.DataFrame(schema={n: pl.Utf8 for n in _NAMES})
     return pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES,
                        schema={n: pl.Utf8 for n in _NAMES}, truncate_ragged_lines=False,
                        quote_char=None, missing_columns="insert", encoding="utf8-lossy", raise_if_empty=False)
@@ -163,7 +177,7 @@ def _read_typed(data: bytes, separator: str):
         frame = pl.read_csv(data, separator=separator, has_header=False, new_columns=_NAMES, schema=schema,
                             truncate_ragged_lines=False, quote_char=None, missing_columns="insert",
                             encoding="utf8-lossy", raise_if_empty=False)
-    except pl.exceptions.ComputeError:
+    except pl.exceptions.PolarsError:   # ComputeError / SchemaError: a bad integer or a line of 41+ fields
         return None
     limit = 10 ** 18
     if frame.select(pl.any_horizontal([(pl.col(n).abs() >= limit).any() for n in _INT_COLUMNS])).item():
@@ -394,8 +408,8 @@ class WorkState:
                 old = json.load(f)
             if old.get("version") != _STATE_VERSION or old.get("fingerprint") != fingerprint:
                 raise CriteoPreprocessError(
-                    f"{work}: holds an unfinished run with other inputs or arguments; delete that directory (or "
-                    f"pass --restart) to start over")
+                    f"{work}: holds an unfinished run with other input files or arguments; run with those again to "
+                    f"resume it, or pass --restart (or delete that directory) to start over")
             self.data = old
 
     def save(self) -> None:
@@ -403,10 +417,30 @@ class WorkState:
 
 
 def _fingerprint(args: argparse.Namespace, files: List[str]) -> Dict[str, Any]:
-    stats = [[os.path.basename(p), os.path.getsize(p), int(os.stat(p).st_mtime)] for p in files]
     keep = ("layout", "header", "delimiter", "frequency_limit", "dictionary_source", "train_ordering", "seed",
             "chunk_mb", "shuffle_bucket_rows")
-    return {"files": stats, **{k: getattr(args, k) for k in keep}}
+    return {"files": [os.path.basename(p) for p in files], **{k: getattr(args, k) for k in keep}}
+
+
+def _file_stat(path: str) -> List[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _forget_changed_files(state: WorkState, files: List[str]) -> None:
+    """A file replaced since its pass 1 (e.g. a re-downloaded day) is parsed again; pass 2 then starts over, as the
+    dictionaries may change."""
+    changed = [os.path.basename(p) for p in files
+               if state.data["files"].get(os.path.basename(p), {}).get("stat", _file_stat(p)) != _file_stat(p)]
+    for name in changed:
+        print(f"[criteo] {name} changed since the interrupted run: parsing it again", flush=True)
+        del state.data["files"][name]
+    if changed:
+        for key in ("pass2", "buckets"):
+            state.data[key] = {}
+        for key in ("pass2_sizes", "bucket_sizes", "permuted"):
+            state.data.pop(key, None)
+        state.save()
 
 
 # ----------------------------------------------------------------------------------------------------- chunk files
@@ -564,11 +598,13 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
     files = list(layout.train_files) + [layout.split_file]
     total = sum(os.path.getsize(p) for p in files)
     done_bytes = sum(os.path.getsize(p) for p in files if state.data["files"].get(os.path.basename(p)))
+    resumed: List[str] = []
     progress = Progress("pass 1/2 (parse and count)", total, "bytes")
     progress.update(done_bytes, 0, force=True)
     for index, path in enumerate(files):
         name = os.path.basename(path)
         if state.data["files"].get(name):
+            resumed.append(name)
             continue
         directory = os.path.join(work, "files", str(index))
         if os.path.isdir(directory):
@@ -615,13 +651,20 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
                  lines=np.concatenate(mal_lines) if mal_lines else np.zeros(0, np.int64),
                  reasons=np.concatenate(mal_reasons) if mal_reasons else np.zeros(0, np.int16))
         header = 1 if formats[path].header else 0
-        state.data["files"][name] = {"index": index, "chunks": k, "lines": lines, "good": good, "padded": padded,
+        if lines == 0:
+            raise CriteoInputError(f"{path}: no data lines (an empty day file is an incomplete download; delete "
+                                   f"or replace it)")
+        state.data["files"][name] = {"index": index, "stat": _file_stat(path), "chunks": k, "lines": lines, "good": good, "padded": padded,
                                      "examples": [{"file": name, "data_line": line, "line": line + header + 1,
                                                    "reason": why, "text": text}
                                                   for line, (why, text) in sorted(examples.items())]}
         state.save()
+        _maybe_killed("count", index + 1)
         done_bytes += os.path.getsize(path)
     progress.update(done_bytes, 0, force=True)
+    if resumed:
+        print(f"[criteo] resumed: pass 1 skipped {len(resumed)} finished file(s): {', '.join(resumed)}", flush=True)
+    return resumed
 
 
 def build_all_dictionaries(work: str, num_files: int, frequency_limit: int):
@@ -647,10 +690,14 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     layout = discover_input(args.input_path, args.layout)
     files = list(layout.train_files) + [layout.split_file]
     formats = {p: sniff_format(p, args.header, args.delimiter) for p in files}
+    for path in files:
+        if os.path.getsize(path) == 0:
+            raise CriteoInputError(f"{path}: empty file (an incomplete download?); delete or replace it")
     check_output_directory(args.output_path, args.overwrite)
     work = args.work_dir
     _prepare_work_dir(work, args.restart)
     state = WorkState(work, _fingerprint(args, files))
+    _forget_changed_files(state, files)
     print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
           f"{os.path.basename(layout.split_file)}; work directory {work}", flush=True)
     split_header = 1 if formats[layout.split_file].header else 0
@@ -663,7 +710,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                                                      args.chunk_mb << 20)
             state.save()
         bounds = split_boundaries(layout.kind, state.data["split_lines"])
-    count_pass(args, layout, formats, state, work, bounds)
+    resumed = count_pass(args, layout, formats, state, work, bounds)
 
     # Report: rows per split, malformed rows per reason and split, padded rows (attributed in pass 2).
     info = {os.path.basename(p): state.data["files"][os.path.basename(p)] for p in files}
@@ -676,7 +723,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID, "first_frequent": FIRST_FREQUENT_ID},
         "input_format": {os.path.basename(p): f.describe() for p, f in formats.items()},
         "split": {"lines_in_split_file": num_lines, "train_end_line": bounds[0], "test_end_line": bounds[1],
-                  "split_file_header": bool(split_header)}}
+                  "split_file_header": bool(split_header)},
+        "resumed": {"count": resumed, "write": []}}
     rows_read = {s: 0 for s in SPLITS}
     malformed: Dict[str, Dict[str, int]] = {s: {} for s in SPLITS}
     for index, path in enumerate(files):
@@ -741,6 +789,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             for s in SPLITS:
                 padded[s] += entry["padded"][s]
             done_rows += info[name]["good"]
+            report["resumed"]["write"].append(name)
             continue
         # Cut the outputs back to the end of the last finished file (a killed run may have appended more).
         sizes = state.data.get("pass2_sizes", {})
@@ -781,6 +830,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         state.data["pass2"][name] = {"done": True, "padded": file_padded}
         state.data["pass2_sizes"] = {s: writers[s].sizes() for s in SPLITS}
         state.save()
+        _maybe_killed("write", index + 1)
     progress.update(done_rows, 0, force=True)
     report["rows_padded"] = padded
 
@@ -846,6 +896,7 @@ def _permute_columns(writer: SplitBinaryAppender, state: WorkState, seed: int) -
         column[order].tofile(path + ".shuffled")
         done.append(path)
         state.save()
+        _maybe_killed("permute", len(done))
     for path in paths:
         if os.path.exists(path + ".shuffled"):   # a resumed run may have replaced some already
             os.replace(path + ".shuffled", path)
@@ -887,6 +938,7 @@ def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, write
         state.data["buckets"][str(b)] = {"rows": rows}
         state.data["bucket_sizes"] = writer.sizes()
         state.save()
+        _maybe_killed("bucket", b + 1)
         progress.update(b + 1, rows)
     progress.update(buckets, 0, force=True)
 
