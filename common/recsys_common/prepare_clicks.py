@@ -50,6 +50,7 @@ arguments; ``ClickEncoder.load(dataset).encode(frame)`` maps new rows to the mod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -125,6 +126,61 @@ def file_columns(path: str, fmt: str = "auto", delimiter: Optional[str] = None) 
         return list(lf.collect_schema().names())
     except Exception as e:   # polars raises NoDataError / ComputeError for an empty or unreadable file
         raise ClickLogError(f"{path}: cannot read the header: {e}") from None
+
+
+def check_field_counts(path: str, separator: str, expected: int, chunk_bytes: int = 16 << 20) -> int:
+    """Every line of a CSV/TSV file has ``expected`` fields, else ClickLogError naming the line (a truncated or
+    shifted row would otherwise be read with missing or dropped values). One fast pass over the bytes (numpy), a
+    chunk at a time. Lines holding a quote character are left to the parser (a quoted field may hold the separator
+    or a newline); line numbers count newlines. Returns the number of data lines."""
+    sep, quote, newline = ord(separator), ord('"'), ord("\n")
+    line_number = 1                     # the header
+    data_lines = 0
+    with open(path, "rb") as f:
+        f.readline()
+        rest = b""
+        while True:
+            data = f.read(chunk_bytes)
+            buffer = rest + data
+            if not buffer:
+                break
+            if data:
+                cut = buffer.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = buffer
+                    continue
+                block, rest = buffer[:cut], buffer[cut:]
+            else:
+                block, rest = buffer + b"\n", b""          # a last line without a newline
+            raw = np.frombuffer(block, np.uint8)
+            ends = np.flatnonzero(raw == newline)
+            starts = np.concatenate([[0], ends[:-1] + 1])
+            seps = np.concatenate([[0], np.cumsum(raw == sep, dtype=np.int64)])
+            quotes = np.concatenate([[0], np.cumsum(raw == quote, dtype=np.int64)])
+            fields = seps[ends] - seps[starts] + 1
+            has_quote = quotes[ends] - quotes[starts] > 0
+            length = ends - starts - (raw[np.maximum(ends - 1, 0)] == ord("\r"))
+            bad = np.flatnonzero((fields != expected) & ~has_quote & (length > 0))
+            if bad.size:
+                i = int(bad[0])
+                text = bytes(block[starts[i]:ends[i]]).decode("utf-8", "replace").rstrip("\r")
+                raise ClickLogError(f"{path}:{line_number + i + 1}: {int(fields[i])} field(s), but the header has "
+                                    f"{expected} (a truncated or malformed row): {text[:200]!r}")
+            line_number += len(ends)
+            data_lines += int(np.count_nonzero(length > 0))
+    return data_lines
+
+
+@contextlib.contextmanager
+def _parse_errors(described: str):
+    """A parse error of Polars (an unterminated quote, say) as a ClickLogError naming the input."""
+    pl = _polars()
+    try:
+        yield
+    except pl.exceptions.PolarsError as e:
+        message = str(e).strip().splitlines()
+        raise ClickLogError(f"{described}: cannot be read as {'parquet' if 'parquet' in described else 'CSV'}: "
+                            f"{' '.join(message[:3])}") from None
 
 
 def _check_columns(path: str, header: Sequence[str], wanted: Dict[str, Sequence[str]]) -> None:
@@ -380,9 +436,19 @@ def _scan_all(inputs: Sequence[str], fmt: str, delimiter: Optional[str], roles: 
     for path in inputs:
         header = file_columns(path, fmt, delimiter)
         _check_columns(path, header, roles)
+        kind = input_format(path, fmt)
+        if kind != "parquet":
+            print(f"[prepare_clicks] checking the field count of every line of {path}", flush=True)
+            check_field_counts(path, delimiter or ("\t" if kind == "tsv" else ","), len(header))
         frames.append(scan_file(path, fmt, delimiter).select([pl.col(c).cast(pl.String) for c in needed]))
     lf = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
     return lf.with_row_index(_ROW)
+
+
+def _batches(lf, block_rows: int, described: str) -> Iterator[Any]:
+    """The query's result in blocks of ``block_rows`` rows (Polars streaming), parse errors named."""
+    with _parse_errors(described):
+        yield from lf.collect_batches(chunk_size=block_rows, engine="streaming")
 
 
 def _row_location(inputs: Sequence[str], fmt: str, row: int, rows_per_file: Sequence[int]) -> str:
@@ -446,14 +512,16 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     split_config: Dict[str, Any] = {"kind": split, "fractions": fractions, "seed": int(seed)}
     if split == "time":
         print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
-        split_config.update(time_column=time_column, **time_cutoffs(lf, described, time_column, fractions))
+        with _parse_errors(described):
+            split_config.update(time_column=time_column, **time_cutoffs(lf, described, time_column, fractions))
     lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
 
     print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
           f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
     t1 = time.time()
-    stats, counts = count_values(lf, categorical, numerical, label, dictionary_source == "train",
-                                 numerical_transform == "standardize")
+    with _parse_errors(described):
+        stats, counts = count_values(lf, categorical, numerical, label, dictionary_source == "train",
+                                     numerical_transform == "standardize")
     rows = int(stats["rows"])
     if rows == 0:
         raise ClickLogError(f"{described}: no data rows (only a header?)")
@@ -509,7 +577,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         for w in writers.values():
             w.__enter__()
         try:
-            for block_number, block in enumerate(pass2.collect_batches(chunk_size=block_rows, engine="streaming")):
+            for block_number, block in enumerate(_batches(pass2, block_rows, described)):
                 split_of_row = block[_SPLIT].to_numpy()
                 arrays = map_block(block, config, lookups)
                 for index, name in enumerate(SPLITS):
@@ -648,10 +716,12 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
     if has_label:
         roles["label"] = [label]
     lf = _scan_all(inputs, input_format_name, delimiter, roles)
-    stats = lf.select([pl.len().alias("rows")] + [
-        pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}") for i, n in enumerate(config["numerical"])]
-        + ([pl.col(_ROW).filter(_label_int(label).is_null()).min().alias("bad_label_row")] if has_label else [])
-    ).collect(engine="streaming").row(0, named=True)
+    with _parse_errors(inputs[0]):
+        stats = lf.select([pl.len().alias("rows")] + [
+            pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}")
+            for i, n in enumerate(config["numerical"])]
+            + ([pl.col(_ROW).filter(_label_int(label).is_null()).min().alias("bad_label_row")] if has_label else [])
+        ).collect(engine="streaming").row(0, named=True)
     if stats["rows"] == 0:
         raise ClickLogError(f"{inputs[0]}: no data rows")
     if has_label and stats["bad_label_row"] is not None:
@@ -672,7 +742,7 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
         spec = make_feature_spec(config, cardinalities, [mapping], output_format, metadata)
         spec.base_directory = tmp
         with DatasetWriter(spec, mapping) as writer:
-            for block in lf.select(exprs).collect_batches(chunk_size=block_rows, engine="streaming"):
+            for block in _batches(lf.select(exprs), block_rows, inputs[0]):
                 writer.write(map_block(block, config, encoder.lookups))
                 progress.update(block.height)
         progress.update(0, force=True)

@@ -227,7 +227,19 @@ def test_bad_input_is_named_and_nothing_is_written(tmp_path):
     header_only.write_text("day,clicked,ad,price\n")
     with pytest.raises(pc.ClickLogError, match="no data rows"):
         pc.main(["--input", str(header_only), *base[2:], "--categorical", "ad"])
-    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["bad.csv", "empty.csv", "header.csv", "log.csv"]
+    lines = open(path).read().splitlines()
+    truncated = tmp_path / "truncated.csv"
+    truncated.write_text("\n".join(lines[:8] + [lines[8].rsplit(",", 1)[0]] + lines[9:]) + "\n")
+    with pytest.raises(pc.ClickLogError, match=r"truncated\.csv:9: 3 field\(s\), but the header has 4"):
+        pc.main(["--input", str(truncated), *base[2:], "--categorical", "ad"])
+    truncated.write_text("\n".join(lines[:12] + [lines[12] + ",7"] + lines[13:]))     # no final newline either
+    with pytest.raises(pc.ClickLogError, match=r"truncated\.csv:13: 5 field\(s\)"):
+        pc.main(["--input", str(truncated), *base[2:], "--categorical", "ad"])
+    truncated.write_text("\n".join(lines[:3] + ['2026-01-02,1,"b,20']) + "\n")
+    with pytest.raises(pc.ClickLogError, match=r"truncated\.csv: cannot be read as CSV"):
+        pc.main(["--input", str(truncated), *base[2:], "--categorical", "ad"])
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["bad.csv", "empty.csv", "header.csv", "log.csv",
+                                                                 "truncated.csv"]
 
 
 def test_avazu_time_split_on_one_hour_is_refused(tmp_path):
