@@ -129,3 +129,24 @@ def test_two_nodes_match_one_node(small_dataset, tmp_path, reference):
     assert [r.returncode for r in launchers] == [0, 0]
     two_nodes = summary(tmp_path / "nodes.json")
     assert_matches_reference(two_nodes, reference["result"])
+
+
+def test_a_checkpoint_directory_the_processes_do_not_share_is_refused_before_training(small_dataset, tmp_path):
+    """Every process writes its shards into rank 0's checkpoint directory, so a multi-node job needs it on a shared
+    file system. Two processes given different directories (as node-local disks would be) both stop before the
+    first step, naming the flag, instead of each writing a partial checkpoint."""
+    import subprocess
+    import sys
+    from recsys_common.testing import free_port, run_process_group
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", os.path.join("tests", "per_rank_main.py"),
+               *train_args(small_dataset, tmp_path / "log.json", "--max_steps", "4", "--save_checkpoint_path",
+                           str(tmp_path / "node{rank}" / "ckpt"))]
+    status, output = run_process_group(command, cwd=RECIPE_DIR, env=subprocess_env(), timeout=300,
+                                       expect_success=False)
+    assert status != 0, output[-3000:]
+    assert output.count("1 of 2 ranks do not see the files rank 0 writes there") == 2, output[-3000:]
+    assert os.listdir(tmp_path / "node0" / "ckpt") == [] and not (tmp_path / "node1").exists()
+    if (tmp_path / "log.json").exists():
+        from recsys_common.logger import read_log
+        assert not [r for r in read_log(str(tmp_path / "log.json")) if "loss" in r["data"]]  # not one step

@@ -234,3 +234,24 @@ def test_more_ranks_than_tables_fails_on_every_rank_naming_the_flags():
     assert "--column_slice_threshold" in output, output[-3000:]
     # A one-line error per rank, no traceback from a rank (horovodrun itself then prints one of its own).
     assert "<stderr>:Traceback" not in output, output[-3000:]
+
+
+def test_a_checkpoint_directory_the_ranks_do_not_share_is_refused_before_training(tmp_path):
+    """Multi-node checkpoints need one directory seen by every rank (a shared file system): every rank writes its
+    shards into rank 0's staging directory. Two ranks given different directories (as node-local disks would be)
+    both stop before the first step with the error, instead of writing two partial checkpoints."""
+    log = tmp_path / "log.json"
+    status, output = horovodrun(2, [sys.executable, os.path.join(TESTS_DIR, "per_rank_entry.py"), "dlrm",
+                                    "--dataset_type", "synthetic", "--cpu", "--synthetic_dataset_cardinalities",
+                                    "10,20", "--synthetic_dataset_hotness", "1,1", "--synthetic_dataset_train_batches",
+                                    "4", "--synthetic_dataset_valid_batches", "1", "--batch_size", "48",
+                                    "--embedding_dim", "4", "--bottom_mlp_dims", "8,4", "--top_mlp_dims", "8,1",
+                                    "--print_freq", "1", "--log_path", str(log), "--save_checkpoint_path",
+                                    str(tmp_path / "node{rank}" / "ckpt")], expect_success=False)
+    assert status != 0, output[-3000:]
+    assert output.count("1 of 2 ranks do not see the files rank 0 writes there") == 2, output[-3000:]
+    assert "shared by all nodes" in output
+    assert os.listdir(tmp_path / "node0" / "ckpt") == []      # no checkpoint, no probe left
+    assert not (tmp_path / "node1").exists()
+    from recsys_common.logger import read_log
+    assert not [r for r in read_log(str(log)) if "loss" in r["data"]]   # not one training step

@@ -652,6 +652,8 @@ def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], trainin
             raise ValueError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
         return None
     root = args.save_checkpoint_path
+    # First, and on every rank: a multi-node job needs the directory on a shared file system.
+    checkpointing.check_shared_root(root, ctx.rank, ctx.world_size, ctx.device)
     existing = checkpointing.list_checkpoints(root)
     # Checkpoints of another run in the same directory would interleave with ours, and resuming from the directory
     # would pick whichever has the highest step: only the run resumed from the newest of them may add to it.

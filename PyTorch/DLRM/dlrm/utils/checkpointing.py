@@ -493,6 +493,24 @@ def _restore_rng(path: str, rank: int, world_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ periodic saving
+def check_shared_root(root: str, rank: int, world_size: int, device: torch.device) -> None:
+    """Collective, before training: every process must see ``root`` (one node, or a file system shared by the
+    nodes), since each writes its shards into rank 0's staging directory; raises :class:`CheckpointError` on every
+    rank otherwise (``recsys_common.shared_storage``)."""
+    from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
+    from dlrm.utils.distributed import all_reduce_sum
+
+    def broadcast(text: str) -> str:
+        holder = [text]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+    try:
+        check_shared_directory(root, rank, world_size, broadcast,
+                               lambda flag: int(all_reduce_sum([1.0 if flag else 0.0], device)[0]))
+    except DirectoryNotSharedError as e:
+        raise CheckpointError(str(e)) from None
+
+
 class CheckpointSaver:
     """Saves checkpoints under ``root`` during training: every ``every_steps`` steps and/or ``every_minutes``.
 

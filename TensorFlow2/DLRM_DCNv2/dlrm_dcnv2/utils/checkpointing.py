@@ -29,7 +29,8 @@ Writing (collective, every rank calls :func:`save_checkpoint`):
 
 A crash (SIGKILL, preemption) at any point leaves either the previous checkpoints alone, or a ``.step_<N>.tmp-*``
 directory that nothing reads as a checkpoint and that the next save removes. Every rank must see the same
-``ROOT`` (one node, or a shared file system across nodes).
+``ROOT`` (one node, or a shared file system across nodes): :class:`CheckpointManager` checks that before training
+and refuses node-local directories with a clear error (``recsys_common.shared_storage``).
 
 Reading (:func:`restore_checkpoint`): every rank reads only the slices of its own shards (``np.load(mmap_mode="r")``)
 and the dense part; the saving run's world size and placement do not matter. The configuration must match (a
@@ -346,6 +347,21 @@ def _agree(flag: bool, ctx) -> bool:
     return bool(_hvd().broadcast_value(int(bool(flag)), root=0))
 
 
+def _check_shared(root: str, ctx) -> None:
+    """Before training: every rank must see ``root`` (one node, or a file system shared by the nodes), since each
+    rank writes its shards into rank 0's staging directory (``recsys_common.shared_storage``)."""
+    from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
+
+    def count(flag: bool) -> int:
+        import tensorflow as tf
+        total = _hvd().allreduce(tf.constant(1.0 if flag else 0.0), average=False, name="checkpoint_shared_count")
+        return int(round(float(total.numpy())))
+    try:
+        check_shared_directory(root, ctx.rank, ctx.world_size, lambda text: _broadcast_text(text, ctx), count)
+    except DirectoryNotSharedError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def _all_ranks_true(flag: bool, ctx) -> bool:
     if ctx.world_size == 1:
         return bool(flag)
@@ -615,6 +631,7 @@ class CheckpointManager:
             raise ValueError(f"--keep_checkpoints must be 0 (keep all) or more, got {keep}")
         if os.path.lexists(root) and not os.path.isdir(root):
             raise CheckpointError(f"{root}: --save_checkpoint_path exists and is not a directory")
+        _check_shared(root, ctx)
         self.root, self.model, self.optimizers, self.ctx = root, model, optimizers, ctx
         self.config, self.training = dict(config or {}), dict(training or {})
         self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
