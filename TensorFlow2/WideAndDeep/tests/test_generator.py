@@ -138,3 +138,23 @@ def test_reader_errors_name_file_column_and_row(tmp_path, raw_outbrain):
     os.remove(bad / "events.csv")
     with pytest.raises(raw.RawInputError, match=r"events.csv: missing raw Outbrain file events.csv"):
         raw.check_raw_files(str(bad))
+
+
+def test_distinct_ads_equal_the_display_by_display_loop():
+    """The vectorised choice of each display's ads (generator._distinct_ads) against the loop it replaced, with
+    few ads so that displays run short of distinct candidates and take the random fill (same draws, same order)."""
+    candidates = np.random.default_rng(2).integers(0, 4, size=(200, 6))
+    sizes = np.random.default_rng(3).integers(2, 7, size=200)
+    loop_rng, rng = np.random.default_rng(1), np.random.default_rng(1)
+    expected = []
+    for d in range(len(candidates)):
+        _, first = np.unique(candidates[d], return_index=True)
+        ads = candidates[d][np.sort(first)][:sizes[d]]
+        while len(ads) < sizes[d]:
+            extra = int(loop_rng.integers(0, 10))
+            if extra not in ads:
+                ads = np.append(ads, extra)
+        expected.append(ads)
+    got = generator._distinct_ads(rng, candidates, sizes, 10, chunk=37)
+    np.testing.assert_array_equal(got, np.concatenate(expected))
+    assert loop_rng.random() == rng.random()   # the same number of draws
