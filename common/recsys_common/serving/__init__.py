@@ -9,10 +9,17 @@ one process):
                       ``model_config_text``, ``parse_model_config``, ``check_model_directory``).
     repository        ``model_repository``: an atomic writer of a Triton model repository (``--overwrite`` replaces
                       only this tool's files); ``read_sidecar`` reads ``recsys_serving.json``.
-    mlserver_runtime  ``OnnxModel``: the MLServer runtime (onnxruntime) that serves a repository's ONNX models;
-                      imported only inside the MLServer process.
-    mlserver_launcher ``serve_repository``: MLServer on loopback serving a Triton repository's ONNX models, always
-                      stopped (``python -m recsys_common.serving.mlserver_launcher --model-repository DIR``).
+    mlserver_runtime  ``OnnxModel`` / ``TorchScriptModel``: the MLServer runtimes (onnxruntime, torch) serving a
+                      repository's ONNX / TorchScript models, with Triton's model-config HTTP route; imported only
+                      inside the MLServer process.
+    triton_extensions Triton's binary tensor extension (HTTP) and gRPC ``ModelConfig`` added to MLServer (no fork).
+    mlserver_launcher ``serve_repository``: MLServer on loopback serving a Triton repository's ONNX and TorchScript
+                      models, always stopped (``python -m recsys_common.serving.mlserver_launcher --model-repository
+                      DIR``).
+    perf_analyzer     Triton's perf_analyzer on our request rows, side by side with ``latency`` (``make setup``
+                      installs the binary).
+    id_range_torch,   the id range check inside exported graphs (a row with an out-of-range id scores NaN).
+    id_range_tf
     client            ``InferenceClient`` (tritonclient HTTP / gRPC with timeouts, ``ServingError``),
                       ``infer_in_batches``.
     latency           ``measure_latency``, ``write_latency_report`` (JSON + PNG), ``add_latency_arguments``,

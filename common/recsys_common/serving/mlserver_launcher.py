@@ -1,9 +1,10 @@
-"""MLServer on loopback serving the ONNX models of a Triton model repository, started and always stopped.
+"""MLServer on loopback serving the ONNX and TorchScript models of a Triton model repository, started and always
+stopped.
 
 No Triton server runs on these machines; MLServer speaks the same KServe-v2 protocol (HTTP and gRPC), so clients
 and tools built for Triton (tritonclient) run against it unchanged.
 
-    with serve_repository("deploy/repo") as server:          # every ONNX model of the repository
+    with serve_repository("deploy/repo") as server:          # every ONNX / TorchScript model of the repository
         with InferenceClient(server.grpc_url, "grpc") as client:
             client.infer("dlrm-onnx", inputs, ["probability"])
     # here the MLServer process group is gone (also when the block raised)
@@ -15,10 +16,13 @@ For users without Triton (blocks until Ctrl-C):
 
 How (MLServer 1.7.1): a temporary directory holds ``settings.json`` (host, ports, ``parallel_workers: 0`` so
 inference runs in the server process itself rather than in a worker pool, metrics endpoint off) and one
-``<model>/model-settings.json`` per model (``implementation`` = ``recsys_common.serving.mlserver_runtime.OnnxModel``,
-``parameters.uri`` = the Triton model directory, ``parameters.version``); MLServer's ``start DIR`` command runs in a
-session of its own with ``recsys_common`` on its PYTHONPATH (through ``_mlserver_entry``, whose watchdog stops the
-server if the launching process is killed without stopping it). This module never imports mlserver: mlserver
+``<model>/model-settings.json`` per model (``implementation`` = ``mlserver_runtime.OnnxModel`` or
+``TorchScriptModel`` by platform, ``parameters.uri`` = the Triton model directory, ``parameters.version``, the KServe
+metadata of ``config.pbtxt`` (platform, versions, inputs, outputs) and Triton's config as JSON and as a serialized
+gRPC ``ModelConfigResponse``); MLServer's ``start DIR`` command runs in a session of its own with ``recsys_common`` on
+its PYTHONPATH (through ``_mlserver_entry``, which installs ``triton_extensions``: the binary tensor extension and the
+gRPC ``ModelConfig`` method; its watchdog stops the server if the launching process is killed without stopping
+it). This module never imports mlserver: mlserver
 and ``tritonclient.grpc`` cannot share a process.
 """
 from __future__ import annotations
@@ -195,11 +199,12 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
                      grpc_port: Optional[int] = None, startup_timeout_s: float = 120.0, log_path: Optional[str] = None,
                      host: str = "127.0.0.1", intra_op_threads: int = 0,
                      stop_timeout_s: float = 10.0) -> Iterator[ServerHandle]:
-    """Serve the ONNX models of a Triton repository with MLServer; yield a ``ServerHandle`` once every model is ready.
+    """Serve the ONNX and TorchScript models of a Triton repository with MLServer; yield a ``ServerHandle`` once every
+    model is ready.
 
     Args:
         repo_dir: the Triton model repository.
-        models: model names to serve (default: every ONNX model).
+        models: model names to serve (default: every ONNX and TorchScript model).
         http_port, grpc_port: default: free ports picked now.
         startup_timeout_s: limit for the server to start and load every model.
         log_path: the server's stdout+stderr (default: a file in a temporary directory, removed on exit).
@@ -250,10 +255,11 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m recsys_common.serving.mlserver_launcher",
-        description="Serve the ONNX models of a Triton model repository with MLServer (KServe-v2 HTTP and gRPC, "
+        description="Serve the ONNX and TorchScript models of a Triton model repository with MLServer (KServe-v2 HTTP "
+                    "and gRPC with Triton's model-config and binary-tensor extensions, "
                     "the protocol Triton speaks) until Ctrl-C. For machines without Triton.")
     parser.add_argument("--model-repository", required=True, help="the Triton model repository directory")
-    parser.add_argument("--models", nargs="+", default=None, help="model names to serve (default: every ONNX model)")
+    parser.add_argument("--models", nargs="+", default=None, help="model names to serve (default: every ONNX and TorchScript model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (Triton's default 8000)")
     parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (Triton's default 8001)")
