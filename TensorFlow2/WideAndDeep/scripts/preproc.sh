@@ -4,7 +4,10 @@
 #   bash scripts/preproc.sh [RAW_DIR] [OUT_DIR] [extra flags of python -m wide_deep.data.outbrain.preproc]
 #   bash scripts/preproc.sh /outbrain/orig /outbrain/data --use_dask --dask_workers 2
 #   bash scripts/preproc.sh /outbrain/orig /outbrain/data --dask_scheduler tcp://scheduler:8786
+#   bash scripts/preproc.sh /outbrain/orig /outbrain/data --partition_rows 500000   # rows held at once
 #
+# Out of core: the CSVs are read in blocks and joined display range by display range; memory is bounded by
+# --partition_rows (default 1,000,000), not by the size of clicks_train.csv.
 # Defaults are NVIDIA's: /outbrain/orig -> /outbrain/data. Runs on the GPU where cuDF is installed, else on CPU.
 set -euo pipefail
 RECIPE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
