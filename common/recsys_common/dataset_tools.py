@@ -6,7 +6,9 @@ Each recipe exposes them under its own module name with NVIDIA's flags (``dlrm.s
 - ``gen_csv``: headerless CSV files for a FeatureSpec whose chunks are CSV (the first step of bring-your-own data;
   ``recsys_common.transcode`` then converts them to split binary). ``--size`` rows go to the ``train`` mapping,
   ``--size // 10`` (at least 1) to every other one; ``cardinality: auto`` features get ids below 1000 and keep
-  ``auto`` in the spec saved next to the CSVs (transcode computes it).
+  ``auto`` in the spec saved next to the CSVs (transcode computes it). Any mix of features: one-hot, numerical, and
+  multi-hot (``max_hotness`` in the spec, or a ``multihot`` channel), whose values are written as a list in one cell
+  the way NVIDIA's W&D ``gen_csv.py`` writes them (``"[12, 5, 7]"``; 1 to ``max_hotness`` ids per row).
 - ``prepare_synthetic_dataset``: a Criteo-shaped split-binary dataset (or one in the formats of ``--feature_spec``)
   with power-law ids and labels from a hidden logistic model (``recsys_common.synthetic``), so a trained model
   reaches an AUC well above 0.5 on the test mapping.
