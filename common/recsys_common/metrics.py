@@ -1,16 +1,29 @@
-"""Framework-free evaluation metrics: exact ROC AUC (tie-aware) and log loss, numpy only.
+"""Framework-free evaluation metrics: exact ROC AUC (tie-aware, one process or many) and log loss, numpy only.
 
 Any recipe (PyTorch, TensorFlow, a baseline) converts its predictions to numpy and calls these, so every recipe
 reports the same number for the same predictions.
 
 ROC AUC is computed exactly, without binning: it is the probability that a random positive scores above a random
-negative, ties counting one half (the Mann-Whitney U statistic). Sort the scores, give each group of tied scores
-the average of the ranks it occupies, then
+negative, ties counting one half (the Mann-Whitney U statistic). With ``P`` positives and ``N`` negatives,
 
-    AUC = (sum of the positives' ranks - P (P + 1) / 2) / (P N)
+    AUC = U / (P N),    2 U = sum over positives p of (#negatives < p) + (#negatives <= p)
 
-for ``P`` positives and ``N`` negatives; ``O(n log n)``, float64 throughout. This is what scikit-learn's
-``roc_auc_score`` computes (trapezoids under the ROC curve, tied scores on one segment); tests check both agree.
+which is what scikit-learn's ``roc_auc_score`` computes (trapezoids under the ROC curve, tied scores on one segment);
+tests check both agree. ``2 U`` is an integer, summed exactly (Python ints), so the only rounding is the final
+division. How it is computed, and why:
+
+* The *larger class* is sorted (``np.sort``: vectorised, no argsort, no rank array, no float64 copy of everything),
+  and every score of the *smaller class* (for click logs, the positives: 3 % of Criteo 1TB's test day, 26 % of
+  Kaggle's) is located in it by binary search (``np.searchsorted``: the rows below, and the rows equal, which count
+  one half), in blocks of ``BLOCK_ROWS`` so the temporaries stay small.
+* Scores are compared in **float32** when that is exact: float32 (or float16) input, or float64 input whose every
+  value is a float32 (the float32 logits of both DLRM recipes). Comparisons of the same values in float32 and
+  float64 give the same answers, so ties stay exactly the ties of the input. Other float64 scores stay float64 (a
+  cast could create ties that are not there).
+* Several processes (:func:`distributed_roc_auc_score`): each holds its own rows and sorts its own rows of the larger
+  class. Only the smaller class is all-gathered; every rank locates it in its own sorted rows, and the integer pair
+  counts are all-reduced. No rank holds another rank's rows of the larger class, and every rank gets the same AUC.
+  The collectives are callables the recipe passes in (``torch.distributed``, Horovod), so this stays numpy only.
 
     >>> roc_auc_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
     0.75
@@ -18,14 +31,71 @@ for ``P`` positives and ``N`` negatives; ``O(n log n)``, float64 throughout. Thi
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, Tuple
 
 import numpy as np
+
+# Scores of the smaller class searched at a time (the int64 positions of a block: 8 MiB).
+BLOCK_ROWS = 1 << 20
 
 
 def _as_float64_vector(values: Any) -> np.ndarray:
     """Anything array-like (list, numpy array, a framework tensor with ``__array__``) -> 1-D float64."""
     return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def _label_mask(labels: Any) -> np.ndarray:
+    """0/1 or bool labels, any shape -> 1-D bool (True = positive); raises ``ValueError`` on anything else."""
+    labels = np.asarray(labels).reshape(-1)
+    if labels.dtype == np.bool_:
+        return labels
+    positive = labels == 1
+    bad = ~positive & (labels != 0)
+    if bad.any():
+        raise ValueError(f"labels must be 0 or 1, found {labels[bad][0]!r}")
+    return positive
+
+
+def _score_vector(scores: Any) -> Tuple[np.ndarray, bool]:
+    """Scores, any shape -> (1-D float32 or float64 array, whether float32 holds every value exactly)."""
+    scores = np.asarray(scores).reshape(-1)
+    if scores.dtype in (np.float32, np.float16):
+        return scores.astype(np.float32, copy=False), True
+    scores = scores.astype(np.float64, copy=False)
+    as32 = scores.astype(np.float32)
+    # NaN never compares equal, so NaN scores keep float64 here; they are rejected before any counting.
+    if np.array_equal(as32, scores):
+        return as32, True
+    return scores, False
+
+
+def _twice_u(majority_sorted: np.ndarray, minority: np.ndarray, minority_is_positive: bool) -> int:
+    """``2 U`` of the pairs (one of ``majority_sorted``, one of ``minority``): exact, as a Python int.
+
+    For a minority score ``x``: ``lo`` majority scores are below it and ``hi - lo`` equal to it. If the minority are
+    the positives, the negatives below ``x`` count 2 each and the equal ones 1: ``lo + hi``; if the minority are the
+    negatives, ``x`` is a negative and the positives above it count 2, the equal ones 1: ``2 M - hi - lo``. ``lo``
+    is searched only for the scores that have an equal one (``majority_sorted[hi - 1] == x``): few, unless the
+    scores are heavily tied.
+    """
+    size = majority_sorted.size
+    if size == 0:   # a rank of a distributed evaluation may hold none of the larger class
+        return 0
+    total = 0
+    for start in range(0, minority.size, BLOCK_ROWS):
+        block = minority[start:start + BLOCK_ROWS]
+        hi = np.searchsorted(majority_sorted, block, side="right")
+        tied = np.flatnonzero(majority_sorted[np.maximum(hi - 1, 0)] == block)   # hi == 0: element 0 is above x
+        equal = hi[tied] - np.searchsorted(majority_sorted, block[tied], side="left")
+        sum_hi = int(hi.sum(dtype=np.int64))
+        s = 2 * sum_hi - int(equal.sum(dtype=np.int64))   # sum of lo + hi
+        total += s if minority_is_positive else 2 * size * block.size - s
+    return total
+
+
+def _check_sizes(positive: np.ndarray, scores: np.ndarray) -> None:
+    if positive.size != scores.size:
+        raise ValueError(f"{positive.size} labels but {scores.size} scores")
 
 
 def roc_auc_score(labels: Any, scores: Any) -> float:
@@ -34,30 +104,57 @@ def roc_auc_score(labels: Any, scores: Any) -> float:
     Returns a Python float; ``nan`` when the labels hold only one class (AUC is undefined there). Raises
     ``ValueError`` when the two have different numbers of elements, a label is not 0/1, or a score is NaN.
     """
-    labels = _as_float64_vector(labels)
-    scores = _as_float64_vector(scores)
-    if labels.size != scores.size:
-        raise ValueError(f"{labels.size} labels but {scores.size} scores")
-    if np.any((labels != 0.0) & (labels != 1.0)):
-        bad = labels[(labels != 0.0) & (labels != 1.0)][0]
-        raise ValueError(f"labels must be 0 or 1, found {bad!r}")
-    if np.isnan(scores).any():
-        raise ValueError(f"{int(np.isnan(scores).sum())} of {scores.size} scores are NaN; AUC is undefined")
-    positives = float(labels.sum())
-    negatives = float(labels.size) - positives
-    if positives == 0.0 or negatives == 0.0:
+    positive = _label_mask(labels)
+    scores, _ = _score_vector(scores)
+    _check_sizes(positive, scores)
+    nans = int(np.isnan(scores).sum())
+    if nans:
+        raise ValueError(f"{nans} of {scores.size} scores are NaN; AUC is undefined")
+    positives = int(np.count_nonzero(positive))
+    negatives = scores.size - positives
+    if positives == 0 or negatives == 0:
         return math.nan
-    order = np.argsort(scores, kind="stable")
-    sorted_scores = scores[order]
-    # Start index of each group of equal scores; each group's members share the average of their 1-based ranks.
-    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
-    counts = np.diff(np.r_[starts, scores.size])
-    average_rank = starts + (counts + 1) / 2.0
-    ranks = np.repeat(average_rank, counts)
-    positive_rank_sum = float(np.dot(ranks, labels[order]))
-    return (positive_rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives)
+    minority_is_positive = positives <= negatives
+    majority = scores[~positive] if minority_is_positive else scores[positive]
+    majority.sort()
+    minority = scores[positive] if minority_is_positive else scores[~positive]
+    minority.sort()   # sorted keys: each binary search starts near the last one's answer
+    return _twice_u(majority, minority, minority_is_positive) / (2 * positives * negatives)
 
 
+def distributed_roc_auc_score(labels: Any, scores: Any, all_gather: Callable[[np.ndarray], np.ndarray],
+                              all_reduce_sum: Callable[[np.ndarray], np.ndarray]) -> float:
+    """Exact ROC AUC of the rows of every process, each passing its own ``labels`` and ``scores``.
+
+    ``all_gather(x)``: the concatenation of every rank's 1-D array ``x`` (lengths may differ; same dtype on every
+    rank), in rank order. ``all_reduce_sum(x)``: the element-wise sum over ranks of an int64 array. Every rank
+    calls this collectively and gets the same result, equal to :func:`roc_auc_score` of all rows together. Each
+    rank receives only the other ranks' rows of the smaller class (see the module docstring). Errors (a bad label, a NaN
+    score) are raised on every rank, after the first collective, so no rank is left waiting.
+    """
+    positive = _label_mask(labels)
+    scores, exact32 = _score_vector(scores)
+    _check_sizes(positive, scores)
+    local_positives = int(np.count_nonzero(positive))
+    local_nans = int(np.isnan(scores).sum())
+    totals = np.asarray(all_reduce_sum(np.array([local_positives, scores.size - local_positives, local_nans,
+                                                 0 if exact32 else 1], dtype=np.int64))).astype(np.int64)
+    positives, negatives, nans, not_exact32 = (int(v) for v in totals)
+    if nans:
+        raise ValueError(f"{nans} of {positives + negatives} scores are NaN; AUC is undefined")
+    if positives == 0 or negatives == 0:
+        return math.nan
+    # One dtype on every rank: float32 only when it is exact everywhere.
+    dtype = np.float64 if not_exact32 else np.float32
+    scores = scores.astype(dtype, copy=False)
+    minority_is_positive = positives <= negatives
+    majority = scores[~positive] if minority_is_positive else scores[positive]
+    majority.sort()
+    minority = np.sort(np.asarray(all_gather(scores[positive] if minority_is_positive else scores[~positive]))
+                       .astype(dtype, copy=False))
+    local = _twice_u(majority, minority, minority_is_positive)
+    twice_u = int(np.asarray(all_reduce_sum(np.array([local], dtype=np.int64)))[0])
+    return twice_u / (2 * positives * negatives)
 def log_loss(labels: Any, probabilities: Any, eps: float = 1e-15) -> float:
     """Mean binary cross-entropy of predicted probabilities (clipped to ``[eps, 1 - eps]``, as scikit-learn did).
 
