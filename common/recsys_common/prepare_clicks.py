@@ -33,9 +33,10 @@ Output (``--output_format split_binary``, NVIDIA's layout that both DLRM recipes
 
 ``--output_format parquet``: ``<split>/data.parquet`` (one column per feature) instead of the ``.bin`` files.
 
-Engine and memory: Polars' streaming engine, two passes over the input. Pass 1 counts every categorical value (and,
-for ``standardize``, the numericals' sums) in one streaming group-by; pass 2 maps and writes blocks of
-``--block_rows`` rows through ``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block,
+Engine and memory: Polars' streaming engine, two passes over the input (after a numpy check of every line's field
+count). Pass 1 reads blocks of ``--block_rows`` rows and sums each block's value counts into the running counts
+(``recsys_common.criteo.dictionaries.merge_counts``; also the numericals' sums for ``standardize`` and the checks of
+every label and number); pass 2 maps and writes blocks through ``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block,
 whatever the number of rows (a time split adds one count per distinct timestamp). Progress (rows done of total,
 rows/s, time left) is printed per block. The output appears all at once (``recsys_common.io.atomic_directory``): a
 non-empty ``--output`` is refused unless ``--overwrite``, and a failure leaves nothing behind.
@@ -61,7 +62,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .criteo import FIRST_FREQUENT_ID, MISSING_ID, RARE_ID
-from .criteo.dictionaries import DictionaryLookup, build_dictionary
+from .criteo.dictionaries import DictionaryLookup, build_dictionary, merge_counts
 from .datasets import DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
 from .io import atomic_directory, atomic_write_text, check_output_directory
@@ -268,44 +269,59 @@ def _label_int(name: str):
             .when(text.is_in(["0", "0.0", "false"])).then(0).otherwise(None).cast(pl.Int8))
 
 
-def count_values(lf, categorical: Sequence[str], numerical: Sequence[str], label: str,
-                 train_only: bool, want_moments: bool):
-    """Pass 1, one streaming scan: value counts of every categorical column (train rows, or all), numerical sums
-    over train rows, and the first row of every bad value (label, numericals)."""
+def count_values(lf, categorical: Sequence[str], numerical: Sequence[str], label: str, train_only: bool,
+                 want_moments: bool, block_rows: int, described: str, total_rows: Optional[int] = None):
+    """Pass 1, one streaming scan in blocks of ``block_rows`` rows: value counts of every categorical column (train
+    rows, or all; summed block by block with ``criteo.dictionaries.merge_counts``, so memory is one block plus the
+    counts), numerical sums over train rows, and the first row of every bad value (label, numericals).
+
+    Returns ``(stats, counts)``: ``counts[i]`` is a ``value, count`` frame of categorical column ``i``."""
     pl = _polars()
-    counted = lf.filter(pl.col(_SPLIT) == 0) if train_only else lf
-    if categorical:
-        long = counted.select([pl.col(c).cast(pl.String).alias(f"{i}") for i, c in enumerate(categorical)])
-        long = long.unpivot(variable_name="feature", value_name="value").drop_nulls("value")
-        counts_q = long.group_by(["feature", "value"]).agg(pl.len().alias("count"))
-    else:
-        counts_q = None
-    aggs = [pl.len().alias("rows"), (pl.col(_SPLIT) == 0).sum().alias("rows_train"),
-            (pl.col(_SPLIT) == 1).sum().alias("rows_validation"), (pl.col(_SPLIT) == 2).sum().alias("rows_test"),
-            pl.col(_ROW).filter(_label_int(label).is_null()).min().alias("bad_label_row")]
+    aggs = [pl.col(_ROW), pl.col(_SPLIT), _label_int(label).is_null().alias("__bad_label")]
+    aggs += [pl.col(c).cast(pl.String).alias(f"__cat_{i}") for i, c in enumerate(categorical)]
     for i, n in enumerate(numerical):
-        aggs.append(pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}"))
+        aggs.append(_bad_numeric(n).alias(f"__bad_num_{i}"))
         if want_moments:
-            x = _as_float(n).filter(pl.col(_SPLIT) == 0)
-            aggs += [x.count().alias(f"n_{i}"), x.sum().alias(f"s_{i}"), (x * x).sum().alias(f"q_{i}")]
-    stats_q = lf.select(aggs)
-    queries = [stats_q] + ([counts_q] if counts_q is not None else [])
-    results = pl.collect_all(queries, engine="streaming")
-    return results[0].row(0, named=True), (results[1] if counts_q is not None else None)
+            aggs.append(_as_float(n).alias(f"__num_{i}"))
+    counts = [merge_counts([]) for _ in categorical]
+    stats: Dict[str, Any] = {"rows": 0, "rows_train": 0, "rows_validation": 0, "rows_test": 0, "bad_label_row": None}
+    for i, _ in enumerate(numerical):
+        stats.update({f"bad_num_{i}": None, f"n_{i}": 0, f"s_{i}": 0.0, f"q_{i}": 0.0})
+    progress = _Progress(total_rows, "pass 1 (count)") if total_rows else None
+
+    def first_bad(block, flag: str, current):
+        rows = block.filter(pl.col(flag))[_ROW]
+        return current if current is not None or rows.len() == 0 else int(rows.min())
+
+    for block in _batches(lf.select(aggs), block_rows, described):
+        split = block[_SPLIT]
+        stats["rows"] += block.height
+        for k, name in enumerate(SPLITS):
+            stats[f"rows_{name}"] += int((split == k).sum())
+        stats["bad_label_row"] = first_bad(block, "__bad_label", stats["bad_label_row"])
+        counted = block.filter(pl.col(_SPLIT) == 0) if train_only else block
+        for i, _ in enumerate(categorical):
+            values = counted[f"__cat_{i}"].drop_nulls()
+            block_counts = values.value_counts(name="count").rename({f"__cat_{i}": "value"})
+            counts[i] = merge_counts([counts[i], block_counts])
+        for i, _ in enumerate(numerical):
+            stats[f"bad_num_{i}"] = first_bad(block, f"__bad_num_{i}", stats[f"bad_num_{i}"])
+            if want_moments:
+                x = block.filter(pl.col(_SPLIT) == 0)[f"__num_{i}"].drop_nulls().drop_nans().to_numpy()
+                stats[f"n_{i}"] += int(x.size)
+                stats[f"s_{i}"] += float(x.sum())
+                stats[f"q_{i}"] += float((x * x).sum())
+        if progress:
+            progress.update(block.height)
+    if progress:
+        progress.update(0, force=True)
+    return stats, counts
 
 
 def build_dictionaries(counts, categorical: Sequence[str], frequency_limit: int) -> List[Any]:
     """Per feature, a DataFrame ``value, count, id`` by the Criteo rule (``recsys_common.criteo.dictionaries``:
     values seen >= frequency_limit times, ids 2.. by decreasing count, ties by value)."""
-    pl = _polars()
-    out = []
-    for i, _ in enumerate(categorical):
-        if counts is None:
-            part = pl.DataFrame({"value": [], "count": []}, schema={"value": pl.String, "count": pl.UInt64})
-        else:
-            part = counts.filter(pl.col("feature") == str(i)).select("value", pl.col("count").cast(pl.UInt64))
-        out.append(build_dictionary(part, frequency_limit))
-    return out
+    return [build_dictionary(counts[i], frequency_limit) for i, _ in enumerate(categorical)]
 
 
 # ------------------------------------------------------------------------------------------------ pass 2: mapping
@@ -429,9 +445,11 @@ def _duration(seconds: float) -> str:
 # ------------------------------------------------------------------------------------------------ the whole job
 def _scan_all(inputs: Sequence[str], fmt: str, delimiter: Optional[str], roles: Dict[str, Sequence[str]]):
     """One LazyFrame over every input (same columns in each), the columns of ``roles`` (role -> names) only, with
-    the global row number."""
+    the global row number; and the number of rows (from the field-count check, or parquet's metadata), for the
+    progress lines."""
     pl = _polars()
     frames = []
+    total_rows = 0
     needed = list(dict.fromkeys(n for names in roles.values() for n in names))
     for path in inputs:
         header = file_columns(path, fmt, delimiter)
@@ -439,10 +457,13 @@ def _scan_all(inputs: Sequence[str], fmt: str, delimiter: Optional[str], roles: 
         kind = input_format(path, fmt)
         if kind != "parquet":
             print(f"[prepare_clicks] checking the field count of every line of {path}", flush=True)
-            check_field_counts(path, delimiter or ("\t" if kind == "tsv" else ","), len(header))
+            total_rows += check_field_counts(path, delimiter or ("\t" if kind == "tsv" else ","), len(header))
+        else:
+            import pyarrow.parquet as pq
+            total_rows += pq.ParquetFile(path).metadata.num_rows
         frames.append(scan_file(path, fmt, delimiter).select([pl.col(c).cast(pl.String) for c in needed]))
     lf = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-    return lf.with_row_index(_ROW)
+    return lf.with_row_index(_ROW), total_rows
 
 
 def _batches(lf, block_rows: int, described: str) -> Iterator[Any]:
@@ -479,7 +500,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             frequency_limit: int = DEFAULT_FREQUENCY_LIMIT, dictionary_source: str = "train",
             numerical_transform: str = "log", split: str = "random",
             split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
-            shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 20,
+            shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 18,
             overwrite: bool = False) -> Dict[str, Any]:
     """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
     pl = _polars()
@@ -506,7 +527,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     roles = {"label": [label], "categorical": list(categorical), "numerical": list(numerical)}
     if split == "time":
         roles["time"] = [time_column]
-    lf = _scan_all(inputs, input_format_name, delimiter, roles)
+    lf, total_rows = _scan_all(inputs, input_format_name, delimiter, roles)
     described = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (+{len(inputs) - 1} more)"
 
     split_config: Dict[str, Any] = {"kind": split, "fractions": fractions, "seed": int(seed)}
@@ -521,7 +542,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     t1 = time.time()
     with _parse_errors(described):
         stats, counts = count_values(lf, categorical, numerical, label, dictionary_source == "train",
-                                     numerical_transform == "standardize")
+                                     numerical_transform == "standardize", block_rows, described, total_rows)
     rows = int(stats["rows"])
     if rows == 0:
         raise ClickLogError(f"{described}: no data rows (only a header?)")
@@ -610,8 +631,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             "tool": TOOL, "config": config, "split": split_config, "rows": rows, "num_samples": written,
             "positive_rate": {s: round(positives[s] / written[s], 6) if written[s] else None for s in splits},
             "cardinalities": dict(zip(names["categorical"], cardinalities)),
-            "values_seen": {c: int(counts.filter(pl.col("feature") == str(i)).height) if counts is not None else 0
-                            for i, c in enumerate(categorical)},
+            "values_seen": {c: int(counts[i].height) for i, c in enumerate(categorical)},
             "output_format": output_format, "seconds": round(time.time() - started, 2),
             "polars": pl.__version__,
         }
@@ -700,7 +720,7 @@ class ClickEncoder:
 
 
 def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test", input_format_name: str = "auto",
-          delimiter: Optional[str] = None, block_rows: int = 1 << 20, overwrite: bool = False) -> FeatureSpec:
+          delimiter: Optional[str] = None, block_rows: int = 1 << 18, overwrite: bool = False) -> FeatureSpec:
     """Map new rows with a prepared dataset's dictionaries into a dataset of one mapping (same layout and spec),
     which the recipes' ``predict`` and ``evaluate`` tools read. Rows without the label column get label 0."""
     pl = _polars()
@@ -715,7 +735,7 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
     roles = {"categorical": config["categorical"], "numerical": config["numerical"]}
     if has_label:
         roles["label"] = [label]
-    lf = _scan_all(inputs, input_format_name, delimiter, roles)
+    lf, _ = _scan_all(inputs, input_format_name, delimiter, roles)
     with _parse_errors(inputs[0]):
         stats = lf.select([pl.len().alias("rows")] + [
             pl.col(_ROW).filter(_bad_numeric(n)).min().alias(f"bad_num_{i}")
@@ -778,7 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in file order")
     parser.add_argument("--output_format", choices=FORMATS, default="split_binary",
                         help="split_binary (NVIDIA's layout, both DLRM recipes) or parquet")
-    parser.add_argument("--block_rows", type=int, default=1 << 20, help="rows mapped and written at a time")
+    parser.add_argument("--block_rows", type=int, default=1 << 18, help="rows counted, mapped and written at a time (memory: about 1 KB per row of Avazu's width)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --output, replacing only this tool's earlier outputs there")
     return parser
@@ -794,7 +814,7 @@ def build_apply_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mapping", default="test", help="name of the mapping to write")
     parser.add_argument("--input_format", choices=("auto", "csv", "tsv", "parquet"), default="auto")
     parser.add_argument("--delimiter", default=None)
-    parser.add_argument("--block_rows", type=int, default=1 << 20)
+    parser.add_argument("--block_rows", type=int, default=1 << 18)
     parser.add_argument("--overwrite", action="store_true")
     return parser
 
