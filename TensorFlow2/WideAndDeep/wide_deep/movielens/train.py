@@ -75,14 +75,84 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------------------------ data
-def load_split(spec: FeatureSpec, mapping: str) -> Dict[str, np.ndarray]:
-    """One split in memory as the model's inputs: ids int32 (genres ``[N, max_hotness]``, -1 padded), label float32."""
-    columns = read_columns(spec, mapping)
-    if len(columns[LABEL]) == 0:
-        raise ValueError(f"{spec.origin}: mapping {mapping!r} has no rows")
-    data = {name: columns[name].astype(np.int32) for name in model_feature_names(spec)}
-    data[LABEL] = columns[LABEL].astype(np.float32)
+def part_files(spec: FeatureSpec, mapping: str) -> List[str]:
+    """The parquet parts of one split (``wide_deep.movielens.etl`` writes one per ``--part_rows`` ratings)."""
+    files = []
+    for chunk in spec.source_spec.get(mapping, []):
+        if chunk.get("type") != "parquet":
+            raise ValueError(f"{spec.origin}: mapping {mapping!r} has a {chunk.get('type')!r} chunk; "
+                             f"wide_deep.movielens.etl writes parquet")
+        files += [os.path.join(spec.base_directory, name) for name in chunk["files"]]
+    if not files:
+        raise ValueError(f"{spec.origin}: mapping {mapping!r} lists no files")
+    return files
+
+
+def load_part(spec: FeatureSpec, path: str) -> Dict[str, np.ndarray]:
+    """One parquet part as the model's inputs: ids int32, a multi-hot as ``[N, max_hotness]`` int32 padded with -1
+    (built from the list column's lengths and values: no Python object per row), the label float32."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    names = model_feature_names(spec)
+    table = pq.read_table(path, columns=names + [LABEL])
+    rows = table.num_rows
+    data = {}
+    for name in names:
+        column = table.column(name).combine_chunks()
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            data[name] = column.to_numpy().astype(np.int32)
+            continue
+        width = spec.max_hotness(name)
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
+        if lengths.size and lengths.max() > width:
+            row = int(np.argmax(lengths > width))
+            raise ValueError(f"{path}: row {row}: {name} holds {int(lengths[row])} values, more than the spec's "
+                             f"max_hotness {width}")
+        values = column.flatten().to_numpy().astype(np.int32)
+        padded = np.full((rows, width), -1, dtype=np.int32)
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        padded[np.repeat(np.arange(rows), lengths), np.arange(len(values)) - starts] = values
+        data[name] = padded
+    data[LABEL] = table.column(LABEL).to_numpy().astype(np.float32)
     return data
+
+
+def load_split(spec: FeatureSpec, mapping: str) -> Dict[str, np.ndarray]:
+    """One split in memory as the model's inputs (every part): ids int32 (genres ``[N, max_hotness]``, -1 padded),
+    label float32. Training and evaluation stream the parts instead (:func:`training_batches`,
+    :func:`evaluate_auc_parts`)."""
+    parts = [load_part(spec, path) for path in part_files(spec, mapping)]
+    data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if len(data[LABEL]) == 0:
+        raise ValueError(f"{spec.origin}: mapping {mapping!r} has no rows")
+    return data
+
+
+def split_rows(spec: FeatureSpec, mapping: str) -> int:
+    import pyarrow.parquet as pq
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in part_files(spec, mapping))
+
+
+def training_batches(spec: FeatureSpec, batch_size: int, seed: int):
+    """Endless shuffled training batches, a part at a time (HugeCTR's non-epoch mode): every pass visits the parts in
+    a new random order and each part's rows in a new random order; rows left over at the end of a part open the next
+    batch. Memory: about two parts, whatever the number of ratings. A split of one part is read once."""
+    files = part_files(spec, "train")
+    rng = np.random.default_rng(seed)
+    cached = load_part(spec, files[0]) if len(files) == 1 else None
+    carry: Optional[Dict[str, np.ndarray]] = None
+    while True:
+        for index in rng.permutation(len(files)):
+            part = cached if cached is not None else load_part(spec, files[index])
+            order = rng.permutation(len(part[LABEL]))
+            part = {k: v[order] for k, v in part.items()}
+            if carry is not None:
+                part = {k: np.concatenate([carry[k], v]) for k, v in part.items()}
+            full = len(part[LABEL]) // batch_size * batch_size
+            for lo in range(0, full, batch_size):
+                yield {k: v[lo:lo + batch_size] for k, v in part.items()}
+            carry = {k: v[full:] for k, v in part.items()}
 
 
 def model_feature_names(spec: FeatureSpec) -> List[str]:
@@ -144,6 +214,21 @@ def _predict_fn(model):
 def evaluate_auc(model, data, names, batch_size: int, max_batches: int = 0) -> float:
     logits = predict(model, data, names, batch_size, max_batches)
     return float(roc_auc_score(data[LABEL][:len(logits)], logits))
+
+
+def evaluate_auc_parts(model, spec: FeatureSpec, names, batch_size: int, max_batches: int = 0) -> float:
+    """Exact AUC over the ``test`` split (or its first ``max_batches`` batches), predicted a part at a time: only the
+    logits and labels (12 bytes a row) are kept, not the inputs."""
+    logits, labels, budget = [], [], max_batches * batch_size if max_batches else None
+    for path in part_files(spec, "test"):
+        part = load_part(spec, path)
+        if budget is not None:
+            part = {k: v[:budget - sum(len(l) for l in labels)] for k, v in part.items()}
+        logits.append(predict(model, part, names, batch_size))
+        labels.append(part[LABEL])
+        if budget is not None and sum(len(l) for l in labels) >= budget:
+            break
+    return float(roc_auc_score(np.concatenate(labels), np.concatenate(logits)))
 
 
 # ------------------------------------------------------------------------------------------------- snapshot/export
@@ -263,7 +348,9 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
         if not spec.channel_spec.get(channel):
             raise ValueError(f"{spec.origin}: channel {channel!r} is empty; is this a wide_deep.movielens.etl output?")
     names = model_feature_names(spec)
-    train_data, valid_data = load_split(spec, "train"), load_split(spec, "test")
+    rows_train, rows_valid = split_rows(spec, "train"), split_rows(spec, "test")
+    if not rows_train or not rows_valid:
+        raise ValueError(f"{spec.origin}: {'train' if not rows_train else 'test'} has no rows")
     tf.keras.utils.set_random_seed(seed)
     config = model_config(spec, embedding_dim, hidden_units, combiner)
     model = build_model(config, seed)
@@ -277,10 +364,13 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    # Non-epoch mode, as HugeCTR's repeat_dataset=True: the shuffled training set repeats until max_iter.
-    ds = (tf.data.Dataset.from_tensor_slices({k: train_data[k] for k in names + [LABEL]})
-          .shuffle(len(train_data[LABEL]), seed=seed, reshuffle_each_iteration=True).repeat()
-          .batch(batch_size, drop_remainder=True).prefetch(2))
+    # Non-epoch mode, as HugeCTR's repeat_dataset=True: the shuffled training set repeats until max_iter, read a
+    # part at a time (memory does not grow with the number of ratings).
+    signature = {n: tf.TensorSpec([batch_size] + ([spec.max_hotness(n)] if n in spec.channel_spec.get(
+        MULTIHOT_CHANNEL, []) else []), tf.int32) for n in names}
+    signature[LABEL] = tf.TensorSpec([batch_size], tf.float32)
+    ds = tf.data.Dataset.from_generator(lambda: training_batches(spec, batch_size, seed),
+                                        output_signature=signature).prefetch(2)
     solver = {"batchsize": batch_size, "batchsize_eval": eval_batch_size, "max_iter": max_iter, "display": display,
               "eval_interval": eval_interval, "snapshot": snapshot, "max_eval_batches": max_eval_batches,
               "seed": seed}
@@ -288,7 +378,7 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
     log = Logger(log_json, stdout=stdout)
     log.log_parameters({"dataset_path": dataset_path, **solver, "optimizer": opt_json, "embedding_dim": embedding_dim,
                         "hidden_units": list(hidden_units), "combiner": combiner,
-                        "rows_train": len(train_data[LABEL]), "rows_valid": len(valid_data[LABEL]),
+                        "rows_train": rows_train, "rows_valid": rows_valid,
                         "total_params": int(model.count_params())})
     auc_history: List[Dict[str, float]] = []
     losses, train_seconds, window_start = [], 0.0, time.perf_counter()
@@ -305,7 +395,7 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
             losses, window_start = [], time.perf_counter()
         if step % eval_interval == 0 or step == max_iter:
             t = time.perf_counter()
-            auc = evaluate_auc(model, valid_data, names, eval_batch_size, max_eval_batches)
+            auc = evaluate_auc_parts(model, spec, names, eval_batch_size, max_eval_batches)
             auc_history.append({"step": step, "auc": auc})
             log.log(step=(step,), data={"eval_auc": auc, "eval_seconds": time.perf_counter() - t})
             window_start += time.perf_counter() - t   # evaluation time is not training time
