@@ -201,28 +201,20 @@ def read_movies(path: str, genre_slots: int) -> Dict[str, np.ndarray]:
 
 
 def read_ratings(path: str) -> Dict[str, np.ndarray]:
-    """ratings.dat[.gz] -> int64 arrays user, movie, rating, timestamp in file order."""
-    with _open_text(path, "latin-1") as f:
-        text = f.read()
-    lines = text.splitlines()
-    # Fast path: parse all integers at once, then validate the shape; on any problem fall back to a
-    # line-by-line scan that names the offending line.
-    try:
-        values = np.array(text.replace("::", " ").split(), dtype=np.int64)
-        if values.size != 4 * sum(1 for line in lines if line.strip()):
-            raise ValueError
-        values = values.reshape(-1, 4)
-    except ValueError:
-        for n, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            for name, field in zip(("UserID", "MovieID", "Rating", "Timestamp"), _split_line(path, n, line, 4)):
-                _to_int(path, n, name, field)
-        raise MovieLensFormatError(f"{path}: could not parse the ratings") from None
-    bad = np.flatnonzero((values[:, 2] < 1) | (values[:, 2] > 5))
-    if bad.size:
-        raise MovieLensFormatError(f"{path}:{bad[0] + 1}: Rating must be 1..5, got {values[bad[0], 2]}")
-    return {"user": values[:, 0], "movie": values[:, 1], "rating": values[:, 2], "timestamp": values[:, 3]}
+    """ratings.dat[.gz] -> int64 arrays user, movie, rating, timestamp in file order.
+
+    Streamed by :func:`iter_delimited_columns` (memory: the arrays, not the file's text); a malformed line, a
+    non-integer field or a rating outside 1..5 raises MovieLensFormatError naming the file, line and column.
+    """
+    parts = {"user": [], "movie": [], "rating": [], "timestamp": []}
+    for first_line, batch in iter_delimited_columns(path, "::", ("UserID", "MovieID", "Rating", "Timestamp"),
+                                                    ["UserID", "MovieID", "Timestamp"], ["Rating"]):
+        check_rating_range(path, first_line, "Rating", batch["Rating"], (1, 5, 1), "ml-1m")
+        parts["user"].append(batch["UserID"])
+        parts["movie"].append(batch["MovieID"])
+        parts["rating"].append(batch["Rating"].astype(np.int64))
+        parts["timestamp"].append(batch["Timestamp"])
+    return {name: np.concatenate(values) for name, values in parts.items()}
 
 
 def _lookup(ids: np.ndarray, queries: np.ndarray, what: str, path: str) -> np.ndarray:

@@ -112,3 +112,20 @@ def test_multi_hot_genres_on_shared_movielens(tmp_path):
     for row in range(0, 48_765, 997):
         ids = names[movie_ids[test["movie_id"][row]]]
         assert test["genres"][row, :len(ids)].tolist() == ids and (test["genres"][row, len(ids):] == -1).all()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1::2::5::10\n1::3::6::11\n", r"ratings.dat: line 2: column 'Rating': rating 6 is outside the ml-1m range"),
+    ("1::2::5::10\n1::3::4\n", r"ratings.dat: line 2: expected 4 '::'-separated fields"),
+    ("1::2::5::10\n\n1::3::4::11\n", r"ratings.dat: line 2: .*found a blank line"),
+    ("1::2::5::10\n1::3:4::11\n", r"ratings.dat: line 2: expected 4 '::'-separated fields .* found 3"),
+])
+def test_read_ratings_streams_and_names_line_and_column(tmp_path, text, message):
+    path = tmp_path / "ratings.dat"
+    path.write_text(text)
+    with pytest.raises(movielens_ctr.MovieLensFormatError, match=message):
+        movielens_ctr.read_ratings(str(path))
+    path.write_text("1::2::5::10\n7::3::1::11\n")
+    got = movielens_ctr.read_ratings(str(path))
+    assert {k: v.tolist() for k, v in got.items()} == {"user": [1, 7], "movie": [2, 3], "rating": [5, 1],
+                                                       "timestamp": [10, 11]}
