@@ -457,6 +457,12 @@ def test_perf_analyzer_bad_input_is_a_clear_error(server, protocol):
     with pytest.raises(ServingError, match="out of range"):
         run_perf_analyzer(url, protocol, MODEL_NAME, lambda n: dict(tiny_inputs(n), cat=np.full((n, 1), MAX_ID)),
                           4, [1], measurement_interval_ms=200, timeout_s=60)
+    # a wrong shape: the server's message comes back through perf_analyzer (a wrong dtype cannot be sent: its
+    # --input-data holds JSON numbers, which perf_analyzer itself converts to the config's datatype)
+    with pytest.raises(ServingError, match=r"input 'numerical': expected shape \[B, 3\], got \[4, 2\]"):
+        run_perf_analyzer(url, protocol, MODEL_NAME,
+                          lambda n: dict(tiny_inputs(n), numerical=np.zeros((n, 2), np.float32)), 4, [1],
+                          measurement_interval_ms=200, timeout_s=60)
     with pytest.raises(ServingError, match="(?i)connect"):
         run_perf_analyzer(f"127.0.0.1:{free_port()}", protocol, MODEL_NAME, tiny_inputs, 4, [1], timeout_s=60)
     with pytest.raises(ServingError, match="no result after 1 s"):
