@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from recsys_common.horovod_launch import LauncherMismatchError
+
 LOG = logging.getLogger("dlrm_dcnv2")
 
 MODELS = ("dlrm", "dcnv2")
@@ -685,7 +687,7 @@ def cli(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (FloatingPointError, ValueError, OSError) as error:
+    except (FloatingPointError, ValueError, OSError, LauncherMismatchError) as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0

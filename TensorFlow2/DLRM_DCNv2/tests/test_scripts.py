@@ -282,6 +282,21 @@ def test_slurm_multinode_refuses(tmp_path, args, env, message):
     assert result.returncode == 2 and message in result.stderr and not recorded
 
 
+def test_a_task_of_several_that_horovod_sees_alone_stops(tmp_path):
+    """What a rank of `srun --mpi=pmix` sees with a Horovod built without MPI (or a plain python in an sbatch script
+    of several tasks): Slurm says 2 tasks, Horovod comes up with 1. It must stop before training, not train alone."""
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith(("SLURM_", "HOROVOD_", "OMPI_", "PMI"))}
+    env.update(SLURM_NTASKS="2", SLURM_PROCID="0")
+    result = subprocess.run([sys.executable, "dlrm.py", "--dataset_type", "synthetic", "--cpu",
+                             "--synthetic_dataset_cardinalities", "10,20", "--synthetic_dataset_hotness", "1,1",
+                             "--batch_size", "48", "--embedding_dim", "4", "--bottom_mlp_dims", "8,4",
+                             "--top_mlp_dims", "8,1", "--log_path", str(tmp_path / "log.json")],
+                            cwd=RECIPE_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "started 2 tasks (SLURM_NTASKS=2) but Horovod sees 1: every task would train alone" in result.stderr
+    assert not (tmp_path / "log.json").exists()
+
+
 # ------------------------------------------------------------------------------------------- quickstart.sh
 @pytest.mark.slow   # two short trainings (~30 s on 2 cores)
 def test_quickstart_prints_both_aucs_and_keeps_the_previous_run(tmp_path):

@@ -119,3 +119,17 @@ def test_two_ranks_match_one_rank(etl_training, tmp_path):
     print("2 ranks", m2, "1 rank", m1)
     for key in ("eval_loss", "eval_auc", "eval_map12"):
         assert abs(m2[key] - m1[key]) < METRIC_TOLERANCE, (key, m2[key], m1[key])
+
+
+def test_a_task_of_several_that_horovod_sees_alone_stops(tmp_path):
+    """What a rank of `srun --mpi=pmix` sees with a Horovod built without MPI (or a plain python in an sbatch script
+    of several tasks): Slurm says 2 tasks, Horovod comes up with 1. It stops before reading any data, instead of
+    training alone on the whole job's work."""
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith(("SLURM_", "HOROVOD_", "OMPI_", "PMI"))}
+    env.update(SLURM_NTASKS="2", SLURM_PROCID="0")
+    result = subprocess.run([sys.executable, "main.py", "--dataset_path", str(tmp_path / "no_data"), "--cpu",
+                             "--results_dir", str(tmp_path / "results")], cwd=RECIPE_DIR, env=env,
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "started 2 tasks (SLURM_NTASKS=2) but Horovod sees 1: every task would train alone" in result.stderr
+    assert not (tmp_path / "results").exists()

@@ -27,8 +27,6 @@ import tensorflow as tf
 
 LOG = logging.getLogger(__name__)
 
-# Environment variables a Horovod launcher sets for its workers: horovodrun/gloo (HOROVOD_*), mpirun (OMPI_*, PMI_*).
-_LAUNCHER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +51,10 @@ _context: Optional[Context] = None
 
 
 def launched_by_horovod() -> bool:
-    """True when a Horovod launcher (horovodrun, mpirun) started this process."""
-    return any(name in os.environ for name in _LAUNCHER_ENV)
+    """True when a launcher (horovodrun, mpirun, srun with several tasks) started this process as a rank
+    (``recsys_common.horovod_launch``)."""
+    from recsys_common.horovod_launch import launched
+    return launched()
 
 
 def init() -> Context:
@@ -70,7 +70,13 @@ def init() -> Context:
         _context = Context(0, 1, 0)
         return _context
     import horovod.tensorflow as hvd  # imported only under a launcher: a plain run needs no Horovod at all
+    from recsys_common.horovod_launch import check_world_size
     hvd.init()
+    try:
+        check_world_size(hvd.size())  # several tasks launched but one Horovod rank: each would train alone
+    except Exception:
+        hvd.shutdown()
+        raise
     _hvd = hvd
     _context = Context(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank())
     gpus = tf.config.list_physical_devices("GPU")

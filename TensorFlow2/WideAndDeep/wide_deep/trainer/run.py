@@ -36,9 +36,15 @@ class Dist:
     def __init__(self):
         self.hvd = None
         self.rank, self.size, self.local_rank = 0, 1, 0
-        if any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
+        from recsys_common.horovod_launch import check_world_size, launched
+        if launched():  # horovodrun, mpirun, or srun with several tasks
             import horovod.tensorflow as hvd
             hvd.init()
+            try:  # several tasks launched but one Horovod rank: each would train alone (LauncherMismatchError)
+                check_world_size(hvd.size())
+            except Exception:
+                hvd.shutdown()
+                raise
             self.hvd = hvd
             self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
 
@@ -162,7 +168,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    dist = Dist()
+    from recsys_common.horovod_launch import LauncherMismatchError
+    try:
+        dist = Dist()
+    except LauncherMismatchError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     try:
         return _run(args, dist)
     except (TrainingError, ValueError, FileNotFoundError) as e:
