@@ -210,7 +210,7 @@ def format_comparison(record: dict) -> str:
 #: Bounds on ours / perf_analyzer's throughput (best of 2 rounds each), from runs on a loaded 2-core AMD EPYC VM
 #: (load average 8-18: CI and other jobs beside it; figures in common/README.md and the recipes' READMEs). Single
 #: settings ranged 0.21-7.4 (a burst of load hits whichever tool runs at that moment), the geometric mean over a run's
-#: four settings 0.6-1.6. The mean is the check: a unit slip (requests for samples, a factor of the batch size, 16 or
+#: four settings 0.6-1.7. The mean is the check: a unit slip (requests for samples, a factor of the batch size, 16 or
 #: more in the tests; ms for s) moves it far outside; a single setting only has to be within a sanity range.
 SINGLE_RATIO_BOUNDS = (0.05, 20.0)
 MEAN_RATIO_BOUNDS = (1 / 3.5, 3.5)
