@@ -11,8 +11,8 @@ the version directory to load (default: the highest), ``extra.intra_op_threads``
 (0: onnxruntime's default), ``extra.max_batch_size`` = config.pbtxt's ``max_batch_size`` (requests with more rows are
 refused, as Triton refuses them; 0 or absent: no limit). The launcher fills these in.
 
-Every request is checked before it reaches onnxruntime: input names (missing / unknown), KServe datatypes, shapes
-(rank, the non-batch dims of the ONNX graph, one batch size across inputs) and ids against the sidecar's ``max_id``
+Every request is checked before it reaches the model: input names (missing / unknown), KServe datatypes, shapes
+(rank, the non-batch dims of the model, one batch size across inputs) and ids against the sidecar's ``max_id``
 (``0 <= id < max_id``). A failed check raises ``mlserver.errors.InferenceError``, which MLServer returns as HTTP 400
 (``{"error": message}``) or gRPC ``INVALID_ARGUMENT`` with the message; the server keeps serving.
 """
