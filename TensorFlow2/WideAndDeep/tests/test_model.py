@@ -112,6 +112,34 @@ def test_seed_flags_and_defaults():
             assert f"`{action.option_strings[0]}`" in table
 
 
+@pytest.mark.parametrize("mode, per_rank", [
+    ("unique_interleaved", [[0, 2, 4, 6], [1, 3, 5, 7]]),
+    ("unique_contiguous", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("single_unique", [[0], [1]]),
+    ("single", [[0], [0]]),
+    ("all", [list(range(8))] * 2),
+    ("disabled", [list(range(8))] * 2),
+])
+def test_affinity_splits_the_cores_between_the_ranks_of_a_node(mode, per_rank):
+    from wide_deep.trainer.run import affinity_cores
+    assert [affinity_cores(mode, range(8), rank, 2) for rank in (0, 1)] == per_rank
+    assert affinity_cores("unique_interleaved", [3, 1], 2, 4) == [1]      # more ranks than cores: one each
+
+
+def test_affinity_pins_this_process():
+    """--affinity reaches the OS: a child pinned to one core by ``single`` reports exactly that core."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os, sys; sys.path[:0] = sys.argv[1:]; from wide_deep.trainer.run import set_affinity; "
+            "print(set_affinity('single', 0, 1), sorted(os.sched_getaffinity(0)))")
+    from conftest import RECIPE_DIR, REPO_ROOT
+    out = subprocess.run([sys.executable, "-c", code, RECIPE_DIR, os.path.join(REPO_ROOT, "common")],
+                         capture_output=True, text=True, check=True).stdout.split("] ")
+    first = min(os.sched_getaffinity(0))
+    assert out == [f"[{first}", f"[{first}]\n"]
+
+
 def test_embedding_sizes_errors(tmp_path):
     path = tmp_path / "sizes.json"
     path.write_text(json.dumps({"a": 4}))

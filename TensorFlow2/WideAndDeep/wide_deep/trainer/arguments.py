@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--affinity", type=str, default="unique_interleaved",
                     choices=["all", "single", "single_unique", "unique_interleaved", "unique_contiguous",
                              "disabled"],
-                    help="Type of CPU affinity (applies to GPU runs; ignored with --cpu)")
+                    help="Type of CPU affinity: the ranks of a node split the cores this process may use "
+                         "(see README: NVIDIA's splits the cores of the GPU's socket)")
 
     ext = p.add_argument_group("extensions (not in NVIDIA's recipe)")
     ext.add_argument("--seed", type=int, default=0, help="Seed of weight initialisation, dropout and shuffling")

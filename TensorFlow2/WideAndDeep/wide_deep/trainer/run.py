@@ -35,7 +35,7 @@ class Dist:
 
     def __init__(self):
         self.hvd = None
-        self.rank, self.size, self.local_rank = 0, 1, 0
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         from recsys_common.horovod_launch import check_world_size, launched
         if launched():  # horovodrun, mpirun, or srun with several tasks
             import horovod.tensorflow as hvd
@@ -47,6 +47,7 @@ class Dist:
                 raise
             self.hvd = hvd
             self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+            self.local_size = hvd.local_size()
 
     def allreduce_grads(self, grads):
         if self.hvd is None:
@@ -78,6 +79,41 @@ class Dist:
 
 
 # --------------------------------------------------------------------------------------------------- pieces
+def affinity_cores(mode: str, cores: Sequence[int], local_rank: int, local_size: int) -> List[int]:
+    """The CPU cores rank ``local_rank`` of the ``local_size`` ranks of a node keeps under ``--affinity mode``.
+
+    ``cores``: those this process may use (``os.sched_getaffinity``). NVIDIA's modes, over these cores (NVIDIA's
+    recipe takes the cores of the GPU's socket from NVML; we have no GPU topology on CPU machines, so all of them):
+    ``all``/``disabled``: every core; ``single``: the first; ``single_unique``: one per rank; ``unique_contiguous``: an
+    even contiguous block per rank; ``unique_interleaved``: every ``local_size``-th core from ``local_rank``.
+    """
+    cores = sorted(cores)
+    if mode in ("all", "disabled") or not cores:
+        return cores
+    if mode == "single":
+        return cores[:1]
+    if mode == "single_unique":
+        return [cores[local_rank % len(cores)]]
+    if local_size > len(cores):  # more ranks than cores: share them round-robin, one each
+        return [cores[local_rank % len(cores)]]
+    if mode == "unique_interleaved":
+        return cores[local_rank::local_size]
+    if mode == "unique_contiguous":
+        block = len(cores) // local_size
+        return cores[local_rank * block:(local_rank + 1) * block]
+    raise ValueError(f"--affinity {mode!r}: expected all, single, single_unique, unique_interleaved, "
+                     f"unique_contiguous or disabled")
+
+
+def set_affinity(mode: str, local_rank: int, local_size: int) -> Optional[List[int]]:
+    """Pin this process to :func:`affinity_cores` (Linux); returns the cores, or None where it cannot pin."""
+    if mode == "disabled" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = affinity_cores(mode, os.sched_getaffinity(0), local_rank, local_size)
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
 def configure_precision(amp: bool, cpu: bool):
     """Sets the Keras policy: ``mixed_bfloat16`` on CPU, ``mixed_float16`` on GPU (with loss scaling)."""
     import tensorflow as tf
@@ -175,6 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     try:
+        # Before TensorFlow starts its thread pools, so that they size themselves to the cores kept.
+        set_affinity(args.affinity, dist.local_rank, dist.local_size)
         return _run(args, dist)
     except (TrainingError, ValueError, FileNotFoundError) as e:
         print(f"error (rank {dist.rank}): {e}", file=sys.stderr, flush=True)
