@@ -290,6 +290,40 @@ class Progress:
                  f"({100.0 * min(self.done / self.total, 1.0):.0f} %), {rate:,.0f} rows/s, {left:,.0f} s left")
 
 
+class _DaskProgress:
+    """Progress of an NVTabular fit or transform: Dask's scheduler callbacks count the finished tasks of each graph
+    it computes (a fit computes a few: one pass each), and the share of tasks done stands for the share of rows
+    done (the parts are of equal size)."""
+
+    def __init__(self, what: str, rows: int, out: Callable[[str], None]):
+        from dask.callbacks import Callback
+        passes = []
+
+        class _Callback(Callback):
+            def _start_state(self, dsk, state):
+                self.total = max(1, len(state["ready"]) + len(state["waiting"]) + len(state["finished"]))
+                self.done_tasks = 0
+                passes.append(Progress(f"{what} (pass {len(passes) + 1})", rows, out))
+
+            def _posttask(self, key, result, dsk, state, worker_id):
+                self.done_tasks += 1
+                progress = passes[-1]
+                progress.update(int(progress.total * min(self.done_tasks / self.total, 1.0)) - progress.done)
+
+            def _finish(self, dsk, state, errored):
+                if not errored and passes:
+                    passes[-1].update(passes[-1].total - passes[-1].done, final=True)
+
+        self.callback = _Callback()
+
+    def __enter__(self):
+        self.callback.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.callback.__exit__(*exc)
+
+
 def _estimated_rows(layout: Layout) -> int:
     """Ratings in the file, estimated from its size and its first lines (for progress lines only)."""
     size = os.path.getsize(layout.ratings)
@@ -430,7 +464,8 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
         # one Dask partition per raw part: NVTabular fits its statistics and transforms a part at a time
         datasets = {split: Dataset(raw[split], engine="parquet", cpu=_cpu(), part_size=_part_size(raw[split]))
                     for split in raw}
-        workflow.fit(datasets["train"])
+        with _DaskProgress("fit", rows["train"], out):
+            workflow.fit(datasets["train"])
         workflow.save(os.path.join(staging, WORKFLOW_DIR))
         out(f"[movielens.etl] fitted the workflow on train ({rows['train']:,} rows) in "
             f"{time.perf_counter() - t:.1f} s ({rows['train'] / (time.perf_counter() - t):,.0f} rows/s)")
@@ -438,8 +473,9 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
         for split, subdir, mapping in (("train", "train", "train"), ("valid", "valid", "test")):
             t = time.perf_counter()
             num_parts = len(raw[split])
-            workflow.transform(datasets[split]).to_parquet(os.path.join(staging, subdir), output_files=num_parts,
-                                                           shuffle=None)
+            with _DaskProgress(f"transform {subdir}/", rows[mapping], out):
+                workflow.transform(datasets[split]).to_parquet(os.path.join(staging, subdir),
+                                                               output_files=num_parts, shuffle=None)
             files[mapping] = _check_parts(os.path.join(staging, subdir), num_parts,
                                           os.path.join(os.path.abspath(output_dir), subdir), subdir)
             seconds = time.perf_counter() - t
