@@ -6,7 +6,8 @@ integers, ~10 % missing fields, every 50th row with its trailing empty fields st
 with ``--days N`` as Terabyte day files ``day_0 .. day_<N-1>`` (the rows split evenly; the last day is the test day),
 then runs each engine of ``--engines`` as its own process, end to end from raw text to the split-binary dataset:
 
-- ``ours``: ``python -m recsys_common.criteo.polars_preprocess`` (the recipes' default engine);
+- ``ours``: ``python -m recsys_common.criteo.polars_preprocess`` (the recipes' default engine; ``ours_input``: the
+  same with ``--train_ordering input``, the row order the peer script writes, no shuffle);
 - ``peer``: the plain Polars script ``--peer_script`` (Kaggle layout only: it reads one file);
 - ``spark``: ``python -m recsys_common.criteo.spark_preprocess`` then ``to_split_binary`` (the cluster engine).
 
@@ -142,8 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "benchmark's own earlier outputs are replaced, and generated input of the same "
                              "--rows/--days/--seed is reused")
     parser.add_argument("--frequency_limit", type=int, default=15, help="as the engines' --frequency_limit")
-    parser.add_argument("--engines", default="ours,peer,spark", help="comma-separated: ours, peer, spark")
-    parser.add_argument("--peer_script", default=DEFAULT_PEER, help="the plain Polars script (engine peer)")
+    parser.add_argument("--engines", default="ours,peer,spark",
+                        help="comma-separated: ours, ours_input (ours with --train_ordering input, the peer's row "
+                             "order), peer, spark")
+    parser.add_argument("--peer_script", default=None,
+                        help="the plain Polars script (engine peer); default: shared/peers/criteo_polars_preproc.py "
+                             "beside the repository")
     parser.add_argument("--master", default="local[*]", help="Spark master (engine spark)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated rows")
     parser.add_argument("--days", type=int, default=0,
@@ -211,9 +216,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     args = build_parser().parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = sorted(set(engines) - {"ours", "peer", "spark"})
+    unknown = sorted(set(engines) - {"ours", "ours_input", "peer", "spark"})
     if unknown or not engines:
-        raise SystemExit(f"--engines: unknown {unknown or 'none given'}; choose from ours, peer, spark")
+        raise SystemExit(f"--engines: unknown {unknown or 'none given'}; choose from ours, ours_input, peer, spark")
+    args.peer_script = args.peer_script or DEFAULT_PEER
     if args.days == 1 or args.days < 0:
         raise SystemExit(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
                          f"0 writes a Kaggle train.txt")
@@ -253,9 +259,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             out = os.path.join(work, f"out_{engine}")
             for path in (out, out + ".work", out + "_spark"):
                 shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
-            if engine == "ours":
+            if engine in ("ours", "ours_input"):
+                order = ["--train_ordering", "input"] if engine == "ours_input" else []
                 runs = [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp,
-                                "--output_path", out, "--frequency_limit", str(args.frequency_limit)],
+                                "--output_path", out, "--frequency_limit", str(args.frequency_limit), *order],
                                args.memory_interval)]
             elif engine == "peer":
                 runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
@@ -268,6 +275,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
                                 "--output", out], args.memory_interval)]
             result["engines"][engine] = _engine_result(args.rows, runs, raw_bytes)
+            notes = [line for r in runs for line in r["output"].splitlines() if "peak RSS so far" in line]
+            if notes:
+                result["engines"][engine]["phases"] = notes
             print(f"[benchmark] {engine}: {json.dumps(result['engines'][engine])}", file=sys.stderr, flush=True)
     finally:
         if args.work_dir is None:
@@ -275,10 +285,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     e = result["engines"]
     ratios = {}
-    for other in ("peer", "spark"):
-        if "ours" in e and other in e:
-            ratios[f"ours_vs_{other}_rows_per_s"] = round(e["ours"]["rows_per_s"] / e[other]["rows_per_s"], 2)
-            ratios[f"ours_vs_{other}_peak_rss"] = round(e["ours"]["peak_rss_mib"] / e[other]["peak_rss_mib"], 2)
+    for mine in ("ours", "ours_input"):
+        for other in ("peer", "spark"):
+            if mine in e and other in e:
+                ratios[f"{mine}_vs_{other}_rows_per_s"] = round(e[mine]["rows_per_s"] / e[other]["rows_per_s"], 2)
+                ratios[f"{mine}_vs_{other}_peak_rss"] = round(e[mine]["peak_rss_mib"] / e[other]["peak_rss_mib"], 2)
     result["ratios"] = ratios
     result["extrapolated_at_measured_rate"] = {name: _extrapolate(v["rows_per_s"], cores) for name, v in e.items()}
     print(json.dumps(result))

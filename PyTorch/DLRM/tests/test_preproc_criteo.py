@@ -209,16 +209,18 @@ def _parser_table(parser):
 @pytest.mark.parametrize("title, parser_factory", [
     ("### `python -m recsys_common.criteo.spark_preprocess` flags", "spark_preprocess"),
     ("### `python -m recsys_common.criteo.to_split_binary` flags", "to_split_binary"),
+    ("### `python -m recsys_common.criteo.polars_preprocess` flags", "polars_preprocess"),
     ("## MovieLens-1M as a CTR dataset", "movielens"),
     ("## Logistic-regression baseline", "baseline"),
     ("### Benchmark", "benchmark"),
 ])
 def test_readme_flag_tables_match_parsers(title, parser_factory, monkeypatch):
     for name in ("INPUT_PATH", "OUTPUT_PATH", "FREQUENCY_LIMIT", "SPARK_MASTER", "TOTAL_CORES", "TOTAL_MEMORY",
-                 "SPARK_LOCAL_DIRS"):
+                 "SPARK_LOCAL_DIRS", "BINARY_PATH"):
         monkeypatch.delenv(name, raising=False)
-    from recsys_common.criteo import spark_preprocess, to_split_binary
+    from recsys_common.criteo import polars_preprocess, spark_preprocess, to_split_binary
     parser = {"spark_preprocess": spark_preprocess.build_parser, "to_split_binary": to_split_binary.build_parser,
+              "polars_preprocess": polars_preprocess.build_parser,
               "movielens": movielens_ctr.build_parser, "baseline": logistic_baseline.build_parser,
               "benchmark": benchmark_preprocess.build_parser}[parser_factory]()
     assert _readme_table(title) == _parser_table(parser)

@@ -136,6 +136,45 @@ def iter_line_chunks(path: str, fmt: FileFormat, chunk_bytes: int = 32 << 20) ->
         raw.close()
 
 
+def prefetch(iterator, depth: int = 1):
+    """Run ``iterator`` one item ahead on a thread (reading and decompressing the next chunk while this one is
+    parsed); its exceptions are raised here, in order."""
+    import queue
+    import threading
+    items: "queue.Queue" = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        items.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((done, None))
+        except BaseException as error:   # handed to the consumer
+            items.put((done, error))
+
+    thread = threading.Thread(target=produce, name="criteo-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = items.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 # ----------------------------------------------------------------------------------------------------- parsing
 @dataclass
 class ParsedChunk:
@@ -387,6 +426,11 @@ class Progress:
               f"rows/s, {_duration(left)} left{(' ' + what) if what else ''}", flush=True)
 
 
+def _peak_rss_note() -> str:
+    import resource
+    return f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB"
+
+
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -616,7 +660,7 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
         padded = 0
         mal_lines, mal_reasons, examples = [], [], {}
         k = 0
-        for chunk in iter_line_chunks(path, formats[path], args.chunk_mb << 20):
+        for chunk in prefetch(iter_line_chunks(path, formats[path], args.chunk_mb << 20)):
             parsed = parse_chunk(chunk, formats[path], max(0, args.max_examples - len(examples)))
             _save_chunk(directory, k, parsed)
             if args.dictionary_source == "all":
@@ -767,7 +811,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dictionaries = build_all_dictionaries(work, len(files), args.frequency_limit)
     cardinalities = [d.height + FIRST_FREQUENT_ID for d in dictionaries]
     report["cardinalities"] = cardinalities
-    print(f"[criteo] {time.time() - started:7.1f} s  dictionaries: cardinalities {cardinalities}", flush=True)
+    print(f"[criteo] {time.time() - started:7.1f} s  dictionaries: cardinalities {cardinalities}; {_peak_rss_note()}",
+          flush=True)
     lookups = [DictionaryLookup(d) for d in dictionaries]
     dictionaries = None
 
@@ -832,6 +877,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         state.save()
         _maybe_killed("write", index + 1)
     progress.update(done_rows, 0, force=True)
+    print(f"[criteo] {time.time() - started:7.1f} s  pass 2 done; {_peak_rss_note()}", flush=True)
     report["rows_padded"] = padded
 
     if scatter:
@@ -856,7 +902,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         final.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     shutil.rmtree(work)
     print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, malformed "
-          f"{total_malformed}, padded {sum(padded.values())}, {report['seconds']} s", flush=True)
+          f"{total_malformed}, padded {sum(padded.values())}, {report['seconds']} s; {_peak_rss_note()}", flush=True)
     return report
 
 
@@ -880,23 +926,22 @@ def _scatter(directory: str, k: int, label, numerical, ids, seed: int, file_inde
 
 
 def _permute_columns(writer: SplitBinaryAppender, state: WorkState, seed: int) -> None:
-    """Permute every train file with one permutation drawn from ``seed``. Each file is written to ``<name>.shuffled``
-    and recorded as done, so that a resumed run never permutes a file twice; the shuffled files replace the others
-    at the end."""
+    """Permute every train file with one permutation drawn from ``seed``, each into ``<name>.shuffled`` (the originals
+    stay as they are, so a killed run simply does this again); once all are written and recorded, they replace the
+    originals."""
     paths = list(writer.paths.values())
-    rows = os.path.getsize(writer.paths[("label",)])
-    order = np.random.default_rng([seed, 1 << 21]).permutation(rows)
-    done = state.data.setdefault("permuted", [])
-    for (features, path) in writer.paths.items():
-        if path in done:
-            continue
-        dtype = writer.dtypes[features]
-        width = len(features)
-        column = np.fromfile(path, dtype=dtype).reshape(rows, width) if width > 1 else np.fromfile(path, dtype=dtype)
-        column[order].tofile(path + ".shuffled")
-        done.append(path)
+    if not state.data.get("permuted"):
+        rows = os.path.getsize(writer.paths[("label",)])
+        order = np.random.default_rng([seed, 1 << 21]).permutation(rows)
+        for n, (features, path) in enumerate(writer.paths.items()):
+            dtype = writer.dtypes[features]
+            column = np.fromfile(path, dtype=dtype)
+            if len(features) > 1:
+                column = column.reshape(rows, len(features))
+            column[order].tofile(path + ".shuffled")
+            _maybe_killed("permute", n + 1)
+        state.data["permuted"] = True
         state.save()
-        _maybe_killed("permute", len(done))
     for path in paths:
         if os.path.exists(path + ".shuffled"):   # a resumed run may have replaced some already
             os.replace(path + ".shuffled", path)
@@ -904,21 +949,23 @@ def _permute_columns(writer: SplitBinaryAppender, state: WorkState, seed: int) -
 
 def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, writer: SplitBinaryAppender, seed: int,
                       buckets: int, total: int) -> None:
-    """Each bucket: its rows from every chunk, permuted in memory, appended to the train files."""
+    """Each bucket: its rows from every chunk, permuted in memory, appended to the train files. Memory: one bucket
+    (``--shuffle_bucket_rows`` rows of about 130 bytes) plus one column of it; the bucket offsets stay on disk."""
     sources = []
     for index, path in enumerate(files):
         directory = os.path.join(work, "shuffle", str(index))
         for k in range(info[os.path.basename(path)]["chunks"]):
             base = os.path.join(directory, f"chunk_{k}")
             if os.path.exists(base + ".offsets.npy"):
-                sources.append((base, np.load(base + ".offsets.npy")))
+                sources.append(base)
     progress = Progress("shuffle (train buckets)", buckets, "buckets")
     for b in range(buckets):
         if state.data["buckets"].get(str(b)):
             continue
         writer.truncate(state.data.get("bucket_sizes", {}))   # train files are empty before the first bucket
         labels, numericals, ids = [], [], []
-        for base, offsets in sources:
+        for base in sources:
+            offsets = np.load(base + ".offsets.npy", mmap_mode="r")
             lo, hi = int(offsets[b]), int(offsets[b + 1])
             if hi > lo:
                 labels.append(np.fromfile(base + ".label", np.int8, hi - lo, offset=lo))
@@ -926,15 +973,23 @@ def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, write
                                               offset=lo * NUM_NUMERICAL * 2).reshape(-1, NUM_NUMERICAL))
                 ids.append(np.fromfile(base + ".ids", np.int32, (hi - lo) * NUM_CATEGORICAL,
                                        offset=lo * NUM_CATEGORICAL * 4).reshape(-1, NUM_CATEGORICAL))
-        if labels:
-            order = np.random.default_rng([seed, 1 << 20, b]).permutation(sum(len(x) for x in labels))
-            label = np.concatenate(labels)[order]
-            numerical = np.concatenate(numericals)[order]
-            bucket_ids = np.concatenate(ids)[order].T
-            writer.append(label, numerical, bucket_ids)
-            rows = len(label)
-        else:
-            rows = 0
+        rows = sum(len(x) for x in labels)
+        if rows:
+            order = np.random.default_rng([seed, 1 << 20, b]).permutation(rows)
+            label, numerical, bucket_ids = np.concatenate(labels), np.concatenate(numericals), np.concatenate(ids)
+            labels = numericals = ids = None
+            # One column at a time: the permuted copy of a column is all that is added to the bucket in memory.
+            for features, path in writer.paths.items():
+                if features[0] == "label":
+                    block = label[order].astype(np.bool_)
+                elif features[0].startswith("num_"):
+                    block = numerical[order]
+                else:
+                    block = bucket_ids[order, int(features[0][4:-4])].astype(writer.dtypes[features])
+                with open(path, "ab") as f:
+                    f.write(block.tobytes())
+                block = None
+            label = numerical = bucket_ids = None
         state.data["buckets"][str(b)] = {"rows": rows}
         state.data["bucket_sizes"] = writer.sizes()
         state.save()
