@@ -110,7 +110,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
                    help="train (with evaluations), eval (evaluate the test split once) or inference (latency and "
                         "throughput benchmark)")
     _add_bool(g, "run_eagerly", False, "run the steps eagerly, without tf.function (debugging)")
-    _add_bool(g, "tfdata_debug", False, "tf.data debug mode (tf.data.experimental.enable_debug_mode)")
+    _add_bool(g, "tfdata_debug", False, "NVIDIA's tf.data debug mode; refused here: no input pipeline of this recipe "
+              "uses tf.data (the readers are plain Python/NumPy; debug them with --run_eagerly)")
     g.add_argument("--seed", type=int, default=None,
                    help="random seed of the weights, TensorFlow and the synthetic dataset (None: weights drawn at "
                         "random, synthetic data from seed 12345)")
@@ -135,8 +136,8 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
                    help="tf_raw (NVIDIA split binary), synthetic (generated on the fly) or split_tfrecords "
                         "(prebatched multi-hot TFRecords)")
     _add_bool(g, "data_parallel_input", False,
-              "NVIDIA's fully data-parallel input; accepted for compatibility, without effect: each rank here "
-              "always reads whole-batch ids of its own tables plus its slice of the rest (logged when set)")
+              "NVIDIA's fully data-parallel input; refused here: each rank always reads whole-batch ids of its own "
+              "tables plus its slice of the rest (the placement's input)")
     _add_bool(g, "synthetic_dataset_use_feature_spec", False,
               "take the synthetic dataset's shape from --feature_spec instead of the --synthetic_dataset_* flags")
     g.add_argument("--synthetic_dataset_train_batches", type=int, default=64008,
@@ -169,8 +170,7 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     _add_bool(g, "embedding_zeros_initializer", False, "initialise the tables with zeros (testing)")
     _add_bool(g, "embedding_trainable", True, "train the embedding tables")
     _add_bool(g, "concat_embedding", False,
-              "NVIDIA's single-GPU concatenated-table optimisation; accepted for compatibility, without effect: "
-              "lookups here are per table (logged when set)")
+              "NVIDIA's single-GPU concatenated-table optimisation; refused here: lookups are per table")
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("sgd", "adam"), default=d["optimizer"],
@@ -303,6 +303,13 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
     if args.mode == "train" and (args.checkpoint_every_steps or args.checkpoint_every_minutes) \
             and not args.save_checkpoint_path:
         raise UsageError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
+    # NVIDIA's flags this recipe has no use for: a run that asked for them must not silently run without them.
+    refused = {"tfdata_debug": "no input pipeline of this recipe uses tf.data (use --run_eagerly to debug)",
+               "data_parallel_input": "each rank reads whole-batch ids of its own tables and its slice of the rest",
+               "concat_embedding": "lookups are per table (a concatenated table would not change the results)"}
+    for flag, reason in refused.items():
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} is NVIDIA's and not implemented by this recipe: {reason}; drop the flag")
     if args.use_mde_embeddings and (args.save_checkpoint_path or args.restore_checkpoint_path):
         from dlrm_dcnv2.nn.sparse_model import mde_available
         if mde_available():  # refused before any training, not at the first save after it
@@ -363,8 +370,6 @@ def _configure_tensorflow(args):
                 setter(value)
             except RuntimeError as error:
                 LOG.warning("--%s %d ignored: %s", name, value, error)
-    if args.tfdata_debug:
-        tf.data.experimental.enable_debug_mode()
     on_gpu = bool(tf.config.get_visible_devices("GPU"))
     policy = "float32"
     if args.amp:
@@ -429,9 +434,6 @@ def run(args) -> Dict[str, Any]:
     policy, on_gpu = _configure_tensorflow(args)
     if args.seed is not None:
         tf.keras.utils.set_random_seed(args.seed)  # the same on every rank (replicated weights are broadcast anyway)
-    for flag in ("data_parallel_input", "concat_embedding"):
-        if getattr(args, flag) and ctx.is_chief:
-            LOG.warning("--%s is accepted for compatibility with NVIDIA's recipe and has no effect here", flag)
     table_sizes, hotness, num_numerical = dataset_shape(args)
     embedding_dims = parse_embedding_dims(args.embedding_dim, len(table_sizes))
     _check_model_flags(args, embedding_dims)

@@ -90,6 +90,9 @@ def test_embedding_dim_forms(tmp_path):
     (["--dataset_type", "synthetic", "--learning_rate", "nan"], "--learning_rate"),
     ([], "--dataset_type tf_raw needs --dataset_path"),
     (["--dataset_type", "synthetic", "--checkpoint_every_steps", "5"], "need --save_checkpoint_path"),
+    (["--dataset_type", "synthetic", "--tfdata_debug"], "--tfdata_debug is NVIDIA's and not implemented .*tf.data"),
+    (["--dataset_type", "synthetic", "--data_parallel_input=true"], "--data_parallel_input is NVIDIA's"),
+    (["--dataset_type", "synthetic", "--concat_embedding"], "--concat_embedding is NVIDIA's .* per table"),
 ])
 def test_impossible_flags_name_the_flag(argv, match):
     with pytest.raises(UsageError, match=match):
