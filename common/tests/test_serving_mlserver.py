@@ -180,7 +180,6 @@ def test_latency_report_json_and_png(server, tmp_path):
         [(1, 1, 6), (1, 2, 6), (8, 1, 6), (8, 2, 6)]
     for r in records:
         lat = r["latency_ms"]
-        assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
         # one client at a time: wall time >= sum of latencies, so throughput <= rows / sum(latency)
         if r["concurrency"] == 1:
             assert r["throughput_samples_per_s"] <= r["batch_size"] * 1000.0 / lat["mean"] * 1.01
@@ -442,7 +441,6 @@ def test_perf_analyzer_runs_against_the_server(server, protocol):
                                                                                    (8, 2, protocol)]
     for r in records:
         assert r["throughput_samples_per_s"] == pytest.approx(8 * r["throughput_requests_per_s"])
-        assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
