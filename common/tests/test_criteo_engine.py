@@ -272,9 +272,12 @@ def test_empty_day_missing_day_and_non_empty_output(tmp_path):
     assert (out / "notes.txt").read_text() == "mine" and (out / "feature_spec.yaml").exists()
 
 
-def test_header_line_and_crlf_give_the_same_dataset_as_plain_tsv(tmp_path):
+def test_header_line_crlf_and_gzip_give_the_same_dataset_as_plain_tsv(tmp_path):
+    import gzip
     plain = write_days(tmp_path / "plain", 3, 200, 61)
     odd = write_days(tmp_path / "odd", 3, 200, 61, crlf_day=0, header_day=2)
+    (odd / "day_1.gz").write_bytes(gzip.compress((odd / "day_1").read_bytes()))
+    (odd / "day_1").unlink()
     flags = ["--train_ordering", "input", "--max_malformed_fraction", "0.05", "--max_examples", "100"]
     a = run_engine(plain, tmp_path / "a", *flags)
     b = run_engine(odd, tmp_path / "b", *flags)
