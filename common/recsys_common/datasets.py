@@ -503,6 +503,11 @@ class DatasetWriter:
                                            f"than its max_hotness {width}")
                     if a.shape[1] < width:   # static hotness: every row takes max_hotness values, -1 padded
                         a = np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=PAD)
+                    if width == 1 and (a == PAD).any():   # read back as a single-hot id, where -1 is no id
+                        row = self.rows_written + int(np.flatnonzero(a[:, 0] == PAD)[0])
+                        raise DatasetError(f"{self._targets[i]}: feature {f!r} row {row} has no id, but with "
+                                           f"max_hotness 1 split_binary stores exactly one id per row; give the "
+                                           f"feature max_hotness 2 or more to allow empty lists")
                     parts.append(a.astype(dtype, copy=False))
                 block = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
                 self._handles[i].write(np.ascontiguousarray(block).tobytes())

@@ -81,3 +81,16 @@ def test_unconvertible_scalar_names_its_line(tmp_path):
     (raw / "b.csv").write_text("\n".join(lines) + "\n")
     with pytest.raises(DatasetError, match=r"b\.csv: cannot read .*line 31, column 'cat_0' \(value 'seven'\)"):
         transcode_main(["--input", str(raw), "--output", str(tmp_path / "out"), "--chunk_size", "4"])
+
+
+def test_an_empty_list_of_a_max_hotness_1_feature_is_refused_in_split_binary(tmp_path):
+    spec = {**SPEC, "feature_spec": {**SPEC["feature_spec"],
+                                     "tags": {"dtype": "int32", "cardinality": "auto", "max_hotness": 1}}}
+    cells = ['"[3]"'] * 10 + ['"[]"'] + ['"[1]"'] * 4
+    raw = _write(tmp_path, cells)
+    with open(raw / "feature_spec.yaml", "w") as f:
+        yaml.safe_dump(spec, f)
+    with pytest.raises(DatasetError, match="feature 'tags' row 10 has no id.*max_hotness 2 or more"):
+        transcode_main(["--input", str(raw), "--output", str(tmp_path / "out"), "--chunk_size", "4"])
+    out = transcode_main(["--input", str(raw), "--output", str(tmp_path / "pq"), "--format", "parquet"])
+    assert read_columns(FeatureSpec.from_yaml(out.origin), "train")["tags"][10].tolist() == [-1]   # parquet: fine
