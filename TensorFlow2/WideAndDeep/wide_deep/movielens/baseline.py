@@ -18,7 +18,6 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from recsys_common.datasets import read_columns
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.metrics import roc_auc_score
 
@@ -36,12 +35,29 @@ def fit_popularity(items: np.ndarray, labels: np.ndarray, num_items: int) -> Dic
     return {"positive_rate": (positives + PRIOR_STRENGTH * prior) / (counts + PRIOR_STRENGTH), "count": counts}
 
 
+def _item_label_parts(spec: FeatureSpec, mapping: str):
+    """``(items, labels)`` of each parquet part of a split, reading those two columns only (not the genre lists)."""
+    import pyarrow.parquet as pq
+    from .train import part_files
+    for path in part_files(spec, mapping):
+        table = pq.read_table(path, columns=[ITEM, LABEL])
+        yield table.column(ITEM).to_numpy().astype(np.int64), table.column(LABEL).to_numpy()
+
+
 def popularity_aucs(spec: FeatureSpec) -> Dict[str, float]:
-    """AUC on ``test`` of each popularity score fitted on ``train``."""
-    train = read_columns(spec, "train", [ITEM, LABEL])
-    test = read_columns(spec, "test", [ITEM, LABEL])
-    tables = fit_popularity(train[ITEM], train[LABEL], spec.cardinality(ITEM))
-    return {name: float(roc_auc_score(test[LABEL], table[test[ITEM]])) for name, table in tables.items()}
+    """AUC on ``test`` of each popularity score fitted on ``train`` (streamed a part at a time: the training counts
+    are per-movie sums, and only the test movies and labels are kept)."""
+    num_items = spec.cardinality(ITEM)
+    counts, positives, rows = np.zeros(num_items), np.zeros(num_items), 0
+    for items, labels in _item_label_parts(spec, "train"):
+        counts += np.bincount(items, minlength=num_items)
+        positives += np.bincount(items, weights=labels.astype(np.float64), minlength=num_items)
+        rows += len(items)
+    prior = positives.sum() / max(rows, 1)
+    tables = {"positive_rate": (positives + PRIOR_STRENGTH * prior) / (counts + PRIOR_STRENGTH), "count": counts}
+    test = list(_item_label_parts(spec, "test"))
+    items, labels = np.concatenate([t[0] for t in test]), np.concatenate([t[1] for t in test])
+    return {name: float(roc_auc_score(labels, table[items])) for name, table in tables.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
