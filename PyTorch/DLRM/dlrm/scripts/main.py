@@ -253,10 +253,12 @@ class _Amp:
 
 # ------------------------------------------------------------------------------------------------------ evaluation
 def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
-    """Exact AUC and mean BCE over the whole mapping, predictions gathered from every process."""
+    """Exact AUC and mean BCE over the whole mapping, every process scoring its own rows.
+
+    No process gathers every logit: the AUC all-gathers only the smaller class (``distributed_roc_auc_score``)."""
     import torch
-    from dlrm.utils.distributed import all_gather_1d, all_reduce_sum
-    from dlrm.utils.metrics import binary_cross_entropy_sum, roc_auc_score
+    from dlrm.utils.distributed import all_reduce_sum
+    from dlrm.utils.metrics import binary_cross_entropy_sum, distributed_roc_auc_score
     model = trainable.core  # no DDP wrapper: evaluation needs no gradient sync
     model.eval()
     logits_parts, label_parts = [], []
@@ -272,9 +274,10 @@ def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
     labels = torch.cat(label_parts) if label_parts else torch.zeros(0, device=device)
     loss_sum, count = all_reduce_sum([binary_cross_entropy_sum(logits, labels).item(), float(labels.numel())],
                                      logits.device)
-    all_logits, all_labels = all_gather_1d(logits), all_gather_1d(labels)
-    auc = roc_auc_score(all_labels, all_logits)
-    return {"auc": auc, "loss": loss_sum / max(count, 1.0), "samples": int(count)}
+    stats: Dict[str, int] = {}
+    auc = distributed_roc_auc_score(labels, logits, stats)
+    return {"auc": auc, "loss": loss_sum / max(count, 1.0), "samples": int(count),
+            "auc_rows_gathered": stats["rows_gathered"]}
 
 
 # -------------------------------------------------------------------------------------------------------- training
@@ -609,12 +612,14 @@ def run(args) -> Dict[str, Any]:
                 last = results["evaluations"][-1]
                 results["auc"], results["test_loss"] = last["auc"], last["loss"]
                 results["test_samples"] = last["samples"]
+                results["test_auc_rows_gathered"] = last["auc_rows_gathered"]
                 results["best_auc"] = max(e["auc"] for e in results["evaluations"])
             if saver is not None:  # the final checkpoint (no second copy when the last step was just saved)
                 results["checkpoint"] = saver.save(results["position"])
         elif args.mode == "test":
             metrics = evaluate(trainable, test_data(), amp)
-            results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"]})
+            results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"],
+                            "test_auc_rows_gathered": metrics["auc_rows_gathered"]})
         else:
             results["inference"] = inference_benchmark(args, ctx, trainable, amp, info)
         summary = {k: v for k, v in results.items() if k not in ("evaluations", "position")}
