@@ -230,7 +230,8 @@ def test_latency_against_a_bad_request_or_no_server_raises(server):
 # ------------------------------------------------------------------------------------------------ server lifetime
 def test_server_group_is_gone_after_a_failing_body(repo):
     with pytest.raises(RuntimeError, match="the body failed"):
-        with serve_repository(repo, startup_timeout_s=120) as handle:
+        # the ONNX model only: a TorchScript model would make the server import torch (seconds per start)
+        with serve_repository(repo, [MODEL_NAME], startup_timeout_s=120) as handle:
             assert _group_alive(handle.pid)
             raise RuntimeError("the body failed")
     assert not _alive(handle.pid) and not _group_alive(handle.pid)
@@ -240,13 +241,14 @@ def test_server_stops_itself_when_its_launcher_is_killed(repo):
     """SIGKILL of the process that started the server (no ``finally`` runs there): the server's watchdog stops it."""
     script = ("import sys, time\n"
               "from recsys_common.serving.mlserver_launcher import serve_repository\n"
-              "with serve_repository(sys.argv[1]) as handle:\n"
+              "with serve_repository(sys.argv[1], [sys.argv[2]]) as handle:\n"
               "    print(handle.pid, flush=True)\n"
               "    time.sleep(300)\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
-    launcher = subprocess.Popen([sys.executable, "-c", script, repo], stdout=subprocess.PIPE, text=True, env=env)
+    launcher = subprocess.Popen([sys.executable, "-c", script, repo, MODEL_NAME], stdout=subprocess.PIPE, text=True,
+                                env=env)
     server_pid = None
     try:
         server_pid = int(launcher.stdout.readline())
@@ -299,7 +301,7 @@ def test_launcher_cli_serves_until_interrupted(repo):
     import re
     http_port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "recsys_common.serving.mlserver_launcher", "--model-repository", repo,
-               "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+               "--models", MODEL_NAME, "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
