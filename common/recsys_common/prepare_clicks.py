@@ -129,7 +129,7 @@ def file_columns(path: str, fmt: str = "auto", delimiter: Optional[str] = None) 
     return names
 
 
-def check_field_counts(path: str, separator: str, expected: int, chunk_bytes: int = 16 << 20) -> int:
+def check_field_counts(path: str, separator: str, expected: int, chunk_bytes: int = 4 << 20) -> int:
     """Every line of a CSV/TSV file has ``expected`` fields, else ClickLogError naming the line (a truncated or
     shifted row would otherwise be read with missing or dropped values). One fast pass over the bytes (numpy), a
     chunk at a time. Lines holding a quote character are left to the parser (a quoted field may hold the separator
@@ -156,10 +156,13 @@ def check_field_counts(path: str, separator: str, expected: int, chunk_bytes: in
             raw = np.frombuffer(block, np.uint8)
             ends = np.flatnonzero(raw == newline)
             starts = np.concatenate([[0], ends[:-1] + 1])
-            seps = np.concatenate([[0], np.cumsum(raw == sep, dtype=np.int64)])
-            quotes = np.concatenate([[0], np.cumsum(raw == quote, dtype=np.int64)])
-            fields = seps[ends] - seps[starts] + 1
-            has_quote = quotes[ends] - quotes[starts] > 0
+            # Running counts (int32: chunks are small) at each line's end minus those before its start.
+            seps = np.cumsum(raw == sep, dtype=np.int32)
+            before = np.where(starts > 0, seps[np.maximum(starts - 1, 0)], 0)
+            fields = seps[ends] - before + 1
+            quotes = np.cumsum(raw == quote, dtype=np.int32)
+            has_quote = quotes[ends] - np.where(starts > 0, quotes[np.maximum(starts - 1, 0)], 0) > 0
+            del seps, quotes
             length = ends - starts - (raw[np.maximum(ends - 1, 0)] == ord("\r"))
             bad = np.flatnonzero((fields != expected) & ~has_quote & (length > 0))
             if bad.size:
