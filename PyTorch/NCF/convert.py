@@ -208,27 +208,6 @@ class _GrowingColumn:
         return self.data[:self.size]
 
 
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` as int32 when they all fit (ids and Unix timestamps do), else unchanged (int64)."""
-    info = np.iinfo(np.int32)
-    if values.size == 0 or (values.min() >= info.min and values.max() <= info.max):
-        return values.astype(np.int32)
-    return values
-
-
-def _concatenate(parts: list) -> np.ndarray:
-    """Concatenate chunks into one array, freeing each chunk as soon as it is copied (peak: result + one chunk)."""
-    dtype = np.result_type(*parts)
-    out = np.empty(sum(len(p) for p in parts), dtype=dtype)
-    lo = 0
-    while parts:
-        part = parts.pop(0)
-        out[lo: lo + len(part)] = part
-        lo += len(part)
-    return out
-
-
-# --------------------------------------------------------------------------------------------- protocol
 @dataclass
 class Split:
     """A converted dataset in memory: training positives and per-user test candidate lists."""

@@ -85,7 +85,8 @@ def _replace_line(text, number, new):
 @pytest.mark.parametrize("case, edit, message", [
     ("rating-above", lambda t: _replace_line(t, 7, "1,1,5.5,964982703"),
      r"ratings\.csv: line 7: column 'rating': rating 5\.5 is outside the ml-20m/ml-25m/ml-latest range"),
-    ("rating-not-half-star", lambda t: _replace_line(t, 9, "1,1,3.7,964982703"), r"line 9: column 'rating': rating 3\.7"),
+    ("rating-not-half-star", lambda t: _replace_line(t, 9, "1,1,3.7,964982703"),
+     r"line 9: column 'rating': rating 3\.7"),
     ("truncated", lambda t: t[:-20], r"ratings\.csv: line \d+: expected 4 ','-separated fields"),
     ("non-integer-id", lambda t: _replace_line(t, 12, "1,abc,3.5,964982703"),
      r"ratings\.csv: line 12: column 'movieId' must be an integer, got 'abc'"),

@@ -67,7 +67,7 @@ def _genre_matrix(genre_sets, num_movies: int) -> np.ndarray:
 
 
 def write_movies_csv(path: str, movies: Dict[str, np.ndarray], rng: np.random.Generator) -> None:
-    """GroupLens' ``movies.csv``: some titles hold commas and quotes, so the csv module quotes them as GroupLens does."""
+    """GroupLens' ``movies.csv``: some titles hold commas and quotes; the csv module quotes them as GroupLens does."""
     with open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["movieId", "title", "genres"])

@@ -36,7 +36,6 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from recsys_common.datasets import read_columns
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
 from recsys_common.logger import Logger
