@@ -37,10 +37,6 @@ class Context:
     local_rank: int = 0
 
     @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
     def is_chief(self) -> bool:
         """Rank 0: the one that logs, writes results and commits checkpoints."""
         return self.rank == 0

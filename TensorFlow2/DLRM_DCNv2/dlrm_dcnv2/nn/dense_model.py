@@ -97,14 +97,6 @@ class DenseModel(tf.keras.Model):
         self.top_mlp = MLP(self.top_mlp_dims, activate_last=False, seed=None if seed is None else seed + 500,
                            name="top_mlp")
 
-    def top_mlp_input_width(self, num_numerical_features: int) -> int:
-        """Width of the interaction output before padding."""
-        bottom = self.bottom_mlp_dims[-1] if num_numerical_features else 0
-        if not self.is_dlrm:
-            return bottom + sum(self.embedding_dims)
-        num_features = len(self.embedding_dims) + (1 if num_numerical_features else 0)
-        return bottom + interaction_lib.num_interactions(num_features)
-
     def call(self, numerical, embeddings: List[tf.Tensor], training=None):
         embeddings = list(embeddings)
         if len(embeddings) != len(self.embedding_dims):

@@ -227,13 +227,6 @@ def open_table_file(path: str, shape: Optional[Tuple[int, int]] = None) -> np.nd
     return array
 
 
-def read_table_slice(path: str, rows: Tuple[int, int], cols: Tuple[int, int],
-                     shape: Optional[Tuple[int, int]] = None) -> np.ndarray:
-    """Rows ``[rows[0], rows[1])`` and columns ``[cols[0], cols[1])`` of the table file ``path`` (a copy)."""
-    array = open_table_file(path, shape)
-    return np.array(array[rows[0]:rows[1], cols[0]:cols[1]], dtype=np.float32, order="C")
-
-
 def assign_table_slice(path: str, rows: Tuple[int, int], cols: Tuple[int, int], variable,
                        shape: Optional[Tuple[int, int]] = None) -> None:
     """``variable`` (shape of the slice) := the slice of the table file, in row blocks (bounded extra memory)."""

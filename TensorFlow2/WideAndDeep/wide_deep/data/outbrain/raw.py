@@ -80,11 +80,6 @@ def _check_columns(origin: str, name: str, columns: List[str]) -> None:
                             f"has {', '.join(map(repr, columns))}; expected {', '.join(RAW_SCHEMAS[name])}")
 
 
-def _first_bad_row(values: pd.Series, converted: pd.Series, allow_missing: bool) -> int:
-    bad = converted.isna() & ~(values.isna() if allow_missing else pd.Series(False, index=values.index))
-    return int(np.flatnonzero(bad.to_numpy())[0])
-
-
 def coerce_raw_frame(name: str, df: pd.DataFrame, origin: str, row_offset: int = 0) -> pd.DataFrame:
     """Check ``df`` against ``RAW_SCHEMAS[name]`` and return its schema columns, typed.
 
