@@ -66,3 +66,17 @@ def test_dlrm_trains_on_a_learnable_toy_problem():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.2 < first
+
+
+def test_the_planner_gets_this_machines_memory(monkeypatch):
+    """TorchRec's planner is told the memory it may use (not its 32 GiB HBM / 128 GiB host defaults): on the CPU the
+    host's memory shared by the processes of the node (the GPU's own total memory on CUDA, not testable here)."""
+    import os
+
+    import torch
+    from dlrm.model.parallel import device_memory_caps
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert device_memory_caps(torch.device("cpu")) == {"ddr_cap": host // 2}
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert device_memory_caps(torch.device("cpu")) == {"ddr_cap": host}

@@ -268,7 +268,7 @@ def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Topology constructed directly": we give world size and device explicitly
         topology = Topology(world_size=world_size, compute_device=device.type,
-                            local_world_size=_local_world_size(world_size))
+                            local_world_size=_local_world_size(world_size), **device_memory_caps(device))
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=local_batch_size, constraints=constraints)
         sharder = _CpuRowWiseSharder()
         plan = planner.collective_plan(core, [sharder], dist.GroupMember.WORLD)
@@ -277,6 +277,22 @@ def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, s
     dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
     keys = [f"embeddings.ebc.embedding_bags.t_{table_key(f)}.weight" for f in config.feature_names]
     return TrainableModel(model, core, "torchrec_fused", dense_optimizer, model.fused_optimizer, keys, plan)
+
+
+def device_memory_caps(device: torch.device) -> dict:
+    """The planner's memory limits per process from this machine, not TorchRec's defaults (32 GiB of HBM per GPU,
+    128 GiB of host memory): ``hbm_cap`` = the GPU's total memory on CUDA; ``ddr_cap`` = the host's memory shared by
+    the processes of this node (tables live there on the CPU)."""
+    import os
+    caps = {}
+    if device.type == "cuda":
+        caps["hbm_cap"] = int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return caps
+    caps["ddr_cap"] = int(host // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    return caps
 
 
 def _local_world_size(world_size: int) -> int:
