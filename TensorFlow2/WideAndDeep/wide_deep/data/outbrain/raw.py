@@ -182,27 +182,6 @@ _ARROW_TYPES = {"int": "int64", "int?": "float64", "float": "float64", "float?":
                 "str?": "string"}
 
 
-class _CountingFile:
-    """A binary file that counts the bytes read from it (the streamed reader's progress, done of the file size)."""
-
-    def __init__(self, path: str):
-        self._f = open(path, "rb")
-        self.bytes_read = 0
-        self.closed = False
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.bytes_read += len(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-        self._f.close()
-
-
 def _pandas_chunks(path: str, name: str, columns: List[str], chunk_rows: int, skip_rows: int):
     """The slow, exact path: text chunks typed by :func:`coerce_raw_frame` (errors name the file row)."""
     done = 0
@@ -229,7 +208,8 @@ def iter_raw_frames(input_dir: str, name: str, columns: Optional[List[str]] = No
     convert (a bad value, a missing required value, an integer written ``3.0``) sends the rest of the file through
     the exact text path of :func:`coerce_raw_frame`, so bad input fails with the same message naming file, row and
     column as before, and ``3.0`` is still read as 3. ``columns``: the schema columns to return (default all; the
-    others are still checked). ``on_block(rows_done, bytes_done, file_bytes)`` after every block.
+    others are still checked). ``on_block(rows_done, bytes_done, file_bytes)`` after every block (``bytes_done``:
+    blocks x ``block_bytes``, at most the file size).
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -240,12 +220,12 @@ def iter_raw_frames(input_dir: str, name: str, columns: Optional[List[str]] = No
     schema = RAW_SCHEMAS[name]
     columns = list(schema) if columns is None else list(columns)
     file_bytes = os.path.getsize(path)
-    counting = _CountingFile(path)
-    done = 0
+    done, blocks = 0, 0
+    source = open(path, "rb")
     try:
         try:
             reader = pacsv.open_csv(
-                counting, read_options=pacsv.ReadOptions(block_size=block_bytes, use_threads=True),
+                source, read_options=pacsv.ReadOptions(block_size=block_bytes, use_threads=True),
                 convert_options=pacsv.ConvertOptions(
                     column_types={c: getattr(pa, _ARROW_TYPES[k])() for c, k in schema.items()},
                     include_columns=list(schema), null_values=NA_VALUES, strings_can_be_null=True,
@@ -263,14 +243,16 @@ def iter_raw_frames(input_dir: str, name: str, columns: Optional[List[str]] = No
                     if schema[column].startswith("str"):
                         frame[column] = frame[column].where(frame[column].notna(), None)
                 done += len(frame)
+                blocks += 1
                 if on_block is not None:
-                    on_block(done, counting.bytes_read, file_bytes)
+                    # Each block is block_bytes of the file (the reader reads ahead, so bytes read say less).
+                    on_block(done, min(file_bytes, blocks * block_bytes), file_bytes)
                 yield frame
             return
         except pa.ArrowInvalid:
             pass   # fall through to the exact path from the first row not yet returned
     finally:
-        counting.close()
+        source.close()
     for frame in _pandas_chunks(path, name, columns, chunk_rows=1 << 20, skip_rows=done):
         done += len(frame)
         if on_block is not None:
