@@ -867,7 +867,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in file order")
     parser.add_argument("--output_format", choices=FORMATS, default="split_binary",
                         help="split_binary (NVIDIA's layout, both DLRM recipes) or parquet")
-    parser.add_argument("--block_rows", type=int, default=1 << 18, help="rows counted, mapped and written at a time (memory: about 1 KB per row of Avazu's width)")
+    parser.add_argument("--block_rows", type=int, default=1 << 18,
+                        help="rows read, counted, mapped and written at a time (memory holds about one block)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --output, replacing only this tool's earlier outputs there")
     return parser
