@@ -33,11 +33,11 @@ Output (``--output_format split_binary``, NVIDIA's layout that both DLRM recipes
 
 ``--output_format parquet``: ``<split>/data.parquet`` (one column per feature) instead of the ``.bin`` files.
 
-Engine and memory: Polars' streaming engine, two passes over the input (after a numpy check of every line's field
-count). Pass 1 reads blocks of ``--block_rows`` rows and sums each block's value counts into the running counts
-(``recsys_common.criteo.dictionaries.merge_counts``; also the numericals' sums for ``standardize`` and the checks of
-every label and number); pass 2 maps and writes blocks through ``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block,
-whatever the number of rows (a time split adds one count per distinct timestamp). Progress (rows done of total,
+Engine and memory: Polars (as the Criteo engine) on blocks of ``--block_rows`` lines read by ``BlockReader``, two
+passes over the input after a numpy check of every line's field count. Pass 1 sums each block's value counts into
+the running counts (``recsys_common.criteo.dictionaries.merge_counts``; also the numericals' sums for
+``standardize`` and the checks of every label and number); pass 2 maps and writes each block through
+``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block, whatever the number of rows (a time split adds one count per distinct timestamp). Progress (rows done of total,
 rows/s, time left) is printed per block. The output appears all at once (``recsys_common.io.atomic_directory``): a
 non-empty ``--output`` is refused unless ``--overwrite``, and a failure leaves nothing behind.
 
