@@ -53,7 +53,7 @@ def independent_ids(values, frequency_limit):
     return ids, len(kept) + 2
 
 
-def test_avazu_matches_an_independent_implementation(tmp_path):
+def test_avazu_matches_an_independent_implementation(tmp_path, capsys):
     out = tmp_path / "avazu"
     result = pc.main(avazu_args(out, "--frequency_limit", "2", "--dictionary_source", "all", "--no_shuffle_train",
                                 "--split_fractions", "0.7", "0.1", "0.2", "--seed", "5"))
@@ -83,6 +83,19 @@ def test_avazu_matches_an_independent_implementation(tmp_path):
     assert spec.cardinality("site_id") < 122
     report = json.loads((out / "prepare_clicks.json").read_text())
     assert report["values_seen"]["site_id"] == 122 and report["rows"] == 999
+    printed = capsys.readouterr().out     # progress: rows done of total, rate, time left
+    assert "pass 1 (count): 999 of 999 rows (100.0 %)" in printed and "rows/s" in printed and " left" in printed
+    assert "pass 2 (map and write): 999 of 999 rows (100.0 %)" in printed
+
+
+def test_header_with_a_byte_order_mark(tmp_path):
+    path = small_log(tmp_path)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + open(path, "rb").read())
+    spec = pc.main(["--input", str(bom), "--output", str(tmp_path / "o"), "--label", "clicked", "--categorical",
+                    "day", "ad", "--frequency_limit", "1", "--split_fractions", "0.5", "0", "0.5"])["spec"]
+    # The first column is found under its name (without the mark) and read: its dates became ids.
+    assert spec.cardinality("day") > 2 and read_columns(spec, "train")["day"].min() >= 2
 
 
 def test_train_dictionary_makes_values_outside_train_unseen(tmp_path):
