@@ -503,7 +503,9 @@ class DatasetWriter:
                                            f"than its max_hotness {width}")
                     if a.shape[1] < width:   # static hotness: every row takes max_hotness values, -1 padded
                         a = np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=PAD)
-                    if width == 1 and (a == PAD).any():   # read back as a single-hot id, where -1 is no id
+                    # ids only: -1 is a valid value of a numerical feature (a float16/float32 chunk)
+                    if width == 1 and np.issubdtype(np.dtype(dtype), np.integer) and (a == PAD).any():
+                        # read back as a single-hot id, where -1 is no id
                         row = self.rows_written + int(np.flatnonzero(a[:, 0] == PAD)[0])
                         raise DatasetError(f"{self._targets[i]}: feature {f!r} row {row} has no id, but with "
                                            f"max_hotness 1 split_binary stores exactly one id per row; give the "
