@@ -37,8 +37,9 @@ Engine and memory: Polars (as the Criteo engine) on blocks of ``--block_rows`` l
 passes over the input after a numpy check of every line's field count. Pass 1 sums each block's value counts into
 the running counts (``recsys_common.criteo.dictionaries.merge_counts``; also the numericals' sums for
 ``standardize`` and the checks of every label and number); pass 2 maps and writes each block through
-``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block, whatever the number of rows (a time split adds one count per distinct timestamp). Progress (rows done of total,
-rows/s, time left) is printed per block. The output appears all at once (``recsys_common.io.atomic_directory``): a
+``recsys_common.datasets.DatasetWriter``. Memory is the dictionaries plus one block, whatever the number of rows
+(a time split adds one count per distinct timestamp). Progress (rows done of total, rows/s, time left) is printed
+per block. The output appears all at once (``recsys_common.io.atomic_directory``): a
 non-empty ``--output`` is refused unless ``--overwrite``, and a failure leaves nothing behind.
 
 Bad input is refused before anything is written, with the file, line (1-based, the header is line 1) and column: a
@@ -64,7 +65,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .criteo import FIRST_FREQUENT_ID, MISSING_ID, RARE_ID
+from .criteo import FIRST_FREQUENT_ID, MISSING_ID
 from .criteo.dictionaries import DictionaryLookup, build_dictionary, merge_counts
 from .datasets import DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
@@ -749,7 +750,6 @@ class ClickEncoder:
                              .otherwise(pl.col(c).cast(pl.String)).alias(c) for c in needed])
 
     def encode(self, rows: Any) -> Dict[str, np.ndarray]:
-        pl = _polars()
         has_label = self.config["label"] in (rows.columns if hasattr(rows, "columns") else rows)
         frame = self._frame(rows, has_label)
         config = dict(self.config)
