@@ -118,3 +118,31 @@ def test_missing_movies_csv_and_bad_movies_line_exit_2(ml_csv, tmp_path):
     with pytest.raises(MovieLensInputError, match=r"movies\.csv: line 3: expected 3 fields"):
         run_etl(src, str(out), out=lambda s: None)
     assert not out.exists() and sorted(os.listdir(src)) == ["movies.csv", "ratings.csv"]
+
+
+def test_training_batches_stream_parts_and_pad_genre_lists(tmp_path):
+    """Training reads a part at a time: one pass over 3 parts yields every row once (rows left at a part's end open
+    the next batch), genre lists become [N, max_hotness] padded with -1 from the list offsets."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from wide_deep.movielens.etl import build_feature_spec
+    from wide_deep.movielens.train import load_part, training_batches
+    os.makedirs(tmp_path / "train")
+    sizes, row = [7, 5, 9], 0
+    for i, n in enumerate(sizes):
+        ids = np.arange(row, row + n)
+        genres = [[int(x) % 5] * (1 + int(x) % 3) for x in ids]   # 1 to 3 genres
+        pq.write_table(pa.table({"userId": ids, "movieId": ids % 4, "genres": pa.array(genres, pa.list_(pa.int64())),
+                                 "rating": pa.array(ids % 2, pa.int8())}), tmp_path / "train" / f"part_{i}.parquet")
+        row += n
+    files = {"train": [f"train/part_{i}.parquet" for i in range(3)], "test": ["train/part_0.parquet"]}
+    spec = build_feature_spec(str(tmp_path), {"userId": 30, "movieId": 4, "genres": 5}, 3, {"train": 21, "test": 7},
+                              files)
+    part = load_part(spec, str(tmp_path / "train" / "part_1.parquet"))
+    assert part["genres"].dtype == np.int32 and part["genres"].shape == (5, 3)
+    np.testing.assert_array_equal(part["genres"][0], [7 % 5, 7 % 5, -1])      # row id 7: 2 genres
+    np.testing.assert_array_equal(part["genres"][2], [9 % 5, -1, -1])         # row id 9: 1 genre
+    batches = training_batches(spec, batch_size=4, seed=0)
+    seen = np.concatenate([next(batches)["userId"] for _ in range(5)])        # 20 of the 21 rows: one pass
+    assert len(np.unique(seen)) == 20 and set(seen) <= set(range(21))
+    assert not np.array_equal(seen, np.sort(seen))                           # shuffled
