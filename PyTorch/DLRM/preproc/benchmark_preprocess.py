@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated rows")
     parser.add_argument("--days", type=int, default=0,
                         help="0: one Kaggle train.txt; N >= 2: Terabyte day_0 .. day_<N-1> with --rows split over them")
+    parser.add_argument("--engine_args", default="",
+                        help="more flags for our engine, e.g. '--chunk_mb 8 --shuffle_bucket_rows 500000'")
     parser.add_argument("--memory_interval", type=float, default=0.1,
                         help="seconds between RSS samples of the process tree")
     return parser
@@ -256,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model_name(), "cores": cores,
         "load_avg_1m_before": round(os.getloadavg()[0], 2), "rows": args.rows,
         "layout": "terabyte" if args.days else "kaggle", "files": len(names), "raw_bytes": raw_bytes,
-        "frequency_limit": args.frequency_limit, "generate_s": round(generate_s, 1), "input_reused": reuse,
+        "frequency_limit": args.frequency_limit, "engine_args": args.engine_args,
+        "generate_s": round(generate_s, 1), "input_reused": reuse,
         "engines": {}}
     py = sys.executable
     inp = os.path.join(work, "in")
@@ -268,7 +271,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             if engine in ("ours", "ours_input"):
                 order = ["--train_ordering", "input"] if engine == "ours_input" else []
                 runs = [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp,
-                                "--output_path", out, "--frequency_limit", str(args.frequency_limit), *order],
+                                "--output_path", out, "--frequency_limit", str(args.frequency_limit), *order,
+                                *args.engine_args.split()],
                                args.memory_interval)]
             elif engine == "peer":
                 runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
