@@ -559,13 +559,57 @@ def _raise_bad_row(reader: BlockReader, row: int, column: str, what: str, block_
     raise ClickLogError(f"{reader.inputs[0]}: row {row}: column {column!r} is not {what}")
 
 
+def _fingerprint(inputs: Sequence[str], settings: Dict[str, Any]) -> Dict[str, Any]:
+    """What pass 1's saved results depend on: every input's path, size and modification time, and the settings."""
+    files = [[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns] for p in inputs]
+    return json.loads(json.dumps({"files": files, "settings": settings}, default=str))
+
+
+def _load_pass1(work_dir: str, fingerprint: Dict[str, Any]):
+    """Pass 0/1 results saved by an earlier run that was stopped in pass 2, if they match; else None."""
+    path = os.path.join(work_dir, "pass1.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if saved.get("fingerprint") != fingerprint:
+        print(f"[prepare_clicks] {work_dir}: saved counts are of other inputs or settings; counting again",
+              flush=True)
+        return None
+    pl = _polars()
+    counts = [pl.read_parquet(os.path.join(work_dir, f"counts_{i}.parquet")) for i in range(saved["num_counts"])]
+    return saved["split_config"], saved["stats"], counts
+
+
+def _save_pass1(work_dir: str, fingerprint: Dict[str, Any], split_config: Dict[str, Any], stats: Dict[str, Any],
+                counts: Sequence[Any]) -> None:
+    """Pass 1's results, so that a run killed in pass 2 does not count again (``pass1.json`` written last)."""
+    os.makedirs(work_dir, exist_ok=True)
+    for i, frame in enumerate(counts):
+        target = os.path.join(work_dir, f"counts_{i}.parquet")
+        frame.write_parquet(target + ".tmp")
+        os.replace(target + ".tmp", target)
+    atomic_write_text(os.path.join(work_dir, "pass1.json"), json.dumps(
+        {"fingerprint": fingerprint, "split_config": split_config, "stats": stats, "num_counts": len(counts)},
+        default=str) + "\n")
+
+
+def _remove_work_dir(work_dir: str, num_counts: int) -> None:
+    """Delete only the files this tool wrote there, then the directory if it is empty."""
+    for name in ["pass1.json"] + [f"counts_{i}.parquet" for i in range(num_counts)]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(work_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(work_dir)
+
+
 def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequence[str],
             numerical: Sequence[str] = (), input_format_name: str = "auto", delimiter: Optional[str] = None,
             frequency_limit: int = DEFAULT_FREQUENCY_LIMIT, dictionary_source: str = "train",
             numerical_transform: str = "log", split: str = "random",
             split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
             shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 18,
-            overwrite: bool = False) -> Dict[str, Any]:
+            overwrite: bool = False, work_dir: Optional[str] = None) -> Dict[str, Any]:
     """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
     pl = _polars()
     started = time.time()
@@ -594,20 +638,32 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     lf, total_rows = _scan_all(inputs, input_format_name, delimiter, roles)
     described = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (+{len(inputs) - 1} more)"
 
-    split_config: Dict[str, Any] = {"kind": split, "fractions": fractions, "seed": int(seed)}
-    if split == "time":
-        print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
-        with _parse_errors(described):
-            split_config.update(time_column=time_column,
-                                **time_cutoffs(lf, described, time_column, fractions, block_rows))
-    lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
-
-    print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
-          f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
+    work_dir = work_dir or os.path.abspath(output).rstrip(os.sep) + ".prepare_clicks.work"
+    fingerprint = _fingerprint(inputs, {
+        "label": label, "categorical": list(categorical), "numerical": list(numerical), "split": split,
+        "fractions": fractions, "time_column": time_column, "seed": int(seed), "format": input_format_name,
+        "delimiter": delimiter, "dictionary_source": dictionary_source,
+        "moments": numerical_transform == "standardize"})
+    resumed = _load_pass1(work_dir, fingerprint)
     t1 = time.time()
-    with _parse_errors(described):
-        stats, counts = count_values(lf, categorical, numerical, label, dictionary_source == "train",
-                                     numerical_transform == "standardize", block_rows, described, total_rows)
+    if resumed is not None:
+        split_config, stats, counts = resumed
+        print(f"[prepare_clicks] passes 0-1: reusing the counts saved in {work_dir} by a run stopped in pass 2",
+              flush=True)
+    else:
+        split_config = {"kind": split, "fractions": fractions, "seed": int(seed)}
+        if split == "time":
+            print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
+            with _parse_errors(described):
+                split_config.update(time_column=time_column,
+                                    **time_cutoffs(lf, described, time_column, fractions, block_rows))
+        print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
+              f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
+        with _parse_errors(described):
+            stats, counts = count_values(lf.with_columns(_split_expr(split_config).alias(_SPLIT)), categorical,
+                                         numerical, label, dictionary_source == "train",
+                                         numerical_transform == "standardize", block_rows, described, total_rows)
+    lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
     rows = int(stats["rows"])
     if rows == 0:
         raise ClickLogError(f"{described}: no data rows (only a header?)")
@@ -625,6 +681,8 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
                     f"; {rows} rows are too few for these fractions")
             raise ClickLogError(f"{described}: the {name} split would have no rows (fractions {fractions}){hint}")
     print(f"[prepare_clicks] pass 1: {rows:,} rows in {time.time() - t1:.1f} s", flush=True)
+    if resumed is None:
+        _save_pass1(work_dir, fingerprint, split_config, stats, counts)
 
     dictionaries = build_dictionaries(counts, categorical, frequency_limit)
     cardinalities = [FIRST_FREQUENT_ID + d.height for d in dictionaries]
@@ -702,6 +760,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         }
         atomic_write_text(os.path.join(tmp, REPORT_NAME), json.dumps(report, indent=1, default=str) + "\n")
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
+    _remove_work_dir(work_dir, len(counts))
     print(f"[prepare_clicks] wrote {output}: " + ", ".join(
         f"{s} {written[s]:,} rows (positive rate {report['positive_rate'][s]})" for s in splits)
         + f"; {time.time() - started:.1f} s", flush=True)
@@ -871,6 +930,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rows read, counted, mapped and written at a time (memory holds about one block)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --output, replacing only this tool's earlier outputs there")
+    parser.add_argument("--work_dir", default=None,
+                        help="where pass 1's counts are kept until the output is complete, so that a run killed in "
+                             "pass 2 and started again with the same arguments does not count again "
+                             "(default: OUTPUT.prepare_clicks.work)")
     return parser
 
 
@@ -905,7 +968,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                    numerical_transform=args.numerical_transform, split=args.split,
                    split_fractions=args.split_fractions, time_column=args.time_column, seed=args.seed,
                    shuffle_train=not args.no_shuffle_train, output_format=args.output_format,
-                   block_rows=args.block_rows, overwrite=args.overwrite)
+                   block_rows=args.block_rows, overwrite=args.overwrite, work_dir=args.work_dir)
 
 
 def run_cli(argv: Optional[Sequence[str]] = None) -> None:

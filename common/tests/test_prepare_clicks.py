@@ -278,3 +278,42 @@ def test_output_directory_refused_unless_overwrite_and_cli_exit_status(tmp_path)
     pc.main(args + ["--overwrite", "--seed", "3"])      # replaces its own earlier outputs, keeps the user's file
     assert (out / "notes.txt").read_text() == "mine"
     assert FeatureSpec.from_yaml(str(out / "feature_spec.yaml")).metadata["split"]["seed"] == 3
+
+
+def test_a_run_stopped_in_pass_2_does_not_count_again(tmp_path, monkeypatch):
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    args = avazu_args(out, "--split_fractions", "0.7", "0.1", "0.2")
+
+    class Killed(Exception):
+        pass
+
+    class DiesInPass2(pc.DatasetWriter):
+        def write(self, columns):
+            raise Killed("stopped in pass 2")
+
+    monkeypatch.setattr(pc, "DatasetWriter", DiesInPass2)
+    with pytest.raises(Killed):
+        pc.main(args)
+    work = str(out) + ".prepare_clicks.work"
+    assert not out.exists() and sorted(os.listdir(work))[-1] == "pass1.json"
+    monkeypatch.undo()
+
+    def no_counting(*a, **k):
+        raise AssertionError("pass 1 ran again")
+    monkeypatch.setattr(pc, "count_values", no_counting)
+    spec = pc.main(args)["spec"]
+    assert not os.path.exists(work)                     # removed once the output is complete
+    monkeypatch.undo()
+    reference = pc.main(avazu_args(clean, "--split_fractions", "0.7", "0.1", "0.2"))["spec"]
+    for split in ("train", "validation", "test"):
+        a, b = read_columns(spec, split), read_columns(reference, split)
+        for name in ["label"] + AVAZU_CATEGORICAL + AVAZU_NUMERICAL:
+            np.testing.assert_array_equal(a[name], b[name])
+    # Other settings: the saved counts are not reused.
+    with pytest.raises(Killed):
+        monkeypatch.setattr(pc, "DatasetWriter", DiesInPass2)
+        pc.main(avazu_args(tmp_path / "o2", "--seed", "1"))
+    monkeypatch.undo()
+    monkeypatch.setattr(pc, "count_values", no_counting)
+    with pytest.raises(AssertionError, match="pass 1 ran again"):
+        pc.main(avazu_args(tmp_path / "o2", "--seed", "2"))
