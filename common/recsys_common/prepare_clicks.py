@@ -776,7 +776,8 @@ class ClickEncoder:
         inputs["categorical"]   # int64 [B, n_categorical]: 0 missing, 1 rare/unseen, as in training
         inputs["numerical"]     # float32 [B, n_numerical], transformed as in training
 
-    ``served_inputs(...)`` gives the request of the recipes' served models (``numerical``, ``cat_<t>``).
+    ``encode`` gives PyTorch DLRM's served inputs (``numerical``, ``categorical``); ``served_inputs(...)`` those of
+    TensorFlow2 DLRM/DCNv2's (``numerical`` and one ``cat_<t>`` per feature).
     """
 
     def __init__(self, dataset: str, config: Dict[str, Any], dictionaries: List[Any]):
