@@ -12,6 +12,7 @@ over each user's candidates, all-reduced over ranks) -> checkpoint when HR impro
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import itertools
 import math
@@ -102,9 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def explicit_flags(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> set:
+    """The destinations the command line set itself (``-b 1048576`` counts, though it equals the default).
+
+    A second parse of the same ``argv`` with every default suppressed: only the options present remain.
+    """
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    return set(vars(quiet.parse_known_args(argv)[0]))
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+    args.explicit = explicit_flags(p, argv)
     checks = [(args.epochs >= 0, "--epochs must be >= 0"), (args.batch_size > 0, "--batch_size must be > 0"),
               (args.valid_batch_size > 0, "--valid_batch_size must be > 0"), (args.factors > 0, "--factors must be > 0"),
               (all(s > 0 for s in args.layers), "--layers must be positive"),
@@ -117,6 +131,71 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint_dir")
     return args
+
+
+# ------------------------------------------------------------------------------------------------ CPU defaults
+NVIDIA_BATCH_SIZE, NVIDIA_LEARNING_RATE = 2 ** 20, 0.0045  # tuned for one 32-80 GB GPU on ML-20m
+CPU_MIN_STEPS_PER_EPOCH = 100   # a CPU default batch leaves at least this many optimizer steps per epoch
+CPU_MEMORY_FRACTION = 1 / 8     # of the machine's RAM, for one step's activations (shared by the ranks)
+CPU_MIN_BATCH = 1024
+# Peak RSS of one training step per row and per float of width (2 f + L0 + sum(layers)): 5.30 GB at -b 2**20 with
+# NVIDIA's model (width 1088) on ML-100k, measured with /usr/bin/time -v (2026-11-25, AMD EPYC): 4.6 bytes.
+BYTES_PER_ROW_PER_WIDTH = 4.6
+
+
+def choose_cpu_batch(train_rows: int, factors: int, layers: List[int], memory_bytes: int,
+                     grads_accumulated: int = 1):
+    """(batch_size, learning_rate, reason): a CPU default for -b / -l in place of NVIDIA's GPU values.
+
+    The batch is the largest power of two (NVIDIA's is one too) that is at most NVIDIA's 2**20, leaves at least
+    ``CPU_MIN_STEPS_PER_EPOCH`` optimizer steps per epoch over ``train_rows`` (positives and negatives), and whose
+    activations (estimated from the model's widths) fit in ``CPU_MEMORY_FRACTION`` of ``memory_bytes``; never below
+    ``CPU_MIN_BATCH``. -b is global: ranks on one machine split its rows, so their activations add up to the same. The learning rate scales NVIDIA's 0.0045 by the square root
+    of the batch ratio (Adam's square-root rule; linear scaling would give 1/256 of the step at -b 4096, which
+    barely moves in NVIDIA's 30 epochs).
+    """
+    width = 2 * factors + layers[0] + sum(layers)
+    by_data = max(train_rows // (CPU_MIN_STEPS_PER_EPOCH * grads_accumulated), 1)
+    by_memory = max(int(memory_bytes * CPU_MEMORY_FRACTION / (BYTES_PER_ROW_PER_WIDTH * width)), 1)
+    limit = min(NVIDIA_BATCH_SIZE, by_data, by_memory)
+    batch = max(CPU_MIN_BATCH, 1 << (limit.bit_length() - 1))
+    lr = NVIDIA_LEARNING_RATE * math.sqrt(batch * grads_accumulated / NVIDIA_BATCH_SIZE)
+    lr = float(f"{lr:.3g}")
+    binding = ("NVIDIA's value" if limit == NVIDIA_BATCH_SIZE else
+               f"at least {CPU_MIN_STEPS_PER_EPOCH} steps over {train_rows} training rows per epoch"
+               if limit == by_data else
+               f"about {CPU_MEMORY_FRACTION:.3g} of {memory_bytes / 2 ** 30:.1f} GiB RAM at "
+               f"{BYTES_PER_ROW_PER_WIDTH * width / 1024:.1f} KiB per row")
+    if batch > limit:
+        binding = f"the floor {CPU_MIN_BATCH}"
+    reason = (f"-b {batch} ({binding}; NVIDIA's GPU default is {NVIDIA_BATCH_SIZE}) and -l {lr:g} "
+              f"(NVIDIA's {NVIDIA_LEARNING_RATE} x sqrt({batch * grads_accumulated}/{NVIDIA_BATCH_SIZE}))")
+    return batch, lr, reason
+
+
+def machine_memory_bytes() -> int:
+    """Physical RAM (total, not free: every rank computes the same value and so the same batch)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def apply_cpu_defaults(args: argparse.Namespace, device: torch.device, train_rows: int,
+                       memory_bytes: Optional[int] = None) -> Optional[str]:
+    """On CPU, replace NVIDIA's -b (and -l with it) unless the command line set -b; returns the line to print.
+
+    -l given alone is kept; -b given keeps NVIDIA's -l unless -l is given too. ``args.explicit`` (from
+    :func:`parse_args`) lists what the command line set; a Namespace without it (built in code) is left as is.
+    """
+    explicit = getattr(args, "explicit", None)
+    if device.type != "cpu" or explicit is None or "batch_size" in explicit or args.mode != "train":
+        return None
+    batch, lr, reason = choose_cpu_batch(train_rows, args.factors, args.layers,
+                                         memory_bytes or machine_memory_bytes(), args.grads_accumulated)
+    args.batch_size = batch
+    if "learning_rate" in explicit:
+        reason = reason.split(" and -l ")[0] + f"; -l {args.learning_rate:g} as given"
+    else:
+        args.learning_rate = lr
+    return f"ncf.py: CPU defaults: {reason}. Pass -b (and -l) to choose."
 
 
 # ------------------------------------------------------------------------------------------------ distributed
@@ -454,6 +533,9 @@ def run(args: argparse.Namespace) -> Dict:
     # Every refusal comes before the log is opened, so that a refused run leaves no trace (and no clobbered log).
     data = load_dataset(args.data, args.feature_spec_file)
     check_topk(args.topk, data.samples_per_series, os.path.join(args.data, args.feature_spec_file))
+    cpu_defaults = apply_cpu_defaults(args, device, len(data.train_users) * (1 + args.negative_samples))
+    if cpu_defaults and rank == 0:
+        print(cpu_defaults, flush=True)
     if args.mode == "train":
         check_checkpoint_dir(args.checkpoint_dir, rank, device)
     resume_state = None
@@ -510,7 +592,7 @@ def run(args: argparse.Namespace) -> Dict:
     if world_size > 1:
         ddp_model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    params = dict(vars(args), seed=seed, world_size=world_size, device=str(device), num_users=data.num_users,
+    params = dict({k: v for k, v in vars(args).items() if k != "explicit"}, cpu_defaults=cpu_defaults, seed=seed, world_size=world_size, device=str(device), num_users=data.num_users,
                   num_items=data.num_items, train_positives=len(data.train_users),
                   test_samples_per_series=data.samples_per_series)
     logger.log_parameters(params)
