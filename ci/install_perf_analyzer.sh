@@ -9,8 +9,8 @@
 #                       wheels dropped it, and the separate perf-analyzer package needs glibc 2.38, Debian 12 has 2.36)
 #   lib/libcudart.so.12 from the nvidia-cuda-runtime-cu12==12.4.127 wheel (the binary links it; no GPU is needed)
 #   perf_analyzer       a wrapper that sets LD_LIBRARY_PATH and runs bin/perf_analyzer
-# The binary also needs libb64.so.0d (Debian package libb64-0d): installed with apt-get when running as root,
-# otherwise the script says how. Idempotent: a working install is left as it is. Never fails the setup: without
+# The binary also needs libb64.so.0d (Debian package libb64-0d), which ci/system_packages.sh installs (this script
+# only warns when it is missing). Idempotent: a working install is left as it is. Never fails the setup: without
 # perf_analyzer only the perf_analyzer tests fail, with this script's message.
 set -uo pipefail
 
@@ -33,13 +33,8 @@ if [[ -x "$DEST/perf_analyzer" ]] && works; then
 fi
 
 if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d'; then
-  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    say "apt-get install libb64-0d"
-    { apt-get install -y -q libb64-0d || { apt-get update -q && apt-get install -y -q libb64-0d; }; } >/dev/null 2>&1 \
-      || say "WARNING: apt-get install libb64-0d failed; perf_analyzer will not load until it is installed"
-  else
-    say "WARNING: libb64.so.0d missing; run 'sudo apt-get install libb64-0d' (Debian/Ubuntu) for perf_analyzer"
-  fi
+  # ci/system_packages.sh (step 0 of ci/setup_env.sh) is the one place that installs system packages
+  say "WARNING: libb64.so.0d missing; 'bash ci/system_packages.sh' installs it (Debian/Ubuntu package libb64-0d)"
 fi
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/perf_analyzer.XXXXXX")"

@@ -5,6 +5,8 @@
 #   bash ci/setup_env.sh          (or: make setup)
 #
 # What it does, in order:
+#   0. ci/system_packages.sh: the Debian/Ubuntu packages the stack needs (Java 17, build-essential, cmake, patch,
+#      libb64-0d, python3.11-venv/-dev); apt-get installs the missing ones when root, else it stops with the command;
 #   1. creates <repo>/.venv if it is missing (an existing venv is updated in place, additively);
 #   2. pip==26.2.1 (pip 26.3 refuses merlin-dataloader's direct-URL dependency);
 #   3. torch==2.13.0 FIRST (the CPU wheel; any unpinned torch pulls ~3 GB of CUDA);
@@ -15,7 +17,7 @@
 #      (default ~/.cache/recsys-recipes/wheels), so only the first setup compiles (~8 min on 2 cores);
 #   7. pip install -e common (the shared library recsys_common);
 #   7b. Triton's perf_analyzer into <venv>/opt/perf_analyzer (ci/install_perf_analyzer.sh: the binary from the
-#      tritonclient 2.35.0 wheel, libcudart from nvidia-cuda-runtime-cu12, libb64-0d via apt-get when root);
+#      tritonclient 2.35.0 wheel, libcudart from nvidia-cuda-runtime-cu12; libb64-0d comes from step 0);
 #   8. an import check of the whole stack, then a stamp file.
 #
 # A second run is a no-op while the stamp (a hash of this script, the constraints, the
@@ -23,6 +25,7 @@
 #
 # Environment knobs:
 #   PYTHON              interpreter used to create the venv (default: python3.11, else python3 if it is 3.11)
+#   RECSYS_SKIP_SYSTEM_PACKAGES  1 = only warn about missing system packages (non-Debian machines, no sudo)
 #   RECSYS_VENV         venv location (default: <repo>/.venv)
 #   RECSYS_WHEEL_CACHE  Horovod wheel cache (default: $HOME/.cache/recsys-recipes/wheels)
 #   RECSYS_SETUP_FORCE  1 = ignore the stamp
@@ -62,6 +65,15 @@ if [[ "${RECSYS_SETUP_FORCE:-0}" != 1 && -x "$VENV/bin/python" && -f "$STAMP" \
   exit 0
 fi
 
+# --- 0. system packages: Java 17, build-essential, cmake, patch, libb64-0d, python3.11-venv/-dev --------
+# ci/system_packages.sh decides (the one place that does): apt-get installs what is missing when root,
+# otherwise it stops here with the one command to run. Nothing is missing: it only says so.
+if [[ -x "$VENV/bin/python" ]]; then
+  bash "$REPO/ci/system_packages.sh" --python "$VENV/bin/python" || die "system packages missing (see above)"
+else
+  bash "$REPO/ci/system_packages.sh" || die "system packages missing (see above)"
+fi
+
 # --- 1. the virtual environment ---------------------------------------------------------
 if [[ ! -x "$VENV/bin/python" ]]; then
   if [[ -z "${PYTHON:-}" ]]; then
@@ -79,7 +91,6 @@ fi
 PY="$VENV/bin/python"
 [[ "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" == 3.11 ]] \
   || die "$VENV is not a Python 3.11 environment; remove it or set RECSYS_VENV"
-command -v java >/dev/null 2>&1 || echo "[setup] WARNING: no 'java' on PATH: pyspark (Criteria ETL) needs Java 17" >&2
 
 # This machine's pip config names local file indexes that lack most packages: drop pip's
 # "Location ... is ignored" noise (pip's own exit status still decides, through pipefail).
