@@ -113,10 +113,11 @@ def build_eager_model(config: ModelConfig) -> DLRM:
 def config_from_meta(meta: Dict[str, Any], where: str) -> ModelConfig:
     saved = dict(meta.get("config") or {})
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    missing = sorted(fields - set(saved))
+    # ``hotness`` came with multi-hot support: checkpoints written before it are single-hot (its default).
+    missing = sorted(fields - set(saved) - {"hotness"})
     if missing:
         raise ModelMismatchError(f"{where}/meta.json: model configuration lacks {missing}")
-    return ModelConfig(**{k: saved[k] for k in fields})
+    return ModelConfig(**{k: saved[k] for k in fields if k in saved})
 
 
 def check_flags(config: ModelConfig, where: str, *, num_numerical_features: Optional[int] = None,

@@ -101,3 +101,19 @@ def test_hash_indices_keep_the_padding():
     big = torch.where(ids >= 0, ids + torch.tensor([50] + [7] * 3 + [300] * 10), ids)   # + one table size
     numerical = torch.rand(4, 2)
     torch.testing.assert_close(model(numerical, big), model(numerical, ids))
+
+
+def test_checkpoint_config_from_before_multi_hot_loads_single_hot():
+    """A meta.json written before the ``hotness`` field existed still loads (as single-hot); other fields stay
+    required."""
+    import pytest
+    from dlrm.serving import ModelMismatchError, config_from_meta
+
+    saved = dict(num_numerical_features=13, table_sizes=[10, 20], feature_names=["c0", "c1"], embedding_dim=8,
+                 bottom_mlp_sizes=[16, 8], top_mlp_sizes=[8, 1], interaction_op="dot", self_interaction=False,
+                 hash_indices=False)
+    config = config_from_meta({"config": saved}, "ckpt")
+    assert config.hotness == [1, 1] and not config.multi_hot
+    del saved["embedding_dim"]
+    with pytest.raises(ModelMismatchError, match="embedding_dim"):
+        config_from_meta({"config": saved}, "ckpt")
