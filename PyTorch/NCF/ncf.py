@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--factors", type=int, default=64, help="Number of predictive factors")
     p.add_argument("--layers", nargs="+", type=int, default=[256, 256, 128, 64], help="Sizes of hidden layers for MLP")
     p.add_argument("-n", "--negative_samples", type=int, default=4, help="Number of negative examples per interaction")
-    p.add_argument("-l", "--learning_rate", type=float, default=0.0045, help="Learning rate for optimizer; scaled by sqrt(batch / 2**20) when the CPU chooses -b")
+    p.add_argument("-l", "--learning_rate", type=float, default=0.0045,
+                   help="Learning rate for optimizer; scaled by sqrt(batch / 2**20) when the CPU chooses -b")
     p.add_argument("-k", "--topk", type=int, default=10, help="Rank for test examples to be considered a hit")
     p.add_argument("--seed", "-s", type=int, default=None, help="Manually set random seed for torch")
     p.add_argument("--threshold", "-t", type=float, default=1.0, help="Stop training early at threshold")
