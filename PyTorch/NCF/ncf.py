@@ -415,17 +415,34 @@ def evaluate(model: nn.Module, test: EvalSet, topk: int, valid_batch_size: int, 
     labels[:, 0] = 1.0
     bce = nn.functional.binary_cross_entropy_with_logits(scores, labels, reduction="sum") if n_users else \
         torch.zeros((), device=scores.device)
-    ranked = scores.masked_fill(test.mask, float("-inf"))
-    unrankable = torch.isnan(ranked).any(dim=1)
-    rank = (ranked[:, 1:] >= ranked[:, :1]).sum(dim=1)
-    hits = (rank < topk) & ~unrankable
-    ndcg = torch.where(hits, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros((), dtype=torch.float64,
-                                                                                  device=rank.device))
+    hits, ndcg, unrankable = rank_positives(scores, test.mask, topk)
     total_hits, total_ndcg, total_bce, total_users, nan_users = all_reduce_sum(
         [float(hits.sum()), float(ndcg.sum()), float(bce), float(n_users), float(unrankable.sum())], scores.device)
     return {"hr": total_hits / total_users, "ndcg": total_ndcg / total_users,
             "val_loss": total_bce / (total_users * samples), "eval_rows": total_users * samples,
             "nan_users": int(nan_users)}
+
+
+def rank_positives(scores: torch.Tensor, mask: torch.Tensor, topk: int):
+    """The ranking rule of :func:`evaluate`, also applied to served scores by ``deployment/evaluate_accuracy.py``
+    (one rule, so trained and served evaluation cannot disagree). ``scores [U, S]`` has the positive in column 0;
+    ``mask [U, S]`` is True for candidates repeating an earlier one (``dataloading.duplicate_mask``: not ranked).
+
+    Returns per-user ``hits`` (bool), ``ndcg`` (float64, 0 for a miss) and ``unrankable`` (a NaN among the ranked
+    candidates: counted as a miss).
+
+    >>> hits, ndcg, nan = rank_positives(torch.tensor([[0.9, 0.1, 0.9], [0.2, 0.5, 0.1]]),
+    ...                                  torch.zeros(2, 3, dtype=torch.bool), topk=2)
+    >>> hits.tolist(), ndcg.tolist(), nan.tolist()
+    ([True, True], [0.6309297535714575, 0.6309297535714575], [False, False])
+    """
+    ranked = scores.masked_fill(mask, float("-inf"))
+    unrankable = torch.isnan(ranked).any(dim=1)
+    rank = (ranked[:, 1:] >= ranked[:, :1]).sum(dim=1)
+    hits = (rank < topk) & ~unrankable
+    ndcg = torch.where(hits, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros((), dtype=torch.float64,
+                                                                                  device=rank.device))
+    return hits, ndcg, unrankable
 
 
 def check_topk(topk: int, samples_per_series: int, origin: str = "the test set") -> None:

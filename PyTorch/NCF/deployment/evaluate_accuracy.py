@@ -42,18 +42,14 @@ from recsys_common.io import check_json_output, write_json_output  # noqa: E402
 
 
 def ranking_metrics(scores: np.ndarray, candidates: np.ndarray, topk: int) -> Dict[str, float]:
-    """HR@K and NDCG@K of ``scores [U, S]`` (positive in column 0) with ``ncf.evaluate``'s rule.
+    """HR@K and NDCG@K of ``scores [U, S]`` (positive in column 0) with ``ncf.evaluate``'s rule
+    (``ncf.rank_positives``, the one function both use).
 
-    >>> ranking_metrics(np.array([[0.9, 0.1, 0.9], [0.2, 0.5, 0.1]]), np.array([[1, 2, 3], [1, 2, 3]]), topk=1)
-    {'hr': 0.5, 'ndcg': 0.0, 'users': 2, 'nan_users': 0}
+    >>> ranking_metrics(np.array([[0.9, 0.1, 0.2], [0.2, 0.5, 0.1]]), np.array([[1, 2, 3], [1, 2, 3]]), topk=1)
+    {'hr': 0.5, 'ndcg': 0.5, 'users': 2, 'nan_users': 0}
     """
-    scores_t = torch.as_tensor(scores, dtype=torch.float64)
-    mask = duplicate_mask(torch.as_tensor(candidates))
-    ranked = scores_t.masked_fill(mask, float("-inf"))
-    unrankable = torch.isnan(ranked).any(dim=1)
-    rank = (ranked[:, 1:] >= ranked[:, :1]).sum(dim=1)
-    hits = (rank < topk) & ~unrankable
-    ndcg = torch.where(hits, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros((), dtype=torch.float64))
+    hits, ndcg, unrankable = ncf.rank_positives(torch.as_tensor(scores, dtype=torch.float64),
+                                                duplicate_mask(torch.as_tensor(candidates)), topk)
     users = scores.shape[0]
     return {"hr": float(hits.sum()) / users, "ndcg": float(ndcg.sum()) / users, "users": users,
             "nan_users": int(unrankable.sum())}
