@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import time
@@ -158,6 +159,18 @@ def read_log(path: str, kinds: Sequence[str] = ("LOG",)) -> List[Dict[str, Any]]
             if record.get("type") in kinds:
                 records.append(record)
     return records
+
+
+def hms(seconds: float) -> str:
+    """``H:MM:SS`` of a duration (rounded down, negative as 0; "?" when not finite): the training loops' ETA.
+
+    >>> hms(3725.9), hms(-1), hms(float("inf"))
+    ('1:02:05', '0:00:00', '?')
+    """
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def log_to_stderr(message: str) -> None:

@@ -1,7 +1,16 @@
-"""Facts about the machine that benchmarks record next to their figures."""
+"""Facts about the machine that benchmarks record next to their figures, and a free loopback port."""
 from __future__ import annotations
 
 import platform
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free right now (the OS picks it; servers and tests bind ports at runtime
+    because others run torchrun and servers beside them)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def cpu_model_name() -> str:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from typing import Dict, List, Optional, Sequence
+
+from .machine import free_port  # noqa: F401  (the one definition; tests import it from here)
 
 REQUIRE_ENV = "RECSYS_REQUIRE_DATA"
 DATA_DIR_ENV = "RECSYS_DATA_DIR"
@@ -63,13 +64,6 @@ def perf_analyzer_path() -> str:
             pytest.fail(f"{e}; {REQUIRE_ENV}=1 makes this a failure", pytrace=False)
         pytest.skip(str(e))
         raise  # unreachable
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that is free right now (tests pick ports at runtime: others run torchrun beside them)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass

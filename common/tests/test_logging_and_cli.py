@@ -9,7 +9,7 @@ import time
 import pytest
 
 from recsys_common import plot_log, synthetic, testing, transcode
-from recsys_common.logger import Logger, read_log
+from recsys_common.logger import Logger, hms, read_log
 
 
 def test_log_lines_are_dllogger_json(tmp_path):
@@ -69,6 +69,13 @@ def test_a_log_path_that_is_a_directory_is_refused(tmp_path):
 def test_stdout_lines_are_readable(tmp_path, capsys):
     Logger(None).log(step=(2, 5), data={"loss": 0.123456789})
     assert capsys.readouterr().out.strip() == "[step 2 5] loss: 0.123457"
+
+
+def test_hms_is_the_training_loops_eta_format():
+    # The three training loops print their ETA with it: hours grow past 24, seconds round down, no negative.
+    assert [hms(s) for s in (0, 59.99, 61, 3600, 90061, -5)] == \
+        ["0:00:00", "0:00:59", "0:01:01", "1:00:00", "25:01:01", "0:00:00"]
+    assert hms(float("nan")) == hms(float("inf")) == "?"
 
 
 def test_plot_log_writes_pngs(tmp_path):

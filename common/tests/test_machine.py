@@ -1,4 +1,6 @@
-from recsys_common.machine import cpu_model_name
+import socket
+
+from recsys_common.machine import cpu_model_name, free_port
 
 
 def test_cpu_model_name_is_procfs_model_name():
@@ -11,3 +13,10 @@ def test_cpu_model_name_is_procfs_model_name():
     assert name and "\n" not in name
     if expected is not None:
         assert name == expected
+
+
+def test_free_port_can_be_bound_on_loopback():
+    port = free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))

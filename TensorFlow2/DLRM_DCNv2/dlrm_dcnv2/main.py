@@ -32,6 +32,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from recsys_common.horovod_launch import LauncherMismatchError
+from recsys_common.logger import hms
 
 LOG = logging.getLogger("dlrm_dcnv2")
 
@@ -410,11 +411,6 @@ def training_settings(args, ctx) -> Dict[str, Any]:
             "world_size": ctx.world_size}
 
 
-def _hms(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
     """Steps within an epoch (1-based, after the step) after which to evaluate: evenly spaced, the last at the end."""
     evals = min(evals_per_epoch, steps_per_epoch)
@@ -617,7 +613,7 @@ def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dic
                 lr = float(schedule.learning_rate_at(global_step))
                 if chief:
                     print(f"epoch {epoch} step {global_step}/{total_steps} | loss {mean_loss:.5f} | lr {lr:.6g} | "
-                          f"{rate:,.0f} samples/s | ETA {_hms(eta)}", flush=True)
+                          f"{rate:,.0f} samples/s | ETA {hms(eta)}", flush=True)
                 logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr,
                                                             "samples_per_s": rate})
                 window_losses, window_time, window_samples = [], 0.0, 0

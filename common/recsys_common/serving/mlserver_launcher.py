@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ import urllib.error
 import urllib.request
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from ..machine import free_port
 from .client import ServingError
 
 #: The MLServer runtime serving each Triton platform here (TensorFlow SavedModels are served by Triton only).
@@ -59,13 +59,6 @@ class ServerHandle:
     models: List[str]
     log_path: str
     pid: int
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def servable_models(repo_dir: str, models: Optional[Sequence[str]] = None) -> Dict[str, str]:

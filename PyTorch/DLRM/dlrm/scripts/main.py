@@ -287,6 +287,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
     import torch
     from dlrm.utils.distributed import barrier
     from dlrm.utils.lr_schedule import LearningRateSchedule
+    from recsys_common.logger import hms
     schedule = LearningRateSchedule(args.lr, args.warmup_steps, args.warmup_factor, args.decay_start_step,
                                     args.decay_steps, args.decay_power, args.decay_end_lr)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -363,7 +364,7 @@ def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start:
                 eta = step_time * (steps_per_epoch - step_in_epoch)
                 if ctx.is_main:
                     print(f"Epoch:[{epoch}/{args.epochs}] [{step_in_epoch}/{steps_per_epoch}] "
-                          f"eta: {_hms(eta)} loss: {mean_loss:.4f} step_time: {step_time:.6f} lr: {lr:.4f}",
+                          f"eta: {hms(eta)} loss: {mean_loss:.4f} step_time: {step_time:.6f} lr: {lr:.4f}",
                           flush=True)
                 logger.log(step=(epoch, global_step), data={"loss": mean_loss, "lr": lr, "step_time": step_time})
                 results["train_loss"] = mean_loss
@@ -466,11 +467,6 @@ def _mean_over_ranks(total: float, count: int, device) -> float:
     from dlrm.utils.distributed import all_reduce_sum
     total, count = all_reduce_sum([total, float(count)], device)
     return total / count
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _sync(device) -> None:

@@ -190,11 +190,6 @@ def _metric_text(metrics: Dict[str, float]) -> str:
     return " ".join(f"{names.get(k, k)} {v:.5f}" for k, v in metrics.items())
 
 
-def _fmt_time(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 # --------------------------------------------------------------------------------------------------- main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
@@ -288,7 +283,7 @@ def make_train_step(model, wide_opt, deep_opt, *, xla: bool, loss_scale: bool, a
 
 def _run(args, dist: Dist) -> int:
     import tensorflow as tf
-    from recsys_common.logger import Logger
+    from recsys_common.logger import Logger, hms
     from .dataloader import ParquetBatches, read_feature_spec
     from .evaluator import MissingClickError
     from .schedulers import DeepLearningRateSchedule
@@ -377,7 +372,7 @@ def _run(args, dist: Dist) -> int:
                 eta = (total_steps - step) * args.global_batch_size / rate
                 if dist.rank == 0:
                     print(f"[train] epoch {epoch + 1}/{args.num_epochs} step {step}/{total_steps} "
-                          f"loss {loss_sum / loss_n:.5f} {rate:,.0f} samples/s ETA {_fmt_time(eta)}", flush=True)
+                          f"loss {loss_sum / loss_n:.5f} {rate:,.0f} samples/s ETA {hms(eta)}", flush=True)
                 logger.log(step, {"loss": loss_sum / loss_n, "samples_per_s": rate})
                 loss_sum, loss_n = 0.0, 0
             if args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0:
