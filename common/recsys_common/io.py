@@ -145,6 +145,54 @@ def write_json_output(path: str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+# ------------------------------------------------------------------------------------------------ predictions
+PREDICTION_FORMATS = (".csv", ".npy", ".parquet")
+
+
+def write_predictions(path: str, probabilities, ids=None, id_name: str = "id") -> None:
+    """The recipes' one prediction writer (every ``predict.py``): one probability per row, atomically, in the format
+    of ``path``'s extension:
+
+    - ``.npy``: a float32 array (``ids`` are not written);
+    - ``.csv``: a ``probability`` header, then one ``%.9g`` value a line (9 significant digits: float32 round-trips);
+      with ``ids``, the header is ``<id_name>,probability`` and each line starts with its id;
+    - ``.parquet``: a float32 ``probability`` column, after an ``<id_name>`` column when ``ids`` are given.
+
+    Each tool checks the extensions it offers and refuses an existing output before its work; an extension not
+    listed here is a ``ValueError``.
+
+    >>> import os, tempfile
+    >>> out = os.path.join(tempfile.mkdtemp(), "p.csv")
+    >>> write_predictions(out, [0.25, 0.5], ids=[7, 9], id_name="display_id")
+    >>> open(out).read()
+    'display_id,probability\n7,0.25\n9,0.5\n'
+    """
+    import numpy as np
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in PREDICTION_FORMATS:
+        raise ValueError(f"{path}: unknown prediction file extension {ext!r}; use one of "
+                         f"{', '.join(PREDICTION_FORMATS)}")
+    values = np.asarray(probabilities).reshape(-1)
+    with atomic_path(path) as tmp:
+        if ext == ".npy":
+            with open(tmp, "wb") as f:
+                np.save(f, values.astype(np.float32))
+        elif ext == ".csv":
+            with open(tmp, "w", encoding="utf-8") as f:
+                if ids is None:
+                    f.write("probability\n")
+                    np.savetxt(f, values, fmt="%.9g")
+                else:
+                    f.write(f"{id_name},probability\n")
+                    f.writelines(f"{i},{p:.9g}\n" for i, p in zip(ids, values))
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            columns = {} if ids is None else {id_name: ids}
+            columns["probability"] = values.astype(np.float32)
+            pq.write_table(pa.table(columns), tmp)
+
+
 # ------------------------------------------------------------------------------------------------ output directories
 class OutputDirectoryError(FileExistsError):
     """An output directory that a tool may not write into as asked (non-empty, or a name taken by another file)."""

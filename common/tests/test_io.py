@@ -219,3 +219,28 @@ def test_dataset_writer_fsyncs_each_file_before_renaming_it(tmp_path, events):
     for i, tmp in renames:
         assert ("fsync", tmp) in events[:i]
     assert ("fsync", str(tmp_path / "train")) in events[renames[-1][0]:]
+
+
+def test_write_predictions_formats_round_trip_float32(tmp_path):
+    # The one writer behind the three recipes' predict.py: every format reads back to the same float32 values.
+    import numpy as np
+    import pyarrow.parquet as pq
+    from recsys_common.io import write_predictions
+    p = np.array([1 / 3, 0.1, 1e-8, 0.999999], dtype=np.float32)
+    write_predictions(str(tmp_path / "p.npy"), p)
+    write_predictions(str(tmp_path / "p.csv"), p)
+    write_predictions(str(tmp_path / "p.parquet"), p, ids=[4, 5, 6, 7], id_name="display_id")
+    write_predictions(str(tmp_path / "i.csv"), p, ids=[4, 5, 6, 7], id_name="display_id")
+    loaded = np.load(tmp_path / "p.npy")
+    assert loaded.dtype == np.float32 and np.array_equal(loaded, p)
+    lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert lines[0] == "probability" and np.array_equal(np.array(lines[1:], dtype=np.float32), p)
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert table.column_names == ["display_id", "probability"] and table.column("display_id").to_pylist() == [4, 5, 6, 7]
+    assert np.array_equal(table.column("probability").to_numpy(), p)
+    rows = [line.split(",") for line in (tmp_path / "i.csv").read_text().splitlines()]
+    assert rows[0] == ["display_id", "probability"] and [int(r[0]) for r in rows[1:]] == [4, 5, 6, 7]
+    assert np.array_equal(np.array([r[1] for r in rows[1:]], dtype=np.float32), p)
+    with pytest.raises(ValueError, match="unknown prediction file extension '.txt'"):
+        write_predictions(str(tmp_path / "p.txt"), p)
+    assert not (tmp_path / "p.txt").exists()

@@ -100,18 +100,6 @@ def _locate_bad_csv_value(spec, mapping: str) -> None:
                                            f"({spec.numpy_dtype(name)})")
 
 
-def _write(path: str, probabilities: np.ndarray) -> None:
-    from recsys_common.io import atomic_path
-    with atomic_path(path) as tmp:
-        if path.endswith(".npy"):
-            with open(tmp, "wb") as f:
-                np.save(f, probabilities.astype(np.float32))
-        else:
-            with open(tmp, "w") as f:
-                f.write("probability\n")
-                np.savetxt(f, probabilities.astype(np.float64), fmt="%.9g")
-
-
 def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: str = "feature_spec.yaml",
             mapping: str = "test", batch_size: int = 65536, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` of ``dataset``'s FeatureSpec with the checkpoint; write ``output``; return the
@@ -119,6 +107,7 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
     from dlrm import serving
     from recsys_common.datasets import DatasetError, open_reader
     from recsys_common.feature_spec import FeatureSpec
+    from recsys_common.io import write_predictions
     from recsys_common.metrics import roc_auc_score
 
     if batch_size < 1:
@@ -168,7 +157,7 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
         if with_label:
             labels.append(np.asarray(batch["label"], np.float64).reshape(-1))
     probabilities = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-    _write(output, probabilities)
+    write_predictions(output, probabilities)
     summary: Dict[str, Any] = {"rows": int(len(probabilities)), "output": os.path.abspath(output),
                                "checkpoint": path, "mean_probability": float(probabilities.mean())
                                if len(probabilities) else None}

@@ -117,7 +117,7 @@ def predict(checkpoint: str, dataset_path: str, feature_spec: str = "feature_spe
 def write_probabilities(path: str, probabilities: np.ndarray, overwrite: bool = False) -> None:
     """Write ``probabilities`` to ``path`` (format by extension) atomically; refuse an existing file unless
     ``overwrite``."""
-    from recsys_common.io import atomic_path
+    from recsys_common.io import write_predictions
     ext = os.path.splitext(path)[1].lower()
     if ext not in OUTPUT_FORMATS:
         raise PredictError(f"--output {path}: unknown extension {ext!r}; use one of {', '.join(OUTPUT_FORMATS)}")
@@ -126,18 +126,7 @@ def write_probabilities(path: str, probabilities: np.ndarray, overwrite: bool = 
     if os.path.isdir(path):
         raise PredictError(f"--output {path} is a directory")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp:
-        if ext == ".npy":
-            with open(tmp, "wb") as f:
-                np.save(f, probabilities.astype(np.float32))
-        elif ext == ".csv":
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("probability\n")
-                np.savetxt(f, probabilities.reshape(-1, 1), fmt="%.9g")
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-            pq.write_table(pa.table({"probability": probabilities.astype(np.float32)}), tmp)
+    write_predictions(path, probabilities)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

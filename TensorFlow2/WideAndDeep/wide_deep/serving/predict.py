@@ -20,7 +20,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -129,23 +129,6 @@ def predict_probabilities(model, inputs: Sequence[ServingInput], arrays: Dict[st
     return np.concatenate(parts).astype(np.float32)
 
 
-def write_output(path: str, probabilities: np.ndarray, display_ids: Optional[List] = None) -> None:
-    """``.npy`` or ``.csv`` at ``path``, atomically."""
-    from recsys_common.io import atomic_path
-    with atomic_path(path) as tmp:
-        if path.endswith(".npy"):
-            with open(tmp, "wb") as f:
-                np.save(f, probabilities)
-        else:
-            with open(tmp, "w", encoding="utf-8") as f:
-                if display_ids is not None:
-                    f.write(f"{DISPLAY_ID},probability\n")
-                    f.writelines(f"{d},{p:.9g}\n" for d, p in zip(display_ids, probabilities))
-                else:
-                    f.write("probability\n")
-                    f.writelines(f"{p:.9g}\n" for p in probabilities)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="predict.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -160,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Score ``--input``; returns 0, or prints ``error: ...`` and returns 2."""
+    from recsys_common.io import write_predictions
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         print(f"error: --batch_size must be at least 1, got {args.batch_size}", file=sys.stderr)
@@ -176,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         inputs = serving_inputs(config, spec)
         arrays = rows_to_arrays(table, inputs, args.input)
         probabilities = predict_probabilities(model, inputs, arrays, args.batch_size)
-        write_output(args.output, probabilities, table.get(DISPLAY_ID))
+        write_predictions(args.output, probabilities, table.get(DISPLAY_ID), DISPLAY_ID)
     except (InputRowError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
