@@ -53,66 +53,16 @@ case "${ENGINE,,}" in
     *) die "third argument (or PREPROC_ENGINE) must be Polars or Spark (NVIDIA's NVTabular path is not part of this recipe), got '$ENGINE'" ;;
 esac
 
-INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
-OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
-SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-/data/dlrm/spark/tmp}"
-BINARY_PATH="${BINARY_PATH:-/data/dlrm/binary_dataset}"
-TOTAL_CORES="${TOTAL_CORES:-$(nproc)}"
-if [[ -z "${TOTAL_MEMORY:-}" ]]; then
-    TOTAL_MEMORY=$(awk '/MemTotal/ {m = int($2 / 1048576 * 0.8); print (m < 1 ? 1 : m)}' /proc/meminfo)
-fi
-SPARK_MASTER="${SPARK_MASTER:-local[*]}"
 PYTHON="${PYTHON:-python3}"
-OVERWRITE="${OVERWRITE:-0}"
-export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
-
 # recsys_common is installed by the setup (pip install -e common); fall back to the checkout.
 if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
     export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
 fi
-overwrite_flag=()
-[[ "$OVERWRITE" == "1" ]] && overwrite_flag=(--overwrite)
 
-if [[ "$ENGINE" == polars ]]; then
-    echo "[prepare_dataset] engine=polars input=$INPUT_PATH binary=$BINARY_PATH frequency_limit=$FREQUENCY_LIMIT"
-    "$here/verify_criteo_downloaded.sh" "$INPUT_PATH"
-    work_flag=()
-    [[ -n "${WORK_DIR:-}" ]] && work_flag=(--work_dir "$WORK_DIR")
-    # shellcheck disable=SC2086  # PREPROC_ARGS is a list of flags
-    "$PYTHON" -m recsys_common.criteo.polars_preprocess \
-        --input_path "$INPUT_PATH" --output_path "$BINARY_PATH" --frequency_limit "$FREQUENCY_LIMIT" \
-        "${work_flag[@]}" "${overwrite_flag[@]}" ${PREPROC_ARGS:-}
-    echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-    echo "[prepare_dataset] train with: python -m dlrm.scripts.main --mode train --dataset $BINARY_PATH"
-    exit 0
-fi
-
-command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
-
-echo "[prepare_dataset] engine=spark input=$INPUT_PATH output=$OUTPUT_PATH binary=$BINARY_PATH frequency_limit=$FREQUENCY_LIMIT"
-echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_MEMORY}g local_dirs=$SPARK_LOCAL_DIRS"
-
-# 1. verify
-"$here/verify_criteo_downloaded.sh" "$INPUT_PATH"
-
-# 2. Spark (skipped when a finished run with the same frequency limit is already there)
-report="$OUTPUT_PATH/preprocess_report.json"
-# cardinalities.json is the job's completion marker (moved in last): without it the output is partial.
-if [[ -f "$OUTPUT_PATH/cardinalities.json" && -f "$report" && "$OVERWRITE" != "1" ]]; then
-    done_limit=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["frequency_limit"])' "$report")
-    [[ "$done_limit" == "$FREQUENCY_LIMIT" ]] || die "$OUTPUT_PATH holds a run with frequency limit $done_limit; set OVERWRITE=1 to redo it with $FREQUENCY_LIMIT"
-    echo "[prepare_dataset] $report exists: skipping the Spark job (OVERWRITE=1 redoes it)"
-else
-    mkdir -p "$SPARK_LOCAL_DIRS"
-    # shellcheck disable=SC2086  # SPARK_PREPROCESS_ARGS is a list of flags
-    "$PYTHON" -m recsys_common.criteo.spark_preprocess \
-        --input_path "$INPUT_PATH" --output_path "$OUTPUT_PATH" --frequency_limit "$FREQUENCY_LIMIT" \
-        --master "$SPARK_MASTER" --total_cores "$TOTAL_CORES" --total_memory "$TOTAL_MEMORY" \
-        --spark_local_dirs "$SPARK_LOCAL_DIRS" "${overwrite_flag[@]}" ${SPARK_PREPROCESS_ARGS:-}
-fi
-
-# 3. parquet -> split binary
-"$PYTHON" -m recsys_common.criteo.to_split_binary --input "$OUTPUT_PATH" --output "$BINARY_PATH" "${overwrite_flag[@]}"
-
-echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-echo "[prepare_dataset] train with: python -m dlrm.scripts.main --mode train --dataset $BINARY_PATH"
+# The steps (verify, then Polars; or verify, Spark, conversion) are shared with TensorFlow2/DLRM_DCNv2's script.
+steps="$("$PYTHON" -c 'import os, recsys_common.criteo as c; print(os.path.dirname(c.__file__))')/prepare_dataset_steps.sh"
+FREQUENCY="$FREQUENCY_LIMIT" FREQUENCY_NAME=frequency_limit VERIFY_INPUT="$here/verify_criteo_downloaded.sh"
+REUSE_SPARK_OUTPUT=1
+TRAIN_HINT="python -m dlrm.scripts.main --mode train --dataset ${BINARY_PATH:-/data/dlrm/binary_dataset}"
+# shellcheck source=../../../common/recsys_common/criteo/prepare_dataset_steps.sh
+source "$steps"

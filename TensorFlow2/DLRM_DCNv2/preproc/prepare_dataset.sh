@@ -51,49 +51,15 @@ case "${ENGINE,,}" in
     *) die "PREPROC_ENGINE must be polars or spark, got '$ENGINE'" ;;
 esac
 
-INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
-OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
-BINARY_PATH="${BINARY_PATH:-/data/dlrm/binary_dataset}"
-SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-/data/dlrm/spark/tmp}"
-SPARK_MASTER="${SPARK_MASTER:-local[*]}"
-TOTAL_CORES="${TOTAL_CORES:-$(nproc)}"
-if [[ -z "${TOTAL_MEMORY:-}" ]]; then
-    TOTAL_MEMORY=$(awk '/MemTotal/ {m = int($2 / 1048576 * 0.8); print (m < 1 ? 1 : m)}' /proc/meminfo)
-fi
 PYTHON="${PYTHON:-python3}"
-export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
-
-# recsys_common is installed by `make setup` and in the Docker image; otherwise use the checkout's copy.
+# recsys_common is installed by the setup (pip install -e common); fall back to the checkout.
 if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
     export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
 fi
-overwrite=()
-[[ "${OVERWRITE:-0}" == "1" ]] && overwrite=(--overwrite)
 
-if [[ "$ENGINE" == polars ]]; then
-    echo "[prepare_dataset] engine=polars input=$INPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
-    work=()
-    [[ -n "${WORK_DIR:-}" ]] && work=(--work_dir "$WORK_DIR")
-    # shellcheck disable=SC2086  # PREPROC_ARGS is a list of flags
-    "$PYTHON" -m recsys_common.criteo.polars_preprocess \
-        --input_path "$INPUT_PATH" --output_path "$BINARY_PATH" --frequency_limit "$FREQUENCY_THRESHOLD" \
-        "${work[@]}" "${overwrite[@]}" ${PREPROC_ARGS:-}
-    echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-    echo "[prepare_dataset] train with: python dlrm.py --dataset_path $BINARY_PATH   (or dcnv2.py)"
-    exit 0
-fi
-
-command -v java >/dev/null 2>&1 || die "Spark needs a Java runtime (17 or 21): install openjdk-17-jre-headless"
-
-echo "[prepare_dataset] engine=spark input=$INPUT_PATH spark_output=$OUTPUT_PATH binary=$BINARY_PATH frequency_threshold=$FREQUENCY_THRESHOLD"
-echo "[prepare_dataset] master=$SPARK_MASTER cores=$TOTAL_CORES memory=${TOTAL_MEMORY}g local_dirs=$SPARK_LOCAL_DIRS"
-mkdir -p "$SPARK_LOCAL_DIRS"
-# shellcheck disable=SC2086  # SPARK_PREPROCESS_ARGS is a list of flags
-"$PYTHON" -m recsys_common.criteo.spark_preprocess \
-    --input_path "$INPUT_PATH" --output_path "$OUTPUT_PATH" --frequency_limit "$FREQUENCY_THRESHOLD" \
-    --master "$SPARK_MASTER" --total_cores "$TOTAL_CORES" --total_memory "$TOTAL_MEMORY" \
-    --spark_local_dirs "$SPARK_LOCAL_DIRS" "${overwrite[@]}" ${SPARK_PREPROCESS_ARGS:-}
-"$PYTHON" -m recsys_common.criteo.to_split_binary --input "$OUTPUT_PATH" --output "$BINARY_PATH" "${overwrite[@]}"
-
-echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-echo "[prepare_dataset] train with: python dlrm.py --dataset_path $BINARY_PATH   (or dcnv2.py)"
+# The steps (Polars; or Spark, then the conversion) are shared with PyTorch/DLRM's script.
+steps="$("$PYTHON" -c 'import os, recsys_common.criteo as c; print(os.path.dirname(c.__file__))')/prepare_dataset_steps.sh"
+FREQUENCY="$FREQUENCY_THRESHOLD" FREQUENCY_NAME=frequency_threshold VERIFY_INPUT="" REUSE_SPARK_OUTPUT=0
+TRAIN_HINT="python dlrm.py --dataset_path ${BINARY_PATH:-/data/dlrm/binary_dataset}   (or dcnv2.py)"
+# shellcheck source=../../../common/recsys_common/criteo/prepare_dataset_steps.sh
+source "$steps"
