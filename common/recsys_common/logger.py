@@ -162,7 +162,8 @@ def read_log(path: str, kinds: Sequence[str] = ("LOG",)) -> List[Dict[str, Any]]
 
 
 def hms(seconds: float) -> str:
-    """``H:MM:SS`` of a duration (rounded down, negative as 0; "?" when not finite): the training loops' ETA.
+    """``H:MM:SS`` of a duration (rounded down, negative as 0; "?" when not finite): every ETA the training loops
+    and the data tools' progress lines print.
 
     >>> hms(3725.9), hms(-1), hms(float("inf"))
     ('1:02:05', '0:00:00', '?')

@@ -70,6 +70,7 @@ from .criteo.dictionaries import DictionaryLookup, build_dictionary, merge_count
 from .datasets import DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
 from .io import atomic_directory, atomic_write_text, check_output_directory
+from .logger import hms
 
 TOOL = "recsys_common.prepare_clicks"
 REPORT_NAME = "prepare_clicks.json"
@@ -422,7 +423,7 @@ def make_feature_spec(config: Dict[str, Any], cardinalities: Sequence[int], spli
 
 
 class _Progress:
-    """``[prepare_clicks] pass 2: 1,048,576 of 40,428,967 rows (2.6 %), 310,000 rows/s, 2 min 7 s left``."""
+    """``[prepare_clicks] pass 2: 1,048,576 of 40,428,967 rows (2.6 %), 310,000 rows/s, 0:02:07 left``."""
 
     def __init__(self, total: int, what: str, every_seconds: float = 5.0):
         self.total, self.what, self.every = total, what, every_seconds
@@ -439,14 +440,7 @@ class _Progress:
         left = (self.total - self.done) / rate if rate > 0 else float("nan")
         share = 100.0 * self.done / self.total if self.total else 100.0
         print(f"[prepare_clicks] {self.what}: {self.done:,} of {self.total:,} rows ({share:.1f} %), "
-              f"{rate:,.0f} rows/s, {_duration(left)} left", flush=True)
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+              f"{rate:,.0f} rows/s, {hms(left)} left", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ the whole job

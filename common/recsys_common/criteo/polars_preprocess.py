@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import shutil
 import sys
@@ -49,6 +48,7 @@ from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, 
 from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFormat, InputLayout, discover_input,
                      sniff_format, split_boundaries)
 from ..io import atomic_directory, atomic_write_text, check_output_directory
+from ..logger import hms
 
 TOOL = "recsys_common.criteo.to_split_binary"   # the same dataset either engine writes: each may replace the other's
 _STATE_VERSION = 1
@@ -423,20 +423,12 @@ class Progress:
         amount = (f"{self.done / 2**20:,.0f} of {self.total / 2**20:,.0f} MiB" if self.unit == "bytes"
                   else f"{self.done:,.0f} of {self.total:,.0f} {self.unit}")
         print(f"[criteo] {self.name}: {amount} ({fraction:.0%}), {self.rows:,} rows, {self.rows / elapsed:,.0f} "
-              f"rows/s, {_duration(left)} left{(' ' + what) if what else ''}", flush=True)
+              f"rows/s, {hms(left)} left{(' ' + what) if what else ''}", flush=True)
 
 
 def _peak_rss_note() -> str:
     import resource
     return f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB"
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
 
 
 # ----------------------------------------------------------------------------------------------------- work state

@@ -47,6 +47,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
+from recsys_common.logger import hms
 
 from . import features as F
 from .joins import DEFAULT_PARTITION_ROWS, stream_join_and_split
@@ -70,15 +71,10 @@ def skip_unused_frameworks() -> None:
     warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
-
-
 class Progress:
     """Progress of the ETL: a numbered line per step (``[preproc] step i/N <what>: <rows> rows in <s> s (<rows/s>
     rows/s)``) and, inside the long steps, a line at most every ``every`` seconds: ``[preproc]   read
-    clicks_train.csv: 4,194,304 of ~20,000,000 rows (21.0 %), 310,000 rows/s, 51 s left`` (``~``: the total
+    clicks_train.csv: 4,194,304 of ~20,000,000 rows (21.0 %), 310,000 rows/s, 0:00:51 left`` (``~``: the total
     estimated from the bytes read of the file's size). Keeps the step timings."""
 
     def __init__(self, total: int = NUM_STEPS, out: Callable[[str], None] = print, every: float = 5.0):
@@ -111,9 +107,8 @@ class Progress:
         elapsed = max(now - state[0], 1e-9)
         rate = done / elapsed
         left = (total - done) / rate if rate > 0 else float("nan")
-        left_text = _duration(left) if left == left else "?"
         self.out(f"[preproc]   {what}: {done:,} of {'~' if estimated else ''}{total:,} rows "
-                 f"({100.0 * done / max(total, 1):.1f} %), {rate:,.0f} rows/s, {left_text} left")
+                 f"({100.0 * done / max(total, 1):.1f} %), {rate:,.0f} rows/s, {hms(left)} left")
 
     def block(self, what: str, done: int, bytes_done: int, file_bytes: int) -> None:
         """A streamed CSV read: rows so far, total estimated from the share of the file read."""
