@@ -50,6 +50,17 @@ DEFAULT_PEER = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "..", "sha
                                              "criteo_polars_preproc.py"))
 
 
+def default_peer_script() -> str:
+    """The peer script beside the shared datasets (``$RECSYS_DATA_DIR/../peers``) when that is set, else beside the
+    checkout (``../shared/peers``)."""
+    data_dir = os.environ.get("RECSYS_DATA_DIR")
+    if data_dir:
+        beside_data = os.path.join(os.path.dirname(os.path.abspath(data_dir)), "peers", "criteo_polars_preproc.py")
+        if os.path.isfile(beside_data):
+            return beside_data
+    return DEFAULT_PEER
+
+
 def write_raw(path: str, rows: int, seed: int, block: int = 200_000) -> None:
     """``rows`` generated raw rows into ``path``, vectorised (Polars builds the lines), about 1M rows/s."""
     import polars as pl
@@ -227,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     unknown = sorted(set(engines) - {"ours", "ours_input", "peer", "spark"})
     if unknown or not engines:
         raise SystemExit(f"--engines: unknown {unknown or 'none given'}; choose from ours, ours_input, peer, spark")
-    args.peer_script = args.peer_script or DEFAULT_PEER
+    args.peer_script = args.peer_script or default_peer_script()
     if args.days == 1 or args.days < 0:
         raise SystemExit(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
                          f"0 writes a Kaggle train.txt")

@@ -101,7 +101,7 @@ def test_benchmark_preprocess_never_overwrites_a_train_txt_it_did_not_write(tmp_
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "train.txt").write_text("the user's own Criteo sample\n")
     with pytest.raises(OutputDirectoryError, match="train.txt: exists and was not written by this tool"):
-        benchmark_preprocess.main(["--rows", "10", "--work_dir", str(tmp_path)])
+        benchmark_preprocess.main(["--rows", "10", "--engines", "ours", "--work_dir", str(tmp_path)])
     assert (tmp_path / "in" / "train.txt").read_text() == "the user's own Criteo sample\n"
 
 
