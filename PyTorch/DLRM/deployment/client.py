@@ -42,7 +42,8 @@ def served_predictions(server_url: str, protocol: str, model_name: str, dataset:
                        timeout_s: float = 60.0, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` through the server, write ``output``; returns a summary. Raises ``ServingError``
     (unreachable server, a refused request), ``PredictError`` / FeatureSpec / dataset errors on bad input."""
-    from dlrm.scripts.predict import PredictError, _write
+    from dlrm.scripts.predict import PredictError
+    from recsys_common.io import write_predictions
     from recsys_common.datasets import open_reader
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.serving.client import InferenceClient
@@ -67,7 +68,7 @@ def served_predictions(server_url: str, protocol: str, model_name: str, dataset:
                       "categorical": np.ascontiguousarray(batch["categorical"], np.int64)}
             parts.append(client.infer(model_name, inputs, ["probability"])["probability"].reshape(-1))
     probabilities = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-    _write(output, probabilities)
+    write_predictions(output, probabilities)
     return {"rows": int(len(probabilities)), "output": os.path.abspath(output), "server": server_url,
             "protocol": protocol, "model_name": model_name}
 
