@@ -28,7 +28,7 @@ LOSS_TOLERANCE = 1e-6
 def torchrun(args, nnodes=1, nproc_per_node=2, rendezvous="static"):
     """``python -m dlrm.scripts.main ARGS`` under torchrun on free loopback ports; every launcher must exit 0."""
     return run_torchrun_nodes(["-m", "dlrm.scripts.main", *args], nnodes=nnodes, nproc_per_node=nproc_per_node,
-                              rendezvous=rendezvous, cwd=RECIPE_DIR, env=subprocess_env(), timeout=500)
+                              rendezvous=rendezvous, cwd=RECIPE_DIR, env=subprocess_env(), timeout=240)
 
 
 def summary(log_path):
@@ -144,7 +144,7 @@ def test_a_checkpoint_directory_the_processes_do_not_share_is_refused_before_tra
                f"--master_port={free_port()}", os.path.join("tests", "per_rank_main.py"),
                *train_args(small_dataset, tmp_path / "log.json", "--max_steps", "4", "--save_checkpoint_path",
                            str(tmp_path / "node{rank}" / "ckpt"))]
-    status, output = run_process_group(command, cwd=RECIPE_DIR, env=subprocess_env(), timeout=300,
+    status, output = run_process_group(command, cwd=RECIPE_DIR, env=subprocess_env(), timeout=150,
                                        expect_success=False)
     assert status != 0, output[-3000:]
     assert output.count("1 of 2 ranks do not see the files rank 0 writes there") == 2, output[-3000:]
