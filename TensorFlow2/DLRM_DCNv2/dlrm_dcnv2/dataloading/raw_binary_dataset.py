@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .dataloader import BatchPipeline, DataError, label_feature, metadata_from_spec
+from .pipeline import BatchPipeline, DataError, label_feature, metadata_from_spec
 
 # Indirection so tests can count which files a rank opens.
 _open_fd = os.open

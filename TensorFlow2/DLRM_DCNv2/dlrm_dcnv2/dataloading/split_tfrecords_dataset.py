@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .dataloader import PAD, BatchPipeline, DataError, label_feature, metadata_from_spec
+from .pipeline import PAD, BatchPipeline, DataError, label_feature, metadata_from_spec
 
 LENGTH_FILE = "length.json"
 CHUNK_TYPE = "split_tfrecords"

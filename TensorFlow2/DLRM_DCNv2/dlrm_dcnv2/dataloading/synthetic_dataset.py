@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .dataloader import BatchPipeline, DatasetMetadata, metadata_from_spec
+from .pipeline import BatchPipeline, DatasetMetadata, metadata_from_spec
 
 NVIDIA_DEFAULT_CARDINALITIES = [1000] * 26
 NVIDIA_DEFAULT_HOTNESS = [20] * 26
