@@ -12,7 +12,6 @@ over each user's candidates, all-reduced over ranks) -> checkpoint when HR impro
 from __future__ import annotations
 
 import argparse
-import copy
 import ctypes
 import itertools
 import math
@@ -29,6 +28,7 @@ from torch import nn
 
 from dataloading import DatasetError, EvalSet, TrainEpochs, load_dataset
 from neumf import MODEL_NAMES, build_model, from_nvidia_state_dict, is_nvidia_state_dict, strip_ddp_prefix
+from recsys_common import cpu_defaults
 from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
 from recsys_common.logger import Logger
@@ -105,16 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def explicit_flags(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> set:
-    """The destinations the command line set itself (``-b 1048576`` counts, though it equals the default).
-
-    A second parse of the same ``argv`` with every default suppressed: only the options present remain.
-    """
-    quiet = copy.deepcopy(parser)
-    for action in quiet._actions:
-        action.default = argparse.SUPPRESS
-        action.required = False
-    return set(vars(quiet.parse_known_args(argv)[0]))
+explicit_flags = cpu_defaults.explicit_flags  # the one implementation, shared with the other recipes
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -136,48 +127,32 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------ CPU defaults
+# The rule is recsys_common.cpu_defaults' (shared by every recipe); NCF supplies NVIDIA's values and its memory model.
 NVIDIA_BATCH_SIZE, NVIDIA_LEARNING_RATE = 2 ** 20, 0.0045  # tuned for one 32-80 GB GPU on ML-20m
-CPU_MIN_STEPS_PER_EPOCH = 100   # a CPU default batch leaves at least this many optimizer steps per epoch
-CPU_MEMORY_FRACTION = 1 / 8     # of the machine's RAM, for one step's activations (shared by the ranks)
-CPU_MIN_BATCH = 1024
+CPU_MIN_STEPS_PER_EPOCH = cpu_defaults.MIN_STEPS_PER_EPOCH
+CPU_MEMORY_FRACTION = cpu_defaults.MEMORY_FRACTION
+CPU_MIN_BATCH = cpu_defaults.MIN_BATCH
 # Peak RSS of one training step per row and per float of width (2 f + L0 + sum(layers)): 5.30 GB at -b 2**20 with
 # NVIDIA's model (width 1088) on ML-100k, measured with /usr/bin/time -v (2026-11-25, AMD EPYC): 4.6 bytes.
 BYTES_PER_ROW_PER_WIDTH = 4.6
+machine_memory_bytes = cpu_defaults.machine_memory_bytes
 
 
 def choose_cpu_batch(train_rows: int, factors: int, layers: List[int], memory_bytes: int,
-                     grads_accumulated: int = 1):
+                     grads_accumulated: int = 1, given_learning_rate: Optional[float] = None):
     """(batch_size, learning_rate, reason): a CPU default for -b / -l in place of NVIDIA's GPU values.
 
-    The batch is the largest power of two (NVIDIA's is one too) that is at most NVIDIA's 2**20, leaves at least
-    ``CPU_MIN_STEPS_PER_EPOCH`` optimizer steps per epoch over ``train_rows`` (positives and negatives), and whose
-    activations (estimated from the model's widths) fit in ``CPU_MEMORY_FRACTION`` of ``memory_bytes``; never below
-    ``CPU_MIN_BATCH``. -b is global: ranks on one machine split its rows, so their activations add up to the same. The learning rate scales NVIDIA's 0.0045 by the square root
-    of the batch ratio (Adam's square-root rule; linear scaling would give 1/256 of the step at -b 4096, which
-    barely moves in NVIDIA's 30 epochs).
+    :func:`recsys_common.cpu_defaults.choose_cpu_batch` with NVIDIA's -b 2**20 / -l 0.0045, the square-root rule
+    (Adam) and this model's activations per row (``BYTES_PER_ROW_PER_WIDTH`` x its widths). -b is global: ranks on
+    one machine split its rows, so their activations add up to the same. An optimizer step sees
+    ``-b x --grads_accumulated`` rows, which is what the step count and the rate use.
     """
     width = 2 * factors + layers[0] + sum(layers)
-    by_data = max(train_rows // (CPU_MIN_STEPS_PER_EPOCH * grads_accumulated), 1)
-    by_memory = max(int(memory_bytes * CPU_MEMORY_FRACTION / (BYTES_PER_ROW_PER_WIDTH * width)), 1)
-    limit = min(NVIDIA_BATCH_SIZE, by_data, by_memory)
-    batch = max(CPU_MIN_BATCH, 1 << (limit.bit_length() - 1))
-    lr = NVIDIA_LEARNING_RATE * math.sqrt(batch * grads_accumulated / NVIDIA_BATCH_SIZE)
-    lr = float(f"{lr:.3g}")
-    binding = ("NVIDIA's value" if limit == NVIDIA_BATCH_SIZE else
-               f"at least {CPU_MIN_STEPS_PER_EPOCH} steps over {train_rows} training rows per epoch"
-               if limit == by_data else
-               f"about {CPU_MEMORY_FRACTION:.3g} of {memory_bytes / 2 ** 30:.1f} GiB RAM at "
-               f"{BYTES_PER_ROW_PER_WIDTH * width / 1024:.1f} KiB per row")
-    if batch > limit:
-        binding = f"the floor {CPU_MIN_BATCH}"
-    reason = (f"-b {batch} ({binding}; NVIDIA's GPU default is {NVIDIA_BATCH_SIZE}) and -l {lr:g} "
-              f"(NVIDIA's {NVIDIA_LEARNING_RATE} x sqrt({batch * grads_accumulated}/{NVIDIA_BATCH_SIZE}))")
-    return batch, lr, reason
-
-
-def machine_memory_bytes() -> int:
-    """Physical RAM (total, not free: every rank computes the same value and so the same batch)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    c = cpu_defaults.choose_cpu_batch(train_rows, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=NVIDIA_LEARNING_RATE,
+                                      bytes_per_row=BYTES_PER_ROW_PER_WIDTH * width, memory_bytes=memory_bytes,
+                                      lr_scaling="sqrt", batch_flag="-b", lr_flag="-l",
+                                      given_learning_rate=given_learning_rate, steps_per_batch=grads_accumulated)
+    return c.batch, c.learning_rate, c.reason
 
 
 def apply_cpu_defaults(args: argparse.Namespace, device: torch.device, train_rows: int,
@@ -190,13 +165,10 @@ def apply_cpu_defaults(args: argparse.Namespace, device: torch.device, train_row
     explicit = getattr(args, "explicit", None)
     if device.type != "cpu" or explicit is None or "batch_size" in explicit or args.mode != "train":
         return None
+    given_lr = args.learning_rate if "learning_rate" in explicit else None
     batch, lr, reason = choose_cpu_batch(train_rows, args.factors, args.layers,
-                                         memory_bytes or machine_memory_bytes(), args.grads_accumulated)
-    args.batch_size = batch
-    if "learning_rate" in explicit:
-        reason = reason.split(" and -l ")[0] + f"; -l {args.learning_rate:g} as given"
-    else:
-        args.learning_rate = lr
+                                         memory_bytes or machine_memory_bytes(), args.grads_accumulated, given_lr)
+    args.batch_size, args.learning_rate = batch, lr
     return f"ncf.py: CPU defaults: {reason}. Pass -b (and -l) to choose."
 
 

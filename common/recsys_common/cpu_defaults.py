@@ -1,0 +1,137 @@
+"""CPU defaults for a recipe's batch size and learning rate (issue 18): one rule shared by every recipe.
+
+NVIDIA's defaults are GPU values (global batch 2**20 for NCF, 131,072 for Wide & Deep, 65,536 / 32,768 for the
+DLRMs): on a laptop CPU they take one to three optimizer steps per epoch of a 100k-row dataset, or more memory than
+the machine has (TF2 DLRM peaked at 14.8 GB), or refuse a dataset smaller than a batch (W&D). A recipe running on
+the CPU whose command line did not set the batch flag replaces NVIDIA's batch with :func:`choose_cpu_batch`'s:
+
+* the largest power of two (NVIDIA's are powers of two) that is at most NVIDIA's batch,
+* that leaves at least ``MIN_STEPS_PER_EPOCH`` optimizer steps per epoch over the training rows,
+* whose activations (the recipe's calibrated estimate of bytes per row) fit in ``MEMORY_FRACTION`` of the machine's
+  RAM (total RAM, not free: every rank computes the same value and so the same batch),
+* never below ``MIN_BATCH``, unless the training set itself is smaller: then the batch is the whole training set
+  (one step per epoch, no row dropped).
+
+The learning rate goes with the batch: the square-root rule for Adam-style optimizers (``lr * sqrt(b / B)``; linear
+scaling would leave NCF 1/256 of its step at ``-b 4096``) and the linear rule for SGD (``lr * b / B``, Goyal et al.
+2017), from NVIDIA's ``lr`` at NVIDIA's batch ``B``. A learning-rate flag the user gave is kept as given; on a GPU,
+and whenever the batch flag is given (even equal to NVIDIA's value), nothing changes.
+
+    >>> c = choose_cpu_batch(100_000, gpu_batch=65536, gpu_learning_rate=24.0, bytes_per_row=200 * 1024,
+    ...                      memory_bytes=16 * 2 ** 30, lr_scaling="linear", batch_flag="--batch_size",
+    ...                      lr_flag="--learning_rate")
+    >>> c.batch, c.learning_rate
+    (1024, 0.375)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+MIN_STEPS_PER_EPOCH = 100   # a CPU default batch leaves at least this many optimizer steps per epoch
+MEMORY_FRACTION = 1 / 8     # of the machine's RAM, for one step's activations (shared by the ranks of one machine)
+MIN_BATCH = 1024            # below this a CPU step is dominated by per-step overhead, not by arithmetic
+LR_SCALINGS = ("sqrt", "linear")
+
+
+@dataclass(frozen=True)
+class CpuBatch:
+    """A CPU default: ``batch`` and ``learning_rate`` to use, ``reason`` to print (what was chosen and why)."""
+    batch: int
+    learning_rate: float
+    reason: str
+    binding: str   # "nvidia", "steps", "memory", "floor" or "dataset": which limit decided the batch
+
+
+def machine_memory_bytes() -> int:
+    """Physical RAM in bytes (total, not free: every rank of a job must reach the same batch)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> set:
+    """The argparse destinations the command line set itself (``--batch_size 65536`` counts though it is the
+    default): a second parse of the same ``argv`` with every default suppressed, so only options present remain."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    return set(vars(quiet.parse_known_args(list(argv) if argv is not None else None)[0]))
+
+
+def scale_learning_rate(gpu_learning_rate: float, batch: int, gpu_batch: int, lr_scaling: str) -> float:
+    """NVIDIA's rate moved to ``batch`` by the square-root or linear rule, to 3 significant digits."""
+    if lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}")
+    ratio = batch / gpu_batch
+    return float(f"{gpu_learning_rate * (math.sqrt(ratio) if lr_scaling == 'sqrt' else ratio):.3g}")
+
+
+def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_rate: float, bytes_per_row: float,
+                     memory_bytes: Optional[int] = None, lr_scaling: str = "sqrt", batch_flag: str = "-b",
+                     lr_flag: str = "-l", given_learning_rate: Optional[float] = None, steps_per_batch: int = 1,
+                     multiple_of: int = 1) -> CpuBatch:
+    """The CPU default batch and learning rate (see the module docstring for the rule).
+
+    Args:
+        train_rows: rows an epoch trains on (``None`` when the recipe cannot know before reading: only memory and
+            NVIDIA's value bound the batch then).
+        gpu_batch, gpu_learning_rate: NVIDIA's defaults (the learning rate is scaled from them).
+        bytes_per_row: the recipe's estimate of one training step's peak memory per row of the batch (calibrated
+            from a measured run, documented where it is defined).
+        memory_bytes: RAM to plan with (:func:`machine_memory_bytes` when ``None``).
+        lr_scaling: ``"sqrt"`` (Adam, Adagrad, FTRL) or ``"linear"`` (SGD).
+        batch_flag, lr_flag: the recipe's flag names, for the printed reason.
+        given_learning_rate: the learning rate the user passed, kept as is (``None``: scale NVIDIA's).
+        steps_per_batch: micro-batches accumulated into one optimizer step (NCF's ``--grads_accumulated``): an
+            optimizer step sees ``batch * steps_per_batch`` rows, so the step count and the rate use that.
+        multiple_of: the batch is a multiple of this (global batches split evenly over ``world_size`` ranks).
+    """
+    if gpu_batch < 1 or bytes_per_row <= 0 or steps_per_batch < 1 or multiple_of < 1:
+        raise ValueError("gpu_batch, bytes_per_row, steps_per_batch and multiple_of must be positive")
+    memory_bytes = memory_bytes or machine_memory_bytes()
+    by_memory = max(int(memory_bytes * MEMORY_FRACTION / bytes_per_row), 1)
+    by_data = (max(train_rows // (MIN_STEPS_PER_EPOCH * steps_per_batch), 1) if train_rows is not None
+               else gpu_batch)
+    limit = min(gpu_batch, by_data, by_memory)
+    batch = 1 << (limit.bit_length() - 1)
+    binding = "nvidia" if limit == gpu_batch else "steps" if limit == by_data else "memory"
+    why = {"nvidia": "NVIDIA's value",
+           "steps": f"at least {MIN_STEPS_PER_EPOCH} steps over {train_rows} training rows per epoch",
+           "memory": f"about {MEMORY_FRACTION:.3g} of {memory_bytes / 2 ** 30:.1f} GiB RAM at "
+                     f"{bytes_per_row / 1024:.1f} KiB per row"}[binding]
+    if batch < MIN_BATCH:
+        batch, binding, why = MIN_BATCH, "floor", f"the floor {MIN_BATCH}"
+    if train_rows is not None and train_rows < batch * steps_per_batch:
+        # A training set smaller than one batch: one step over all of it rather than a batch it cannot fill
+        # (recipes that drop the last partial batch would otherwise train on nothing).
+        batch = max(train_rows // steps_per_batch, 1)
+        binding, why = "dataset", f"the whole training set of {train_rows} rows, smaller than the floor {MIN_BATCH}"
+    batch = max(batch - batch % multiple_of, multiple_of)
+    lr = scale_learning_rate(gpu_learning_rate, batch * steps_per_batch, gpu_batch, lr_scaling)
+    rule = (f"sqrt({batch * steps_per_batch}/{gpu_batch})" if lr_scaling == "sqrt"
+            else f"{batch * steps_per_batch}/{gpu_batch}")
+    reason = f"{batch_flag} {batch} ({why}; NVIDIA's GPU default is {gpu_batch})"
+    if given_learning_rate is None:
+        reason += f" and {lr_flag} {lr:g} (NVIDIA's {gpu_learning_rate:g} x {rule})"
+    else:
+        lr = float(given_learning_rate)
+        reason += f"; {lr_flag} {lr:g} as given"
+    return CpuBatch(batch, lr, reason, binding)
+
+
+def scale_schedule_steps(steps: int, batch: int, gpu_batch: int, gpu_steps_per_epoch: int,
+                         steps_per_epoch: Optional[int]) -> int:
+    """A step count of NVIDIA's learning-rate schedule (warmup, decay start, decay length) moved to a CPU batch.
+
+    NVIDIA's DLRM schedules are fractions of one epoch of Criteo 1TB (``gpu_steps_per_epoch`` steps at
+    ``gpu_batch``): warmup 1/8 of it, decay from 3/4. The same fraction of this run's epoch keeps the schedule's
+    shape whatever the dataset (scaling by samples instead would leave a 100k-row run inside a warmup of 524M rows).
+    When the run's steps per epoch are not known, the count is scaled by samples (``steps * gpu_batch / batch``).
+    """
+    if steps_per_epoch is None:
+        return int(round(steps * gpu_batch / batch))
+    return int(round(steps * steps_per_epoch / gpu_steps_per_epoch))

@@ -1,0 +1,69 @@
+"""The shared CPU batch / learning-rate rule (issue 18). Pure arithmetic: no training, well under a second."""
+import argparse
+import math
+
+import pytest
+
+from recsys_common import cpu_defaults as cd
+
+GIB = 2 ** 30
+# TF2 DLRM at NVIDIA's defaults: global batch 65536, SGD at lr 24
+DLRM = dict(gpu_batch=65536, gpu_learning_rate=24.0, lr_scaling="linear", batch_flag="--batch_size",
+            lr_flag="--learning_rate")
+
+
+def test_steps_per_epoch_bind_on_a_small_dataset_and_sgd_scales_linearly():
+    c = cd.choose_cpu_batch(300_000, bytes_per_row=1024, memory_bytes=16 * GIB, **DLRM)
+    assert (c.batch, c.binding) == (2048, "steps") and 300_000 // c.batch >= cd.MIN_STEPS_PER_EPOCH
+    assert c.learning_rate == pytest.approx(24 * 2048 / 65536)
+    assert c.reason == ("--batch_size 2048 (at least 100 steps over 300000 training rows per epoch; NVIDIA's GPU "
+                        "default is 65536) and --learning_rate 0.75 (NVIDIA's 24 x 2048/65536)")
+
+
+def test_memory_binds_a_large_dataset_and_adam_scales_by_the_square_root():
+    # 1/8 of 8 GiB at 64 KiB per row: 16384 rows
+    c = cd.choose_cpu_batch(10 ** 9, gpu_batch=131072, gpu_learning_rate=0.00048, bytes_per_row=64 * 1024,
+                            memory_bytes=8 * GIB, lr_scaling="sqrt")
+    assert (c.batch, c.binding) == (16384, "memory") and "8.0 GiB RAM at 64.0 KiB per row" in c.reason
+    assert c.learning_rate == pytest.approx(0.00048 * math.sqrt(16384 / 131072), rel=5e-3)  # 3 significant digits
+
+
+def test_nvidia_caps_the_batch_and_keeps_its_rate():
+    c = cd.choose_cpu_batch(10 ** 12, bytes_per_row=1, memory_bytes=1024 * GIB, **DLRM)
+    assert (c.batch, c.learning_rate, c.binding) == (65536, 24.0, "nvidia")
+
+
+def test_floor_and_a_dataset_smaller_than_a_batch():
+    c = cd.choose_cpu_batch(5000, bytes_per_row=1024, memory_bytes=16 * GIB, **DLRM)
+    assert (c.batch, c.binding) == (cd.MIN_BATCH, "floor")
+    # fewer rows than the floor: one step over the whole set, never a batch that no row fills
+    c = cd.choose_cpu_batch(700, bytes_per_row=1024, memory_bytes=16 * GIB, **DLRM)
+    assert (c.batch, c.binding) == (700, "dataset") and "whole training set of 700 rows" in c.reason
+    # ... split evenly over 4 ranks
+    assert cd.choose_cpu_batch(701, bytes_per_row=1024, memory_bytes=16 * GIB, multiple_of=4, **DLRM).batch == 700
+
+
+def test_unknown_row_count_is_bounded_by_memory_only():
+    c = cd.choose_cpu_batch(None, bytes_per_row=200 * 1024, memory_bytes=23 * GIB, **DLRM)
+    assert (c.batch, c.binding) == (8192, "memory")
+
+
+def test_given_rate_is_kept_and_accumulation_counts():
+    c = cd.choose_cpu_batch(300_000, bytes_per_row=1024, memory_bytes=16 * GIB, given_learning_rate=0.1, **DLRM)
+    assert (c.batch, c.learning_rate) == (2048, 0.1) and c.reason.endswith("; --learning_rate 0.1 as given")
+    c = cd.choose_cpu_batch(300_000, bytes_per_row=1024, memory_bytes=16 * GIB, steps_per_batch=2, **DLRM)
+    assert c.batch == 1024 and c.learning_rate == pytest.approx(24 * 2048 / 65536)
+
+
+def test_explicit_flags_counts_a_flag_equal_to_its_default():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", type=int, default=65536)
+    p.add_argument("--learning_rate", type=float, default=24.0)
+    assert cd.explicit_flags(p, ["--batch_size", "65536"]) == {"batch_size"}
+    assert cd.explicit_flags(p, []) == set()
+
+
+def test_schedule_keeps_its_fraction_of_an_epoch():
+    # NVIDIA's TF2 DLRM warmup 8000 of 64014 steps per Criteo-1TB epoch -> 1/8 of a 97-step epoch
+    assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, 97) == 12
+    assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, None) == 8000 * 64
