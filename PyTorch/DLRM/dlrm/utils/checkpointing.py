@@ -29,12 +29,9 @@ metadata classes, so a checkpoint from elsewhere cannot run code (as ``torch.loa
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import random
-import re
-import shutil
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -43,23 +40,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from recsys_common import checkpoints as catalogue
+from recsys_common.checkpoints import CheckpointError, checkpoint_name  # noqa: F401 (this recipe's names for them)
 from recsys_common.io import atomic_directory
 
 FORMAT_VERSION = 2
-CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
-# Model configuration fields that must match to load a checkpoint (a mismatch is refused, naming the field).
+MARKER = "meta.json"  # the manifest, written last: a step_<N> holding it is complete (recsys_common.checkpoints)
+# Model configuration fields that must match to load a checkpoint (a mismatch is refused, naming every field).
 CONFIG_FIELDS = ("num_numerical_features", "table_sizes", "embedding_dim", "bottom_mlp_sizes", "top_mlp_sizes",
                  "interaction_op", "self_interaction", "hash_indices", "hotness")
+CONFIG_FLAGS = {"table_sizes": "table sizes (dataset cardinalities or --max_table_size)",
+                "num_numerical_features": "number of numerical features", "hotness": "the feature spec's hotness"}
 # Training settings that may change on resume, with a warning (the run then no longer equals an uninterrupted one).
 TRAINING_FIELDS = ("batch_size", "lr", "world_size")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, incomplete, or does not match the model; names the file."""
-
-
-def checkpoint_name(global_step: int) -> str:
-    return f"step_{global_step:09d}"
+VERSION_HINTS = {1: "whole tables as embeddings/<i>.npy, written by a release before sharded and periodic "
+                    "checkpoints; use that release to evaluate it, or train anew"}
 
 
 def _is_sharded(value: Any) -> bool:
@@ -73,70 +68,26 @@ def _local_tensors(value: Any) -> List[torch.Tensor]:
 # ------------------------------------------------------------------------------------------------ finding checkpoints
 def list_checkpoints(root: str) -> List[Tuple[int, str]]:
     """Complete checkpoints (with meta.json) directly under ``root``, as ``(step, path)``, oldest first."""
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        match = CHECKPOINT_PATTERN.match(name)
-        path = os.path.join(root, name)
-        if match and os.path.isfile(os.path.join(path, "meta.json")):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    return catalogue.list_checkpoints(root, MARKER)
 
 
 def resolve_checkpoint(path: str) -> str:
     """``path`` itself when it is one checkpoint, else the newest complete checkpoint under it."""
-    newest = list_checkpoints(path)
-    if newest:
-        return newest[-1][1]
-    if os.path.isfile(os.path.join(path, "meta.json")):
-        return path
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: checkpoint not found")
-    raise CheckpointError(f"{path}: no complete checkpoint in it (neither meta.json nor step_<N>/meta.json; a "
-                          f"checkpoint interrupted while being written is ignored)")
+    return catalogue.resolve_checkpoint(path, MARKER)
 
 
 def read_meta(path: str) -> Dict[str, Any]:
-    meta_path = os.path.join(path, "meta.json")
-    if not os.path.isfile(meta_path):
-        raise CheckpointError(f"{path}: not a complete checkpoint ({meta_path} is missing)")
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-    except ValueError as e:
-        raise CheckpointError(f"{meta_path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{meta_path}: expected a JSON object, found {type(meta).__name__}")
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        hint = (" (whole tables as embeddings/<i>.npy, written by a release before sharded and periodic "
-                "checkpoints; use that release to evaluate it, or train anew)" if version == 1 else "")
-        raise CheckpointError(f"{meta_path}: checkpoint format {version}{hint}; this code reads format "
-                              f"{FORMAT_VERSION}")
-    return meta
+    return catalogue.read_marker(path, MARKER, FORMAT_VERSION, version_hints=VERSION_HINTS)
 
 
 def check_config(meta: Dict[str, Any], config: Dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint of a differently shaped or configured model, naming the first differing field."""
-    saved = meta.get("config", {})
-    for field in CONFIG_FIELDS:
-        if field in saved and field in config and saved[field] != config[field]:
-            flag = {"table_sizes": "table sizes (dataset cardinalities or --max_table_size)",
-                    "num_numerical_features": "number of numerical features"}.get(field, f"--{field}")
-            raise CheckpointError(f"{where}/meta.json: the checkpoint's model has {field} = {saved[field]!r} but "
-                                  f"the flags give {config[field]!r}; a checkpoint loads only into the same model "
-                                  f"(differing: {flag})")
+    """Refuse a checkpoint of a differently shaped or configured model, naming every differing field."""
+    catalogue.check_config(meta.get("config", {}), config, os.path.join(where, MARKER), CONFIG_FLAGS, CONFIG_FIELDS)
 
 
 def warn_training_changes(meta: Dict[str, Any], training: Dict[str, Any], where: str) -> None:
-    saved = meta.get("training", {})
-    changed = [f"{k} {saved[k]} -> {training[k]}" for k in TRAINING_FIELDS
-               if k in saved and k in training and saved[k] != training[k]]
-    if changed:
-        warnings.warn(f"{where}: resuming with {', '.join(changed)}; training goes on, but it no longer equals an "
-                      f"uninterrupted run (batch order and learning rate schedule follow the new values)",
-                      stacklevel=2)
+    catalogue.warn_training_changes(meta.get("training", {}), training, TRAINING_FIELDS, where,
+                                    " (batch order and learning rate schedule follow the new values)", stacklevel=4)
 
 
 # ------------------------------------------------------------------------------------------- state <-> DCP state dict
@@ -240,7 +191,7 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
     group = dist.is_available() and dist.is_initialized()
     if rank == 0:
         os.makedirs(root, exist_ok=True)
-        _remove_stale_temporaries(root)
+        catalogue.remove_stale_temporaries(root)
         context = atomic_directory(path, overwrite=True)
         tmp = context.__enter__()
     else:
@@ -267,8 +218,7 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
                     "world_size": world_size, "training": dict(training or {}, world_size=world_size),
                     "embedding_type": trainable.embedding_type, "num_tables": len(trainable.table_state_keys),
                     "embedding_optimizer": optimizer_kind, "saved_at": time.time()}
-            with open(os.path.join(tmp, "meta.json"), "w") as f:  # last: its presence marks a complete one
-                json.dump(meta, f, indent=2, sort_keys=True)
+            catalogue.write_marker(tmp, MARKER, meta)  # last: its presence marks a complete one
     except BaseException as e:
         if context is not None:
             context.__exit__(type(e), e, e.__traceback__)
@@ -283,17 +233,7 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
 
 def prune_checkpoints(root: str, keep: int) -> List[str]:
     """Remove all but the newest ``keep`` complete checkpoints under ``root``; returns the removed paths."""
-    removed = [path for _, path in list_checkpoints(root)[:-keep]] if keep > 0 else []
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
-    return removed
-
-
-def _remove_stale_temporaries(root: str) -> None:
-    """Remove ``.step_<N>.tmp-*`` directories: checkpoints a killed run did not finish writing (ours only)."""
-    for name in os.listdir(root):
-        if re.match(r"^\.step_\d+(\.old)?\.tmp-", name):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return [path for _, path in catalogue.prune_checkpoints(root, keep, MARKER)]
 
 
 def _barrier() -> None:
@@ -512,42 +452,31 @@ def check_shared_root(root: str, rank: int, world_size: int, device: torch.devic
 
 
 class CheckpointSaver:
-    """Saves checkpoints under ``root`` during training: every ``every_steps`` steps and/or ``every_minutes``.
+    """Saves checkpoints under ``root`` during training: every ``every_steps`` steps and/or ``every_minutes``
+    (``recsys_common.checkpoints.SavePolicy``).
 
     All processes must agree on when to save (a save is collective). The step rule is the same everywhere; the clock
     differs per process, so with several processes the minutes rule is decided every ``TIME_CHECK_EVERY`` steps by an
-    all-reduce of one number (no host sync per step), and checked every step in a single process.
+    all-reduce of one number (any process late; no host sync per step), and checked every step in a single process.
     """
     TIME_CHECK_EVERY = 16
 
     def __init__(self, root: str, trainable, config: Dict[str, Any], training: Dict[str, Any], rank: int,
                  world_size: int, device: torch.device, scaler=None, every_steps: Optional[int] = None,
                  every_minutes: Optional[float] = None, keep: int = 2):
-        if every_steps is not None and every_steps < 1:
-            raise ValueError(f"--checkpoint_every_steps must be at least 1, got {every_steps}")
-        if every_minutes is not None and not every_minutes > 0:
-            raise ValueError(f"--checkpoint_every_minutes must be positive, got {every_minutes}")
-        if keep < 0:
-            raise ValueError(f"--keep_checkpoints must be 0 (keep all) or more, got {keep}")
+        def any_late(late: bool) -> bool:
+            from dlrm.utils.distributed import all_reduce_sum
+            return all_reduce_sum([1.0 if late else 0.0], device)[0] > 0
+        self.policy = catalogue.SavePolicy(every_steps, every_minutes, keep, world_size, any_late,
+                                           self.TIME_CHECK_EVERY)
         self.root, self.trainable, self.config, self.training = root, trainable, config, training
         self.rank, self.world_size, self.device, self.scaler = rank, world_size, device, scaler
         self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
         self.last_step: Optional[int] = None
         self.last_path: Optional[str] = None
-        self._last_time = time.monotonic()
 
     def due(self, global_step: int) -> bool:
-        if self.every_steps and global_step % self.every_steps == 0:
-            return True
-        if not self.every_minutes:
-            return False
-        late = time.monotonic() - self._last_time >= self.every_minutes * 60.0
-        if self.world_size == 1:
-            return late
-        if global_step % self.TIME_CHECK_EVERY:
-            return False
-        from dlrm.utils.distributed import all_reduce_sum
-        return all_reduce_sum([1.0 if late else 0.0], self.device)[0] > 0
+        return self.policy.due(global_step)
 
     def save(self, position: Dict[str, Any]) -> str:
         """Collective. Saves ``position`` (skipped when this step is already saved); returns the checkpoint path."""
@@ -556,7 +485,7 @@ class CheckpointSaver:
         self.last_path = save_checkpoint(self.root, self.trainable, self.config, position, self.rank,
                                          self.world_size, self.scaler, self.training, self.keep)
         self.last_step = position["global_step"]
-        self._last_time = time.monotonic()
+        self.policy.saved()
         return self.last_path
 
 
