@@ -45,16 +45,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
-import shutil
 import time
-import warnings
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from recsys_common import checkpoints as catalogue
+from recsys_common.checkpoints import CheckpointError, checkpoint_name  # noqa: F401 (this recipe's names for them)
 from recsys_common.io import MANIFEST_NAME, atomic_directory, atomic_write_text, read_manifest
 
 LOG = logging.getLogger(__name__)
@@ -62,8 +61,6 @@ LOG = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
 TOOL = "dlrm_dcnv2.checkpoint"
-CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
-STALE_PATTERN = re.compile(r"^\.step_\d+\.tmp-")
 DENSE_PREFIX = os.path.join("dense", "dense")
 # Rows written or read per block (in elements): bounds the host memory a save or restore needs beyond the model.
 BLOCK_ELEMENTS = 1 << 22
@@ -80,14 +77,6 @@ CONFIG_FLAGS = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, incomplete, or does not match the model; the message names the file or flag."""
-
-
-def checkpoint_name(global_step: int) -> str:
-    return f"step_{int(global_step):09d}"
-
-
 def table_file(table: int, slot: Optional[str] = None) -> str:
     """``sparse/table_<t>.npy`` (weights) or ``sparse/table_<t>.<slot>.npy`` (an optimizer slot), relative."""
     return os.path.join("sparse", f"table_{table}.npy" if slot is None else f"table_{table}.{slot}.npy")
@@ -96,86 +85,27 @@ def table_file(table: int, slot: Optional[str] = None) -> str:
 # ------------------------------------------------------------------------------------------------ finding checkpoints
 def list_checkpoints(root: str) -> List[Tuple[int, str]]:
     """Complete checkpoints (with ``state.json``) directly under ``root``, as ``(step, path)``, oldest first."""
-    if not root or not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        match = CHECKPOINT_PATTERN.match(name)
-        path = os.path.join(root, name)
-        if match and os.path.isfile(os.path.join(path, STATE_FILE)):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    return catalogue.list_checkpoints(root, STATE_FILE)
 
 
 def resolve_checkpoint(path: str) -> str:
     """``path`` itself when it is one checkpoint, else the newest complete checkpoint directly under it."""
-    if os.path.isfile(os.path.join(path, STATE_FILE)):
-        return path
-    newest = list_checkpoints(path)
-    if newest:
-        return newest[-1][1]
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: checkpoint not found (--restore_checkpoint_path)")
-    raise CheckpointError(f"{path}: no complete checkpoint in it (neither {STATE_FILE} nor step_<N>/{STATE_FILE}; a "
-                          f"checkpoint interrupted while being written is ignored)")
+    return catalogue.resolve_checkpoint(path, STATE_FILE, "--restore_checkpoint_path")
 
 
 def read_state(path: str) -> Dict[str, Any]:
     """``state.json`` of checkpoint ``path`` (checked: a JSON object of this format version)."""
-    state_path = os.path.join(path, STATE_FILE)
-    if not os.path.isfile(state_path):
-        raise CheckpointError(f"{path}: not a complete checkpoint ({state_path} is missing)")
-    try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-    except ValueError as e:
-        raise CheckpointError(f"{state_path}: not valid JSON ({e})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{state_path}: expected a JSON object, found {type(state).__name__}")
-    if state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{state_path}: checkpoint format {state.get('format_version')!r}; this code reads "
-                              f"format {FORMAT_VERSION}")
-    for key in ("global_step", "tables"):
-        if key not in state:
-            raise CheckpointError(f"{state_path}: no {key!r} field")
-    return state
+    return catalogue.read_marker(path, STATE_FILE, FORMAT_VERSION, required=("global_step", "tables"))
 
 
 def check_config(state: Dict[str, Any], config: Dict[str, Any], where: str) -> None:
     """Refuse a checkpoint of a differently shaped or configured model, naming every differing field and its flag."""
-    saved = state.get("config", {})
-    differing = []
-    for key in sorted(set(saved) & set(config)):
-        if _jsonable(saved[key]) != _jsonable(config[key]):
-            flag = CONFIG_FLAGS.get(key, f"--{key}")
-            differing.append(f"{key}: checkpoint {saved[key]!r}, flags {config[key]!r} (set by {flag})")
-    if differing:
-        raise CheckpointError(f"{os.path.join(where, STATE_FILE)}: the checkpoint's model differs from the one the "
-                              f"flags describe; a checkpoint loads only into the same model. Differing: "
-                              + "; ".join(differing))
+    catalogue.check_config(state.get("config", {}), config, os.path.join(where, STATE_FILE), CONFIG_FLAGS)
 
 
 def warn_training_changes(state: Dict[str, Any], training: Dict[str, Any], where: str) -> List[str]:
-    saved = state.get("training", {})
-    changed = [f"{k} {saved[k]} -> {training[k]}" for k in TRAINING_FIELDS
-               if k in saved and k in training and _jsonable(saved[k]) != _jsonable(training[k])]
-    if changed:
-        warnings.warn(f"{where}: resuming with {', '.join(changed)}; training goes on, but it no longer equals an "
-                      f"uninterrupted run", stacklevel=3)
-    return changed
-
-
-def _jsonable(value: Any) -> Any:
-    """``value`` as JSON gives it back (tuples -> lists, numpy scalars -> numbers), for comparisons."""
-    return json.loads(json.dumps(value, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    return catalogue.warn_training_changes(state.get("training", {}), training, TRAINING_FIELDS, where,
+                                           stacklevel=4)
 
 
 # ------------------------------------------------------------------------------------------------ the .npy table files
@@ -399,7 +329,7 @@ def save_checkpoint(root: str, global_step: int, model, optimizers, ctx, config:
     if ctx.rank == 0:
         try:
             os.makedirs(root, exist_ok=True)
-            remove_stale_temporaries(root)
+            catalogue.remove_stale_temporaries(root)
             # overwrite=True: a step_<N> of ours (say, saved before a crash, then reached again) is replaced through
             # the manifest; a directory of that name holding files we did not write is refused, never deleted.
             context = atomic_directory(path, overwrite=True, tool=TOOL, marker=STATE_FILE)
@@ -443,9 +373,7 @@ def save_checkpoint(root: str, global_step: int, model, optimizers, ctx, config:
                 "saved_at": time.time(),
                 **(extra or {}),
             }
-            with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as f:  # the marker, moved in last
-                json.dump(state, f, indent=1, sort_keys=True, default=_json_default)
-                f.write("\n")
+            catalogue.write_marker(staging, STATE_FILE, state, indent=1)  # the marker, moved in last
     except BaseException as e:
         if context is not None:
             context.__exit__(type(e), e, e.__traceback__)
@@ -466,16 +394,6 @@ def _create_table_files(staging: str, sparse_model, embedding_optimizer) -> None
     for t, (rows, dim) in enumerate(zip(sparse_model.table_sizes, sparse_model.embedding_dims)):
         for slot in [None] + sorted(slot_names):
             create_table_file(os.path.join(staging, table_file(t, slot)), (int(rows), int(dim)))
-
-
-def remove_stale_temporaries(root: str) -> List[str]:
-    """Remove ``.step_<N>.tmp-*`` directories under ``root``: checkpoints a killed run did not finish (ours only)."""
-    removed = []
-    for name in os.listdir(root):
-        if STALE_PATTERN.match(name) and os.path.isdir(os.path.join(root, name)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            removed.append(name)
-    return removed
 
 
 def remove_checkpoint(path: str) -> bool:
@@ -509,14 +427,10 @@ def remove_checkpoint(path: str) -> bool:
 
 
 def prune_checkpoints(root: str, keep: int) -> List[str]:
-    """Remove all but the newest ``keep`` complete checkpoints under ``root`` (``keep`` 0: none); returns them."""
-    if keep <= 0:
-        return []
-    removed = []
-    for _, path in list_checkpoints(root)[:-keep]:
-        remove_checkpoint(path)
-        removed.append(path)
-    return removed
+    """Remove all but the newest ``keep`` complete checkpoints under ``root`` (``keep`` 0: none); returns them.
+
+    Only the files our manifest lists are deleted (:func:`remove_checkpoint`)."""
+    return [path for _, path in catalogue.prune_checkpoints(root, keep, STATE_FILE, remove_checkpoint)]
 
 
 # ------------------------------------------------------------------------------------------------ restoring
@@ -616,12 +530,9 @@ class CheckpointManager:
                  every_steps: Optional[int] = None, every_minutes: Optional[float] = None, keep: int = 2,
                  training: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                  resumed_from: Optional[str] = None):
-        if every_steps is not None and every_steps < 1:
-            raise ValueError(f"--checkpoint_every_steps must be at least 1, got {every_steps}")
-        if every_minutes is not None and not (every_minutes > 0 and math.isfinite(every_minutes)):
-            raise ValueError(f"--checkpoint_every_minutes must be a positive number, got {every_minutes}")
-        if keep is None or keep < 0:
-            raise ValueError(f"--keep_checkpoints must be 0 (keep all) or more, got {keep}")
+        # rank 0's clock decides the minutes rule (broadcast), so every rank saves at the same step
+        self.policy = catalogue.SavePolicy(every_steps, every_minutes, keep, ctx.world_size,
+                                           lambda late: _agree(late, ctx), self.TIME_CHECK_EVERY)
         if os.path.lexists(root) and not os.path.isdir(root):
             raise CheckpointError(f"{root}: --save_checkpoint_path exists and is not a directory")
         _check_shared(root, ctx)
@@ -630,9 +541,7 @@ class CheckpointManager:
         self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
         self.last_step: Optional[int] = None
         self.last_path: Optional[str] = None
-        existing = list_checkpoints(root)
-        resumed_here = bool(existing) and resumed_from is not None and \
-            os.path.realpath(resolve_checkpoint(resumed_from)) == os.path.realpath(existing[-1][1])
+        existing, resumed_here = catalogue.other_runs(root, STATE_FILE, resumed_from)
         if existing and not resumed_here:
             if not overwrite:
                 raise CheckpointError(
@@ -647,18 +556,10 @@ class CheckpointManager:
             _barrier(ctx)
         elif resumed_here:  # its step is saved already
             self.last_step, self.last_path = existing[-1]
-        self._last_time = time.monotonic()
 
     def due(self, global_step: int) -> bool:
         """Whether a periodic checkpoint is due after ``global_step`` (the same answer on every rank)."""
-        if self.every_steps and global_step % self.every_steps == 0:
-            return True
-        if not self.every_minutes:
-            return False
-        if self.ctx.world_size > 1 and global_step % self.TIME_CHECK_EVERY:
-            return False
-        late = time.monotonic() - self._last_time >= self.every_minutes * 60.0
-        return _agree(late, self.ctx)
+        return self.policy.due(global_step)
 
     def maybe_save(self, global_step: int, epoch: Optional[int] = None,
                    batch_in_epoch: Optional[int] = None) -> Optional[str]:
@@ -674,7 +575,7 @@ class CheckpointManager:
         self.last_path = save_checkpoint(self.root, global_step, self.model, self.optimizers, self.ctx, self.config,
                                          epoch, batch_in_epoch, self.training, self.keep)
         self.last_step = global_step
-        self._last_time = time.monotonic()
+        self.policy.saved()
         if self.ctx.rank == 0:
             LOG.info("checkpoint saved: %s", self.last_path)
         return self.last_path
