@@ -23,10 +23,11 @@ TOOL = "deployment.client"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0])
-    p.add_argument("--server-url", required=True, help="host:port (Triton: 8000 HTTP, 8001 gRPC)")
+    add_flag(p, "--server-url", required=True, help="host:port (Triton: 8000 HTTP, 8001 gRPC)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    p.add_argument("--model-name", default="dlrm-onnx")
+    add_flag(p, "--model-name", default="dlrm-onnx")
     p.add_argument("--dataset", required=True, help="directory of the FeatureSpec describing the rows")
     p.add_argument("--feature_spec", default="feature_spec.yaml")
     p.add_argument("--mapping", default="test")

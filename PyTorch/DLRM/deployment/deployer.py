@@ -14,9 +14,11 @@ configuration is read from the checkpoint, so the model flags are optional and, 
 difference is an error naming the layer or table); ``--overwrite``; the models are float32 (no ``--fp16``).
 
 Served model: inputs ``numerical`` FP32 ``[N]`` and ``categorical`` INT64 ``[T]`` per row, output ``probability``
-FP32 ``[1]`` (``sigmoid`` of the logit); see :mod:`dlrm.serving`. After export each written model is run on
-``--check_rows`` random rows against the eager model (NVIDIA's "conversion correctness test"): the largest absolute
-difference is printed (JSON) and above ``--check_tolerance`` the deployer fails.
+FP32 ``[1]`` (``sigmoid`` of the logit); see :mod:`dlrm.serving`. The export itself, the ``--triton-*`` flags and the
+format rule are ``recsys_common.serving.torch_export`` / ``triton_options``, shared with NCF's deployer; the batching
+delay is also accepted in microseconds (``--dynamic-batching-delay-us``, ``--max-queue-delay-us``). After export each
+written model is run on ``--check_rows`` random rows against the eager model (NVIDIA's "conversion correctness
+test"): the largest absolute difference is printed (JSON) and above ``--check_tolerance`` the deployer fails.
 
 The directory is ``deployment/``, not the seed's ``triton/``: a directory named ``triton`` on ``sys.path`` (the recipe
 directory, with ``python -m``) is imported by torch as the OpenAI Triton compiler, and torch's optimizers then fail
@@ -26,13 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
 TOOL = "deployment.deployer"
+TOOL_PATH = "PyTorch/DLRM/deployment/deployer.py"   # the owner recorded in the repository (--overwrite replaces its files)
 
 
 class DeployError(ValueError):
@@ -50,28 +50,14 @@ def _sizes(values: Optional[Sequence[str]], flag: str) -> Optional[List[int]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.serving.torch_export import add_format_arguments
+    from recsys_common.serving.triton_options import add_triton_arguments
     p = argparse.ArgumentParser(prog="python -m deployment.deployer",
                                 description="Export a DLRM checkpoint to a Triton model repository")
-    fmt = p.add_argument_group("formats (--onnx with at most one TorchScript method; none: --onnx --ts-script)")
-    fmt.add_argument("--ts-script", action="store_true", help="TorchScript model via torch.jit.script")
-    fmt.add_argument("--ts-trace", action="store_true", help="TorchScript model via torch.jit.trace")
-    fmt.add_argument("--onnx", action="store_true", help="ONNX model via torch.onnx.export")
-    triton = p.add_argument_group("triton related flags (NVIDIA's names)")
+    add_format_arguments(p)
+    triton = add_triton_arguments(p, default_model_name="dlrm")
     triton.add_argument("--triton-no-cuda", action="store_true",
                         help="accepted for NVIDIA's command lines; export always runs on the CPU here")
-    triton.add_argument("--triton-model-name", default="dlrm", help="model name prefix: <name>-onnx and <name>-ts")
-    triton.add_argument("--triton-model-version", type=int, default=1, help="version directory")
-    triton.add_argument("--triton-max-batch-size", type=int, default=65536,
-                        help="max_batch_size in config.pbtxt (rows per request)")
-    triton.add_argument("--triton-dyn-batching-delay", type=float, default=0.0,
-                        help="dynamic batching queue delay in ms; 0 or -1: no dynamic batching")
-    triton.add_argument("--triton-engine-count", type=int, default=1, help="instance_group count")
-    triton.add_argument("--save-dir", "--model-repository", dest="save_dir", default="./triton_models",
-                        help="the Triton model repository to write")
-    triton.add_argument("--deploy_cpu", action="store_true",
-                        help="instance_group kind KIND_CPU (default KIND_GPU, as NVIDIA's deployer)")
-    triton.add_argument("--overwrite", action="store_true",
-                        help="replace this tool's earlier models in a non-empty --save-dir (other files stay)")
     model = p.add_argument_group("model (after an optional '--', as NVIDIA's; checked against the checkpoint)")
     model.add_argument("--model_checkpoint", "--load_checkpoint_path", dest="model_checkpoint", default=None,
                        help="checkpoint written by dlrm.scripts.main: a step_<N> directory or its "
@@ -93,14 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def selected_formats(onnx: bool, ts_script: bool, ts_trace: bool) -> List[str]:
-    """The formats to write, in a fixed order; none selected means ONNX and torch.jit.script."""
-    if ts_script and ts_trace:
-        raise DeployError("--ts-script and --ts-trace both write the TorchScript model (<name>-ts): choose one")
-    formats = [f for f, on in (("onnx", onnx), ("ts-script", ts_script), ("ts-trace", ts_trace)) if on]
-    return formats or ["onnx", "ts-script"]
-
-
 def dataset_tables(dataset: str, feature_spec: str):
     """``(table sizes, FeatureSpec as a dict, its path)`` of ``dataset``'s FeatureSpec."""
     from dlrm.data import dataset_info
@@ -108,42 +86,20 @@ def dataset_tables(dataset: str, feature_spec: str):
     return info.cardinalities, info.spec.to_dict(), info.spec.origin, info.num_numerical_features
 
 
-def check_exported(module, model_dirs: List[str], version: int, config, rows: int) -> Dict[str, float]:
-    """Largest |exported - eager| probability per written model on ``rows`` random rows (onnxruntime for ONNX,
-    torch.jit.load for TorchScript)."""
-    import torch
-    from dlrm import serving
-    inputs = serving.example_inputs(config, rows, seed=1)
-    eager = serving.predict_probabilities(module, inputs[serving.NUMERICAL], inputs[serving.CATEGORICAL])
-    diffs = {}
-    for model_dir in model_dirs:
-        version_dir = os.path.join(model_dir, str(version))
-        if os.path.isfile(os.path.join(version_dir, "model.onnx")):
-            import onnxruntime as ort
-            session = ort.InferenceSession(os.path.join(version_dir, "model.onnx"),
-                                           providers=["CPUExecutionProvider"])
-            got = session.run([serving.OUTPUT_NAME], inputs)[0].reshape(-1)
-        else:
-            got = serving.predict_probabilities(torch.jit.load(os.path.join(version_dir, "model.pt"),
-                                                               map_location="cpu"),
-                                                inputs[serving.NUMERICAL], inputs[serving.CATEGORICAL])
-        diffs[os.path.basename(model_dir)] = float(np.abs(got - eager).max())
-    return diffs
-
-
 def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
     """Parse ``argv``, write the repository; returns ``{"models", "max_abs_diff", "config", "checkpoint"}``.
     Raises :class:`DeployError`, ``ModelMismatchError``, ``CheckpointError``, ``FileExistsError`` on bad input."""
     from dlrm import serving
+    from recsys_common.serving import torch_export
+    from recsys_common.serving.triton_options import triton_options
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]  # NVIDIA's "--" before model flags
     args = build_parser().parse_args(argv)
-    formats = selected_formats(args.onnx, args.ts_script, args.ts_trace)
+    formats = torch_export.selected_formats(args.onnx, args.ts_script, args.ts_trace)
+    options = triton_options(args)
     if not args.model_checkpoint:
         raise DeployError("--model_checkpoint is required (a checkpoint written by dlrm.scripts.main)")
     if args.check_rows < 0:
         raise DeployError(f"--check_rows must be >= 0, got {args.check_rows}")
-    if args.triton_model_version < 1:
-        raise DeployError(f"--triton-model-version must be >= 1, got {args.triton_model_version}")
     expected = dict(num_numerical_features=args.num_numerical_features, embedding_dim=args.embedding_dim,
                     bottom_mlp_sizes=_sizes(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
                     top_mlp_sizes=_sizes(args.top_mlp_sizes, "top_mlp_sizes"), interaction_op=args.interaction_op)
@@ -154,16 +110,14 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
         if expected["num_numerical_features"] is None:
             expected["num_numerical_features"] = num_numerical
     model, config, path = serving.load_model(args.model_checkpoint, **expected)
-    delay = args.triton_dyn_batching_delay if args.triton_dyn_batching_delay > 0 else 0.0  # NVIDIA: 0 or -1 = off
-    model_dirs = serving.write_repository(
-        model, config, args.save_dir, formats, base_name=args.triton_model_name, version=args.triton_model_version,
-        max_batch_size=args.triton_max_batch_size, dynamic_batching_delay_ms=delay,
-        instance_count=args.triton_engine_count, instance_kind="KIND_CPU" if args.deploy_cpu else "KIND_GPU",
-        overwrite=args.overwrite, checkpoint=path, feature_spec=spec_dict, opset=args.opset)
+    module = serving.serving_module(model)
+    model_dirs = torch_export.write_repository(module, serving.sidecar(config, path, spec_dict), formats, options,
+                                               tool=TOOL_PATH, opset=args.opset)
     diffs = {}
     if args.check_rows:
-        diffs = check_exported(serving.serving_module(model), model_dirs, args.triton_model_version, config,
-                               args.check_rows)
+        diffs = torch_export.check_exported(module, model_dirs, options.version,
+                                            serving.example_inputs(config, args.check_rows, seed=1),
+                                            serving.OUTPUT_NAME)
         worst = max(diffs.values())
         if worst > args.check_tolerance:
             raise DeployError(f"exported model differs from the eager model by {worst:.3g} (> --check_tolerance "

@@ -31,10 +31,12 @@ class EvaluationError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0])
-    p.add_argument("--http-url", default=None, help="HTTP endpoint host:port (Triton's default port 8000)")
-    p.add_argument("--grpc-url", default=None, help="gRPC endpoint host:port (Triton's default port 8001)")
-    p.add_argument("--model-name", default="dlrm-onnx", help="served model (deployer: <name>-onnx / <name>-ts)")
+    add_flag(p, "--http-url", default=None, help="HTTP endpoint host:port (Triton's default port 8000)")
+    add_flag(p, "--grpc-url", "--server-url", default=None,
+             help="gRPC endpoint host:port (Triton's default port 8001)")
+    add_flag(p, "--model-name", default="dlrm-onnx", help="served model (deployer: <name>-onnx / <name>-ts)")
     p.add_argument("--dataset", required=True, help="dataset directory with its FeatureSpec")
     p.add_argument("--feature_spec", default="feature_spec.yaml", help="FeatureSpec file name in --dataset")
     p.add_argument("--mapping", default="test", help="split to evaluate")

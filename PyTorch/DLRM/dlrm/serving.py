@@ -1,4 +1,7 @@
-"""DLRM for inference: a trained checkpoint as an eager model, the served module, its ONNX / TorchScript export.
+"""DLRM for inference: a trained checkpoint as an eager model, the served module and its sidecar.
+
+The ONNX / TorchScript export into a Triton repository is ``recsys_common.serving.torch_export`` (shared with NCF);
+``deployment/deployer.py`` calls it with :func:`serving_module` and :func:`sidecar`.
 
 The served model (:class:`ServingDLRM`) takes
 
@@ -41,16 +44,14 @@ from torch import nn
 
 from dlrm.model.dlrm import DLRM
 from dlrm.model.parallel import ModelConfig, build_trainable_model
+from recsys_common.serving import torch_export
 from recsys_common.serving.id_range_torch import checked_ids, flag_rows
+from recsys_common.serving.rows import random_rows
 
 NUMERICAL = "numerical"
 CATEGORICAL = "categorical"
 INPUT_NAMES = (NUMERICAL, CATEGORICAL)
 OUTPUT_NAME = "probability"
-FORMATS = ("onnx", "ts-script", "ts-trace")
-PLATFORMS = {"onnx": "onnxruntime_onnx", "ts-script": "pytorch_libtorch", "ts-trace": "pytorch_libtorch"}
-MODEL_FILES = {"onnx": "model.onnx", "ts-script": "model.pt", "ts-trace": "model.pt"}
-ONNX_OPSET = 17
 
 
 class ModelMismatchError(ValueError):
@@ -194,118 +195,31 @@ def load_model(checkpoint: str, **expected: Any) -> Tuple[DLRM, ModelConfig, str
 
 # -------------------------------------------------------------------------------------------------------- inputs
 def example_inputs(config: ModelConfig, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
-    """``rows`` random valid rows as the served inputs: numerical float32 ``[rows, N]`` (standard normal: the
-    preprocessing's log-transformed range), categorical int64 ``[rows, T]`` uniform in each table."""
-    rng = np.random.default_rng(seed)
-    numerical = rng.standard_normal((rows, config.num_numerical_features)).astype(np.float32)
-    categorical = np.stack([rng.integers(0, n, size=rows, dtype=np.int64) for n in config.table_sizes], axis=1)
-    return {NUMERICAL: numerical, CATEGORICAL: categorical.reshape(rows, len(config.table_sizes))}
+    """``rows`` random valid rows as the served inputs (``recsys_common.serving.rows.random_rows`` of the sidecar's
+    inputs): numerical float32 ``[rows, N]`` standard normal (the preprocessing's log-transformed range), categorical
+    int64 ``[rows, T]`` uniform in each table (also with ``--hash_indices``, so rows score like training rows)."""
+    inputs = sidecar(config, None)["inputs"]
+    inputs[CATEGORICAL] = dict(inputs[CATEGORICAL], max_id=[int(n) for n in config.table_sizes])
+    return random_rows(inputs, rows, seed)
 
 
 def predict_probabilities(module: nn.Module, numerical: np.ndarray, categorical: np.ndarray,
                           batch_size: int = 65536) -> np.ndarray:
     """``module`` (a :class:`ServingDLRM` or its TorchScript) on numpy inputs in batches; float32 ``[rows]``."""
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(numerical), batch_size):
-            stop = start + batch_size
-            prob = module(torch.from_numpy(np.ascontiguousarray(numerical[start:stop], np.float32)),
-                          torch.from_numpy(np.ascontiguousarray(categorical[start:stop], np.int64)))
-            out.append(prob.reshape(-1).numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+    return torch_export.predict(module, {NUMERICAL: np.asarray(numerical, np.float32),
+                                         CATEGORICAL: np.asarray(categorical, np.int64)}, batch_size)
 
 
 # -------------------------------------------------------------------------------------------------------- export
-def export_onnx(module: ServingDLRM, path: str, config: ModelConfig, opset: int = ONNX_OPSET) -> None:
-    """Write ``module`` as ONNX to ``path``: inputs ``numerical``, ``categorical``, output ``probability``, the
-    batch dimension dynamic."""
-    sample = example_inputs(config, 4)
-    args = (torch.from_numpy(sample[NUMERICAL]), torch.from_numpy(sample[CATEGORICAL]))
-    dynamic = {name: {0: "batch"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
-    with warnings.catch_warnings():
-        # The TorchScript-based exporter (dynamo=False): a second, where dynamo=True takes several, and a plain graph
-        # of Gemm/Relu/Gather/MatMul ops that onnxruntime runs as well.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, path, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
-                          dynamic_axes=dynamic, opset_version=opset, dynamo=False)
-
-
-def export_torchscript(module: ServingDLRM, path: str, method: str, config: ModelConfig) -> None:
-    """Write ``module`` as TorchScript to ``path``: ``method`` ``"script"`` (torch.jit.script) or ``"trace"``."""
-    if method not in ("script", "trace"):
-        raise ValueError(f"unknown TorchScript method {method!r}; expected 'script' or 'trace'")
-    with warnings.catch_warnings():
-        # torch.jit is deprecated in favour of torch.export, but TorchScript is what Triton's pytorch_libtorch
-        # backend loads.
-        warnings.simplefilter("ignore")
-        if method == "script":
-            scripted = torch.jit.script(module)
-        else:
-            sample = example_inputs(config, 4)
-            scripted = torch.jit.trace(module, (torch.from_numpy(sample[NUMERICAL]),
-                                                torch.from_numpy(sample[CATEGORICAL])))
-    scripted.save(path)
-
-
-def model_names(base: str, formats: Sequence[str]) -> Dict[str, str]:
-    """Triton model name per format: ``<base>-onnx`` and ``<base>-ts`` (script and trace are one model)."""
-    return {fmt: f"{base}-onnx" if fmt == "onnx" else f"{base}-ts" for fmt in formats}
-
-
-def sidecar(config: ModelConfig, fmt: str, checkpoint: Optional[str], feature_spec: Optional[dict] = None) -> Dict:
-    """``recsys_serving.json``: inputs (``categorical``'s ``max_id`` is one bound per column, the table sizes;
-    ``null`` with ``--hash_indices``, where any id is valid), outputs, the model configuration."""
-    return {"recipe": "PyTorch/DLRM", "format": fmt,
+def sidecar(config: ModelConfig, checkpoint: Optional[str], feature_spec: Optional[dict] = None) -> Dict:
+    """``recsys_serving.json`` (``torch_export.write_repository`` adds ``format``): inputs (``categorical``'s
+    ``max_id`` is one bound per column, the table sizes; ``null`` with ``--hash_indices``, where any id is valid),
+    outputs, the model configuration."""
+    return {"recipe": "PyTorch/DLRM",
             "inputs": {NUMERICAL: {"dtype": "float32", "dims": [config.num_numerical_features], "max_id": None},
                        CATEGORICAL: {"dtype": "int64", "dims": [len(config.table_sizes)],
                                      "max_id": None if config.hash_indices else [int(n) for n in config.table_sizes],
                                      "features": list(config.feature_names)}},
             "outputs": [OUTPUT_NAME],
-            "feature_spec": feature_spec, "created_by": "PyTorch/DLRM/deployment/deployer.py",
+            "feature_spec": feature_spec,
             "model_config": config.to_dict(), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
-
-
-def write_repository(model: DLRM, config: ModelConfig, repo_dir: str, formats: Sequence[str], *,
-                     base_name: str = "dlrm", version: int = 1, max_batch_size: int = 65536,
-                     dynamic_batching_delay_ms: float = 0.0, instance_count: int = 1,
-                     instance_kind: str = "KIND_CPU", overwrite: bool = False, checkpoint: Optional[str] = None,
-                     feature_spec: Optional[dict] = None, opset: int = ONNX_OPSET) -> List[str]:
-    """Export ``model`` in each of ``formats`` into the Triton model repository ``repo_dir``; returns the model
-    directories.
-
-    ``dynamic_batching_delay_ms > 0`` turns on Triton's dynamic batcher with that queue delay (preferred batch sizes
-    half and all of ``max_batch_size``, as NVIDIA's deployer); ``0`` (or NVIDIA's ``-1``) leaves it off.
-    ``repo_dir`` is written atomically by ``recsys_common.serving.model_repository``: a non-empty one is refused
-    unless ``overwrite``, and then only files this tool wrote are replaced.
-    """
-    from recsys_common.serving.model_config import TensorSpec, model_config_text
-    from recsys_common.serving.repository import model_repository
-
-    if "ts-script" in formats and "ts-trace" in formats:
-        raise ValueError("--ts-script and --ts-trace both write the TorchScript model: choose one")
-    if max_batch_size <= 0:
-        raise ValueError(f"--triton-max-batch-size must be > 0, got {max_batch_size}")
-    if instance_count <= 0:
-        raise ValueError(f"--triton-engine-count must be > 0, got {instance_count}")
-    module = serving_module(model)
-    inputs = [TensorSpec(NUMERICAL, "float32", [config.num_numerical_features]),
-              TensorSpec(CATEGORICAL, "int64", [len(config.table_sizes)])]
-    outputs = [TensorSpec(OUTPUT_NAME, "float32", [1])]
-    delay_us = int(round(dynamic_batching_delay_ms * 1000)) if dynamic_batching_delay_ms > 0 else None
-    preferred = sorted({max(1, max_batch_size // 2), max_batch_size}) if delay_us else None
-    names = model_names(base_name, formats)
-    written = []
-    with model_repository(repo_dir, overwrite=overwrite, tool="PyTorch/DLRM/deployment/deployer.py") as repo:
-        for fmt in formats:
-            text = model_config_text(names[fmt], PLATFORMS[fmt], inputs, outputs, max_batch_size,
-                                     dynamic_batching_delay_us=delay_us, preferred_batch_sizes=preferred,
-                                     instance_count=instance_count, instance_kind=instance_kind)
-            version_dir = repo.add_model(names[fmt], text, version=version,
-                                         sidecar=sidecar(config, fmt, checkpoint, feature_spec))
-            path = os.path.join(version_dir, MODEL_FILES[fmt])
-            if fmt == "onnx":
-                export_onnx(module, path, config, opset)
-            else:
-                export_torchscript(module, path, fmt[len("ts-"):], config)
-            written.append(os.path.join(repo_dir, names[fmt]))
-    return written

@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from conftest import train_args
+from recsys_common.serving import torch_export
 
 # Measured (2026-11-24, this model and 512 rows): TorchScript equals eager exactly (0.0); onnxruntime differs by at
 # most 1.2e-7 in probability (float32 rounding of the reordered MLP sums; 1.8e-7 on the quickstart's model).
 ONNX_TOLERANCE = 1e-6
 TS_TOLERANCE = 1e-6
+OUTPUT = ["probability"]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,12 @@ def checkpoint(small_dataset, tmp_path_factory):
 def loaded(checkpoint):
     from dlrm import serving
     return serving.load_model(checkpoint)
+
+
+def _sample(config):
+    """The example batch that torch.onnx.export / torch.jit.trace run (``recsys_common.serving.torch_export``)."""
+    from dlrm import serving
+    return serving.example_inputs(config, 4)
 
 
 def _eager_probabilities(model, inputs):
@@ -46,10 +54,10 @@ def test_eager_torchscript_onnx_agree(loaded, tmp_path):
                                   eager)
     for method in ("script", "trace"):
         path = str(tmp_path / f"{method}.pt")
-        serving.export_torchscript(module, path, method, config)
+        torch_export.export_torchscript(module, path, method, _sample(config))
         got = serving.predict_probabilities(torch.jit.load(path), inputs["numerical"], inputs["categorical"])
         assert np.abs(got - eager).max() <= TS_TOLERANCE, method
-    serving.export_onnx(module, str(tmp_path / "m.onnx"), config)
+    torch_export.export_onnx(module, str(tmp_path / "m.onnx"), _sample(config), OUTPUT)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["numerical", "categorical"]
     got = session.run(["probability"], inputs)[0]
@@ -69,7 +77,7 @@ def test_hash_indices_model_exports_modulo_lookup(tmp_path):
     inputs = {"numerical": np.ones((3, 3), np.float32), "categorical": np.array([[9, 6], [2, 1], [16, 11]])}
     wrapped = {"numerical": inputs["numerical"], "categorical": inputs["categorical"] % np.array([7, 5])}
     expected = _eager_probabilities(model, wrapped)
-    serving.export_onnx(serving.serving_module(model), str(tmp_path / "h.onnx"), config)
+    torch_export.export_onnx(serving.serving_module(model), str(tmp_path / "h.onnx"), _sample(config), OUTPUT)
     got = ort.InferenceSession(str(tmp_path / "h.onnx")).run(["probability"], inputs)[0].reshape(-1)
     np.testing.assert_allclose(got, expected, atol=ONNX_TOLERANCE)
     np.testing.assert_allclose(got[0], got[2], atol=ONNX_TOLERANCE)  # 9 % 7 == 16 % 7, 6 % 5 == 11 % 5
@@ -90,11 +98,11 @@ def test_exported_models_flag_ids_outside_their_table(loaded, tmp_path):
     inputs["categorical"][3, 0] = -1
     inputs["categorical"][5, 7] = -config.table_sizes[7]
     outputs = {"eager": serving.predict_probabilities(module, inputs["numerical"], inputs["categorical"])}
-    serving.export_onnx(module, str(tmp_path / "m.onnx"), config)
+    torch_export.export_onnx(module, str(tmp_path / "m.onnx"), _sample(config), OUTPUT)
     outputs["onnxruntime"] = ort.InferenceSession(str(tmp_path / "m.onnx")).run(["probability"], inputs)[0]
     for method in ("script", "trace"):
         path = str(tmp_path / f"{method}.pt")
-        serving.export_torchscript(module, path, method, config)
+        torch_export.export_torchscript(module, path, method, _sample(config))
         outputs[method] = serving.predict_probabilities(torch.jit.load(path), inputs["numerical"],
                                                         inputs["categorical"])
     for name, out in outputs.items():

@@ -38,6 +38,7 @@ from dataloading import DatasetError, EvalSet, duplicate_mask, load_dataset  # n
 from ncf_export import OUTPUT_NAME  # noqa: E402
 from recommend import load_model  # noqa: E402
 from recsys_common.feature_spec import FeatureSpecError  # noqa: E402
+from recsys_common.flags import add_flag  # noqa: E402
 from recsys_common.io import check_json_output, write_json_output  # noqa: E402
 
 
@@ -72,16 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="dataset directory (feature_spec.yaml; its test mapping is used)")
     p.add_argument("--feature_spec_file", default="feature_spec.yaml")
     p.add_argument("--load_checkpoint_path", required=True, help="the checkpoint the served model was exported from")
-    p.add_argument("--grpc-url", default=None, help="host:port of the server's gRPC endpoint")
-    p.add_argument("--http-url", default=None, help="host:port of the server's HTTP endpoint")
-    p.add_argument("--model-name", default="ncf-onnx", help="served model (deployer.py: <name>-onnx / <name>-ts)")
+    add_flag(p, "--grpc-url", "--server-url", default=None, help="host:port of the server's gRPC endpoint")
+    add_flag(p, "--http-url", default=None, help="host:port of the server's HTTP endpoint")
+    add_flag(p, "--model-name", default="ncf-onnx", help="served model (deployer.py: <name>-onnx / <name>-ts)")
     p.add_argument("-k", "--topk", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16384, help="rows per request (<= the model's max_batch_size)")
     p.add_argument("--max_users", type=int, default=None, help="evaluate the first N test users only")
     p.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest allowed |served - framework| of HR@K and of NDCG@K")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request (and to wait for the model)")
-    p.add_argument("--output-json", default=None, help="write the results here (atomically)")
+    add_flag(p, "--output-json", default=None, help="write the results here (atomically)")
     return p
 
 

@@ -1,4 +1,5 @@
-"""NCF for inference servers: the served module, its ONNX / TorchScript export, and the Triton model repository.
+"""NCF for inference servers: the served module and its sidecar; ``recsys_common.serving.torch_export`` (shared with
+PyTorch DLRM) exports them into the Triton model repository.
 
 The served model takes two INT64 inputs ``user`` and ``item`` of shape ``[B, 1]`` (dataset ids, ``0 <= id <
 num_users`` / ``num_items``) and returns ``probability`` FP32 ``[B, 1]`` = ``sigmoid(logit)`` of the trained
@@ -7,7 +8,8 @@ server flags it; see ``recsys_common.serving.id_range_torch``). The ``[B, 1]`` s
 ``max_batch_size > 0`` the config lists ``dims: [1]`` (the batch dimension is implicit), and no ``reshape`` is
 needed, so the same config serves the ONNX and the TorchScript file.
 
-Triton repository written by :func:`write_repository` (``recsys_common.serving`` builds and validates the config)::
+Triton repository written by ``deployer.py`` through ``torch_export.write_repository`` (which builds and validates the
+config)::
 
     <repo>/<name>-onnx/config.pbtxt     platform onnxruntime_onnx
     <repo>/<name>-onnx/1/model.onnx
@@ -20,23 +22,19 @@ No argparse here: the deployer passes explicit values.
 from __future__ import annotations
 
 import os
-import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from recsys_common.serving.id_range_torch import checked_ids, flag_rows
+from recsys_common.serving.rows import random_rows
 
-INPUT_NAMES = ("user", "item")
-OUTPUT_NAME = "probability"
-FORMATS = ("onnx", "ts-script", "ts-trace")
-PLATFORMS = {"onnx": "onnxruntime_onnx", "ts-script": "pytorch_libtorch", "ts-trace": "pytorch_libtorch"}
-MODEL_FILES = {"onnx": "model.onnx", "ts-script": "model.pt", "ts-trace": "model.pt"}
 # Triton's pytorch_libtorch backend matches config inputs to the forward() argument names (``user``, ``item``);
 # older releases wanted INPUT__0-style names (see the README's Deployment section).
-ONNX_OPSET = 17
+INPUT_NAMES = ("user", "item")
+OUTPUT_NAME = "probability"
 
 
 class ServingNCF(nn.Module):
@@ -79,96 +77,18 @@ def serving_module(model: nn.Module) -> ServingNCF:
     return module
 
 
-def example_inputs(num_users: int, num_items: int, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
-    """``rows`` random valid ``(user, item)`` pairs as the served inputs (int64 ``[rows, 1]``)."""
-    rng = np.random.default_rng(seed)
-    return {"user": rng.integers(0, num_users, size=(rows, 1), dtype=np.int64),
-            "item": rng.integers(0, num_items, size=(rows, 1), dtype=np.int64)}
-
-
-def export_onnx(module: ServingNCF, path: str, num_users: int, num_items: int, opset: int = ONNX_OPSET) -> None:
-    """Write ``module`` as ONNX to ``path`` with a dynamic batch dimension (inputs ``user``, ``item``)."""
-    sample = example_inputs(num_users, num_items, 4)
-    args = (torch.from_numpy(sample["user"]), torch.from_numpy(sample["item"]))
-    dynamic = {name: {0: "batch"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
-    with warnings.catch_warnings():
-        # The TorchScript-based exporter: fast (well under a second here against ~4 s for dynamo=True) and it
-        # gives the same graph (Gather, Mul, Concat, Gemm, Relu, Sigmoid) for these models.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, path, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
-                          dynamic_axes=dynamic, opset_version=opset, dynamo=False)
-
-
-def export_torchscript(module: ServingNCF, path: str, method: str, num_users: int, num_items: int) -> None:
-    """Write ``module`` as TorchScript to ``path``: ``method`` ``"script"`` (torch.jit.script) or ``"trace"``."""
-    if method not in ("script", "trace"):
-        raise ValueError(f"unknown TorchScript method {method!r}; expected 'script' or 'trace'")
-    with warnings.catch_warnings():
-        # torch 2.13 marks torch.jit as deprecated in favour of torch.export, but TorchScript is what Triton's
-        # pytorch_libtorch backend loads.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if method == "script":
-            scripted = torch.jit.script(module)
-        else:
-            sample = example_inputs(num_users, num_items, 4)
-            scripted = torch.jit.trace(module, (torch.from_numpy(sample["user"]), torch.from_numpy(sample["item"])))
-    scripted.save(path)
-
-
-def model_names(base: str, formats: Sequence[str]) -> Dict[str, str]:
-    """Triton model name per format: ``<base>-onnx`` and ``<base>-ts`` (script and trace are one model)."""
-    return {fmt: f"{base}-onnx" if fmt == "onnx" else f"{base}-ts" for fmt in formats}
-
-
-def sidecar(config: Dict, fmt: str, checkpoint: Optional[str]) -> Dict:
-    """``recsys_serving.json``: inputs with their id ranges (ids must be ``< max_id``), outputs, and the training
-    configuration of the checkpoint."""
-    return {"recipe": "PyTorch/NCF", "format": fmt,
+def sidecar(config: Dict, checkpoint: Optional[str]) -> Dict:
+    """``recsys_serving.json`` (``torch_export.write_repository`` adds ``format``): inputs with their id ranges (ids
+    must be ``< max_id``), outputs, and the training configuration of the checkpoint."""
+    return {"recipe": "PyTorch/NCF",
             "inputs": {"user": {"dtype": "int64", "dims": [1], "max_id": int(config["num_users"])},
                        "item": {"dtype": "int64", "dims": [1], "max_id": int(config["num_items"])}},
             "outputs": [OUTPUT_NAME],
-            "feature_spec": None, "created_by": "PyTorch/NCF/deployment/deployer.py",
+            "feature_spec": None,
             "model_config": dict(config), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
 
 
-def write_repository(model: nn.Module, config: Dict, repo_dir: str, formats: Sequence[str], *, base_name: str = "ncf",
-                     version: int = 1, max_batch_size: int = 65536, dynamic_batching_delay_ms: float = 0.0,
-                     instance_count: int = 1, instance_kind: str = "KIND_CPU", overwrite: bool = False,
-                     checkpoint: Optional[str] = None, opset: int = ONNX_OPSET) -> List[str]:
-    """Export ``model`` (configuration ``config``: num_users, num_items, ...) in each of ``formats`` into the Triton
-    model repository ``repo_dir``; returns the final model directories.
-
-    ``dynamic_batching_delay_ms > 0`` turns on Triton's dynamic batcher with that queue delay; ``0`` leaves each
-    request a batch of its own. ``repo_dir`` is written atomically by ``recsys_common.serving.model_repository``:
-    a non-empty one is refused unless ``overwrite`` (and then only files this tool wrote are replaced).
-    """
-    from recsys_common.serving.model_config import TensorSpec, model_config_text
-    from recsys_common.serving.repository import model_repository
-
-    if "ts-script" in formats and "ts-trace" in formats:
-        raise ValueError("--ts-script and --ts-trace both write the TorchScript model: choose one")
-    if max_batch_size <= 0:
-        raise ValueError(f"--triton-max-batch-size must be > 0, got {max_batch_size}")
-    if instance_count <= 0:
-        raise ValueError(f"--triton-engine-count must be > 0, got {instance_count}")
-    if dynamic_batching_delay_ms < 0:
-        raise ValueError(f"--triton-dyn-batching-delay must be >= 0 ms, got {dynamic_batching_delay_ms}")
-    module = serving_module(model)
-    inputs = [TensorSpec(name, "int64", [1]) for name in INPUT_NAMES]
-    outputs = [TensorSpec(OUTPUT_NAME, "float32", [1])]
-    delay_us = int(round(dynamic_batching_delay_ms * 1000)) if dynamic_batching_delay_ms > 0 else None
-    names = model_names(base_name, formats)
-    written = []
-    with model_repository(repo_dir, overwrite=overwrite, tool="PyTorch/NCF/deployment/deployer.py") as repo:
-        for fmt in formats:
-            text = model_config_text(names[fmt], PLATFORMS[fmt], inputs, outputs, max_batch_size,
-                                     dynamic_batching_delay_us=delay_us, instance_count=instance_count,
-                                     instance_kind=instance_kind)
-            version_dir = repo.add_model(names[fmt], text, version=version, sidecar=sidecar(config, fmt, checkpoint))
-            path = os.path.join(version_dir, MODEL_FILES[fmt])
-            if fmt == "onnx":
-                export_onnx(module, path, config["num_users"], config["num_items"], opset)
-            else:
-                export_torchscript(module, path, fmt[len("ts-"):], config["num_users"], config["num_items"])
-            written.append(os.path.join(repo_dir, names[fmt]))
-    return written
+def example_inputs(num_users: int, num_items: int, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
+    """``rows`` random valid ``(user, item)`` pairs as the served inputs (int64 ``[rows, 1]``; the sidecar's inputs
+    through ``recsys_common.serving.rows.random_rows``)."""
+    return random_rows(sidecar({"num_users": num_users, "num_items": num_items}, None)["inputs"], rows, seed)

@@ -16,8 +16,11 @@ sys.path.insert(0, os.path.join(NCF_DIR, "deployment"))
 
 import ncf_export  # noqa: E402
 from neumf import build_model  # noqa: E402
+from recsys_common.serving import torch_export  # noqa: E402
 
 USERS, ITEMS = 60, 80
+SAMPLE = ncf_export.example_inputs(USERS, ITEMS, rows=4)   # the batch torch.onnx.export / torch.jit.trace run
+OUTPUT = [ncf_export.OUTPUT_NAME]
 
 
 @pytest.fixture(scope="module", params=["neumf", "gmf", "mlp"])
@@ -45,12 +48,12 @@ def test_eager_torchscript_onnx_agree(model, tmp_path):
     results = {}
     for method in ("script", "trace"):
         path = str(tmp_path / f"{method}.pt")
-        ncf_export.export_torchscript(module, path, method, USERS, ITEMS)
+        torch_export.export_torchscript(module, path, method, SAMPLE)
         loaded = torch.jit.load(path)
         with torch.no_grad():
             results[method] = loaded(torch.from_numpy(batch["user"]), torch.from_numpy(batch["item"])).numpy()
     onnx_path = str(tmp_path / "model.onnx")
-    ncf_export.export_onnx(module, onnx_path, USERS, ITEMS)
+    torch_export.export_onnx(module, onnx_path, SAMPLE, OUTPUT)
     session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     assert [(i.name, i.type) for i in session.get_inputs()] == [("user", "tensor(int64)"), ("item", "tensor(int64)")]
     assert [o.name for o in session.get_outputs()] == ["probability"]
@@ -71,7 +74,7 @@ def test_export_sees_eval_mode_not_dropout(tmp_path):
     module = ncf_export.serving_module(net)
     batch = ncf_export.example_inputs(USERS, ITEMS, rows=64)
     path = str(tmp_path / "m.onnx")
-    ncf_export.export_onnx(module, path, USERS, ITEMS)
+    torch_export.export_onnx(module, path, SAMPLE, OUTPUT)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     first = session.run(["probability"], batch)[0]
     np.testing.assert_array_equal(first, session.run(["probability"], batch)[0])
@@ -116,12 +119,12 @@ def test_out_of_range_ids_are_flagged_inside_every_exported_format(model, tmp_pa
         outputs["eager"] = module(torch.from_numpy(batch["user"]), torch.from_numpy(batch["item"])).numpy()
     for method in ("script", "trace"):
         path = str(tmp_path / f"{method}.pt")
-        ncf_export.export_torchscript(module, path, method, USERS, ITEMS)
+        torch_export.export_torchscript(module, path, method, SAMPLE)
         with torch.no_grad():
             outputs[method] = torch.jit.load(path)(torch.from_numpy(batch["user"]),
                                                    torch.from_numpy(batch["item"])).numpy()
     onnx_path = str(tmp_path / "model.onnx")
-    ncf_export.export_onnx(module, onnx_path, USERS, ITEMS)
+    torch_export.export_onnx(module, onnx_path, SAMPLE, OUTPUT)
     outputs["onnxruntime"] = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(
         ["probability"], batch)[0]
     for name, out in outputs.items():

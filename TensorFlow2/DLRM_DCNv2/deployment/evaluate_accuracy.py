@@ -29,15 +29,16 @@ PROTOCOLS = ("grpc", "http")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog="python -m deployment.evaluate_accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset_path", required=True, help="dataset directory (its feature spec)")
     p.add_argument("--dataset_type", default="tf_raw", choices=("tf_raw", "split_tfrecords"), help="dataset format")
     p.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec, relative to --dataset_path")
     p.add_argument("--checkpoint", required=True,
                    help="the checkpoint the deployed model was exported from (the recipe's side of the comparison)")
-    p.add_argument("--model_name", required=True, help="deployed model, e.g. dlrm-onnx or the ensemble dlrm")
-    p.add_argument("--server_url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
-    p.add_argument("--http_url", default="127.0.0.1:8000", help="HTTP endpoint host:port")
+    add_flag(p, "--model_name", required=True, help="deployed model, e.g. dlrm-onnx or the ensemble dlrm")
+    add_flag(p, "--server_url", "--grpc-url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
+    add_flag(p, "--http_url", default="127.0.0.1:8000", help="HTTP endpoint host:port")
     p.add_argument("--protocols", default="grpc,http", help="comma-separated: grpc, http")
     p.add_argument("--batch_size", type=int, default=32768, help="rows per request (and per recipe batch)")
     p.add_argument("--max_steps", type=int, default=None, help="at most this many batches (default: the whole split)")
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest accepted |served exact AUC - recipe exact AUC|")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per request (and for readiness)")
-    p.add_argument("--output_json", default=None, help="write the report here (atomically)")
+    add_flag(p, "--output_json", default=None, help="write the report here (atomically)")
     return p
 
 

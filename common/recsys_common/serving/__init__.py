@@ -24,4 +24,9 @@ one process):
                       ``infer_in_batches``.
     latency           ``measure_latency``, ``write_latency_report`` (JSON + PNG), ``add_latency_arguments``,
                       ``run_latency``: the core of every recipe's ``evaluate_latency``.
+    rows              request rows: ``random_rows`` (random valid rows from a sidecar's inputs), ``cycling_rows``.
+    triton_options    ``TritonOptions`` (one options object for every exporter; the batching delay held in
+                      microseconds), NVIDIA's ``--triton-*`` flag group and the delay flags in ms and us.
+    torch_export      PyTorch module -> Triton repository (ONNX / TorchScript), the format flags, the exported-vs-eager
+                      check: PyTorch DLRM's and NCF's deployers (imports torch, never TensorFlow).
 """

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.flags import add_flag
 from recsys_common.io import atomic_path, atomic_write_text, check_json_output
 
 from .client import InferenceClient, ServingError
@@ -196,28 +197,29 @@ def add_latency_arguments(parser: argparse.ArgumentParser, *, default_model_name
                           default_batch_sizes: Sequence[int] = (1, 16, 256, 1024),
                           default_concurrency: Sequence[int] = (1, 2)) -> argparse.ArgumentParser:
     """Add the shared ``evaluate_latency`` flags: --server-url --protocol --model-name --batch-sizes --concurrency
-    --num-requests --warmup-requests --timeout --output-json --output-png. Returns the parser."""
-    parser.add_argument("--server-url", default="127.0.0.1:8001",
-                        help="host:port of the server (Triton: 8001 gRPC, 8000 HTTP)")
-    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="KServe-v2 protocol")
-    parser.add_argument("--model-name", default=default_model_name, required=default_model_name is None,
-                        help="served model name")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(default_batch_sizes),
-                        help="rows per request")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=list(default_concurrency),
-                        help="concurrent clients (one thread each)")
-    parser.add_argument("--num-requests", type=int, default=100, help="timed requests per batch size and concurrency")
-    parser.add_argument("--warmup-requests", type=int, default=10, help="untimed requests before each measurement")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per request")
-    parser.add_argument("--output-json", default="latency.json", help="JSON report (written atomically)")
-    parser.add_argument("--output-png", default="latency.png", help="PNG plot")
-    parser.add_argument("--perf-analyzer", action="store_true",
-                        help="also run Triton's perf_analyzer on each batch size and concurrency (same request rows, "
-                             "back to back) and report both tools' throughput side by side")
-    parser.add_argument("--perf-analyzer-rounds", type=int, default=2,
-                        help="with --perf-analyzer: turns each tool takes per batch size (each keeps its best)")
-    parser.add_argument("--perf-analyzer-interval-ms", type=int, default=500,
-                        help="with --perf-analyzer: perf_analyzer's measurement window (--measurement-interval)")
+    --num-requests --warmup-requests --timeout --output-json --output-png (each also with underscores: ``--server_url``,
+    as the seed's ``evaluate_accuracy`` spells it; ``recsys_common.flags``). Returns the parser."""
+    add_flag(parser, "--server-url", default="127.0.0.1:8001",
+             help="host:port of the server (Triton: 8001 gRPC, 8000 HTTP)")
+    add_flag(parser, "--protocol", choices=["grpc", "http"], default="grpc", help="KServe-v2 protocol")
+    add_flag(parser, "--model-name", default=default_model_name, required=default_model_name is None,
+             help="served model name")
+    add_flag(parser, "--batch-sizes", type=int, nargs="+", default=list(default_batch_sizes),
+             help="rows per request")
+    add_flag(parser, "--concurrency", type=int, nargs="+", default=list(default_concurrency),
+             help="concurrent clients (one thread each)")
+    add_flag(parser, "--num-requests", type=int, default=100, help="timed requests per batch size and concurrency")
+    add_flag(parser, "--warmup-requests", type=int, default=10, help="untimed requests before each measurement")
+    add_flag(parser, "--timeout", type=float, default=30.0, help="seconds allowed per request")
+    add_flag(parser, "--output-json", default="latency.json", help="JSON report (written atomically)")
+    add_flag(parser, "--output-png", default="latency.png", help="PNG plot")
+    add_flag(parser, "--perf-analyzer", action="store_true",
+             help="also run Triton's perf_analyzer on each batch size and concurrency (same request rows, "
+                  "back to back) and report both tools' throughput side by side")
+    add_flag(parser, "--perf-analyzer-rounds", type=int, default=2,
+             help="with --perf-analyzer: turns each tool takes per batch size (each keeps its best)")
+    add_flag(parser, "--perf-analyzer-interval-ms", type=int, default=500,
+             help="with --perf-analyzer: perf_analyzer's measurement window (--measurement-interval)")
     return parser
 
 

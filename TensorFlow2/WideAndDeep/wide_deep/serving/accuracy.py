@@ -79,18 +79,19 @@ def framework_movielens(model, config, spec, batch_size: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog="triton/evaluate_accuracy.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arguments(p)
     s = p.add_argument_group("server")
-    s.add_argument("--server-url", default="127.0.0.1:8001", help="host:port of the server's --protocol endpoint")
+    add_flag(s, "--server-url", default="127.0.0.1:8001", help="host:port of the server's --protocol endpoint")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    s.add_argument("--model-name", default=None, help="served model (default widedeep-onnx / movielens-onnx)")
+    add_flag(s, "--model-name", default=None, help="served model (default widedeep-onnx / movielens-onnx)")
     s.add_argument("--batch-size", type=int, default=4096, help="rows per request (and per framework batch)")
     s.add_argument("--timeout", type=float, default=60.0, help="seconds per call (connect, ready, infer)")
     s.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest allowed |server - framework| of each metric (AUC, MAP@12, BCE)")
-    s.add_argument("--output-json", default=None, help="write the comparison here (atomically)")
+    add_flag(s, "--output-json", default=None, help="write the comparison here (atomically)")
     return p
 
 
