@@ -10,11 +10,7 @@ mapping, ``--size // 10`` (at least 1) to every other one (``test`` here).
 """
 from __future__ import annotations
 
-import os
-import sys
 from typing import Optional, Sequence
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 TOOL = "gen_csv"
 
@@ -26,5 +22,6 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    from recsys_common.dataset_tools import run_cli
-    run_cli(main)
+    from recsys_common.cli import run_main
+    from recsys_common.dataset_tools import INPUT_ERRORS
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -12,11 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 from typing import Dict, Optional, Sequence
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 CATEGORICAL_CHANNELS = ("onehot_categorical", "multihot_categorical")
 
@@ -57,5 +53,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
 
 
 if __name__ == "__main__":
-    from recsys_common.dataset_tools import run_cli
-    run_cli(main)
+    from recsys_common.cli import run_main
+    from recsys_common.dataset_tools import INPUT_ERRORS
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -12,11 +12,7 @@ command lines but each mapping is one file, so this output trains on one process
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Optional, Sequence
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,5 +44,6 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    from recsys_common.dataset_tools import run_cli
-    run_cli(main)
+    from recsys_common.cli import run_main
+    from recsys_common.dataset_tools import INPUT_ERRORS
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -19,8 +19,7 @@ directory (``recsys_common.io.atomic_directory``: ``--overwrite`` replaces only 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Callable, Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from .feature_spec import FeatureSpec
 
@@ -128,6 +127,10 @@ def prepare_synthetic_dataset(output_dir: str, num_entries: int, test_entries: O
     return out
 
 
+# The data tools' bad input (a spec, a flag's value, a non-empty output): exit 2 through recsys_common.cli.run_main.
+INPUT_ERRORS = (ValueError, FileExistsError)   # FeatureSpecError and DatasetError are ValueErrors
+
+
 def prepare_synthetic_main(argv: Optional[Sequence[str]], tool: str, description: Optional[str] = None,
                            default_dir: str = "/tmp/dlrm_synthetic_data") -> FeatureSpec:
     args = prepare_synthetic_parser(tool, description, default_dir).parse_args(None if argv is None else list(argv))
@@ -135,14 +138,3 @@ def prepare_synthetic_main(argv: Optional[Sequence[str]], tool: str, description
     return prepare_synthetic_dataset(args.synthetic_dataset_dir, args.synthetic_dataset_num_entries,
                                      args.synthetic_dataset_test_entries, sizes or (), args.num_numerical_features,
                                      args.feature_spec, args.seed, args.overwrite, tool=tool)
-
-
-# --------------------------------------------------------------------------------------------------------- CLI
-def run_cli(main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None) -> None:
-    """Run ``main(argv)`` for a command line: bad input prints one ``error:`` line and exits 1, not a traceback."""
-    from .datasets import DatasetError
-    try:
-        main(argv)
-    except (ValueError, FileExistsError, DatasetError) as e:   # FeatureSpecError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)

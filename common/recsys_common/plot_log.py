@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -186,8 +185,5 @@ def main(argv: Optional[Iterable[str]] = None) -> List[str]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(ValueError, FileNotFoundError))

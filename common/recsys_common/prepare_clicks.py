@@ -966,14 +966,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                    block_rows=args.block_rows, overwrite=args.overwrite, work_dir=args.work_dir)
 
 
-def run_cli(argv: Optional[Sequence[str]] = None) -> None:
-    """``main`` with errors printed as one line and exit status 2 (no traceback for a user's bad input)."""
-    try:
-        main(argv)
-    except (ClickLogError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-
+# Bad input (a malformed log, a non-empty --output): one error line and exit 2 (recsys_common.cli).
+INPUT_ERRORS = (ClickLogError, FileExistsError)
 
 if __name__ == "__main__":
-    run_cli()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import zlib
 from typing import Dict, Iterable, List, Optional
@@ -228,8 +227,5 @@ def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (FeatureSpecError, ValueError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FeatureSpecError, ValueError, FileExistsError))

@@ -404,14 +404,9 @@ def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
     return out
 
 
-def run_cli(argv: Optional[Iterable[str]] = None) -> None:
-    """``main`` for a command line: bad input prints one clear line and exits 1 instead of a traceback."""
-    try:
-        main(argv)
-    except (FeatureSpecError, DatasetError, FileExistsError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-
+# Bad input (a spec, a file's value, a non-empty --output): one error line and exit 2 (recsys_common.cli).
+INPUT_ERRORS = (FeatureSpecError, DatasetError, FileExistsError, ValueError)
 
 if __name__ == "__main__":
-    run_cli()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -27,15 +27,6 @@ def test_tool_name_is_the_program_and_the_owner_of_the_outputs(tmp_path, capsys)
                                           "--synthetic_dataset_num_entries", "16"], "my.tool")
 
 
-def test_run_cli_turns_bad_input_into_exit_1(capsys):
-    def main(argv):
-        raise ValueError("spec.yaml: feature cat_3 has no cardinality")
-    with pytest.raises(SystemExit) as exit_info:
-        dataset_tools.run_cli(main, [])
-    assert exit_info.value.code == 1
-    assert capsys.readouterr().err == "error: spec.yaml: feature cat_3 has no cardinality\n"
-
-
 def test_variant_feature_spec_unknown_variant():
     with pytest.raises(ValueError, match="criteo_t15_synthetic, criteo_t3_synthetic, criteo_t0_synthetic"):
         variants.variant_feature_spec("criteo_t7_synthetic")

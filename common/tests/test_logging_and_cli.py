@@ -196,7 +196,7 @@ def test_cli_errors_exit_nonzero_with_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "recsys_common.transcode", "--input", str(tmp_path),
                         "--feature_spec_in", "nope.yaml", "--output", str(tmp_path / "o")],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "nope.yaml: feature spec file not found" in r.stderr
+    assert r.returncode == 2 and "transcode.py: error: " in r.stderr and "nope.yaml: feature spec file not found" in r.stderr
 
 
 def test_synthetic_benchmark_reports_rates_the_wall_clock_agrees_with():

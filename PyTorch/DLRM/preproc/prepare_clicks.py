@@ -10,10 +10,9 @@
 """
 from __future__ import annotations
 
-import sys
-
-from recsys_common.prepare_clicks import (ClickEncoder, ClickLogError, apply, build_parser, main,  # noqa: F401
-                                          prepare, run_cli)
+from recsys_common.prepare_clicks import (INPUT_ERRORS, ClickEncoder, ClickLogError, apply, build_parser,  # noqa: F401
+                                          main, prepare)
 
 if __name__ == "__main__":
-    run_cli(sys.argv[1:])
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=INPUT_ERRORS)

@@ -123,8 +123,8 @@ def test_cli_error_exits_non_zero_naming_the_path(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.transcribe", "--src_dataset_path",
                            str(tmp_path / "missing"), "--dst_dataset_path", str(tmp_path / "out")],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert f"error: {tmp_path}/missing/feature_spec.yaml: feature spec not found" in proc.stderr
+    assert proc.returncode == 2   # bad input
+    assert f"transcribe.py: error: {tmp_path}/missing/feature_spec.yaml: feature spec not found" in proc.stderr
     assert not os.path.exists(tmp_path / "out")
 
 

@@ -119,12 +119,13 @@ def test_commands_exit_non_zero_with_one_clear_line(tmp_path):
     again = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.generate_feature_spec", "--variant",
                             "criteo_t0_synthetic", "--dst", str(tmp_path)], cwd=RECIPE_DIR, env=env,
                            capture_output=True, text=True, timeout=120)
-    assert again.returncode == 1
-    assert again.stderr.strip() == f"error: {tmp_path / 'feature_spec.yaml'}: exists; pass --overwrite to replace it"
+    assert again.returncode == 2   # bad input (recsys_common.cli.run_main)
+    assert again.stderr.strip() == (f"generate_feature_spec.py: error: {tmp_path / 'feature_spec.yaml'}: exists; "
+                                    f"pass --overwrite to replace it")
     bad = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.dataloading.prepare_synthetic_dataset",
                           "--synthetic_dataset_dir", str(tmp_path / "x"), "--synthetic_dataset_table_sizes", "10,abc"],
                          cwd=RECIPE_DIR, env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "--synthetic_dataset_table_sizes" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "--synthetic_dataset_table_sizes" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "x").exists()
 
 

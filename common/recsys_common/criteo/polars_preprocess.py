@@ -34,7 +34,6 @@ import gzip
 import json
 import os
 import shutil
-import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -287,18 +286,52 @@ def _line_text(data: bytes, starts: np.ndarray, ends: np.ndarray, line: int) -> 
     return data[starts[line]:ends[line]][:_MAX_EXAMPLE_CHARS * 4].decode("utf-8", "replace")[:_MAX_EXAMPLE_CHARS]
 
 
+def _codes(indices) -> np.ndarray:
+    """Arrow int32 dictionary indices (null = missing) -> uint32 codes, 0 = missing and k = (k-1)-th value."""
+    import pyarrow.compute as pc
+    if indices.null_count:
+        indices = pc.fill_null(indices, -1)
+    return (indices.to_numpy() + 1).view(np.uint32)
+
+
 def _encode(array):
     """pyarrow string array -> (codes uint32 with 0 = null and k = k-th distinct value, distinct values)."""
     import pyarrow.compute as pc
     encoded = pc.dictionary_encode(array)
     if hasattr(encoded, "combine_chunks"):
         encoded = encoded.combine_chunks()
-    indices = encoded.indices.to_numpy(zero_copy_only=False)
-    if encoded.indices.null_count:
-        codes = np.where(np.asarray(encoded.indices.is_valid()), indices + 1, 0).astype(np.uint32)
-    else:
-        codes = indices.astype(np.uint32) + 1
-    return codes, encoded.dictionary
+    return _codes(encoded.indices), encoded.dictionary
+
+
+def _encode_words(words):
+    """``_encode`` for a column whose values are all 8 bytes long (Criteo's hex ids), given as their bytes read as
+    big-endian uint64 (pyarrow array): hashing an integer is much cheaper than hashing a string. The distinct
+    values come back as the same strings (big-endian bytes of the integers), so nothing downstream changes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    encoded = pc.dictionary_encode(words)
+    if hasattr(encoded, "combine_chunks"):
+        encoded = encoded.combine_chunks()
+    raw = encoded.dictionary.to_numpy().astype(">u8")
+    values = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(raw), [None, pa.py_buffer(raw)])
+    return _codes(encoded.indices), values.cast(pa.binary()).cast(pa.string())
+
+
+def _encode_columns(frame) -> List[Any]:
+    """Futures of ``(codes, distinct values)`` of the 26 categorical columns, on the encoding threads. A column
+    whose present values are all 8 bytes long (the reinterpretation as uint64 has exactly the text's nulls: both
+    null counts are metadata, no extra pass) goes through ``_encode_words``; any other, through ``_encode``."""
+    import polars as pl
+    cats = _NAMES[1 + NUM_NUMERICAL:]
+    words = frame.select([pl.col(n).cast(pl.Binary).bin.reinterpret(dtype=pl.UInt64, endianness="big")
+                          for n in cats])
+    futures = []
+    for n in cats:
+        if words[n].null_count() == frame[n].null_count():
+            futures.append(_pool().submit(lambda name: _encode_words(words[name].to_arrow()), n))
+        else:
+            futures.append(_pool().submit(lambda name: _encode(frame[name].to_arrow()), n))
+    return futures
 
 
 _POOL = None
@@ -310,6 +343,33 @@ def _pool():
         from concurrent.futures import ThreadPoolExecutor
         _POOL = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="criteo-encode")
     return _POOL
+
+
+_MISSING_INT = np.iinfo(np.int64).min
+_LOG_TABLE_SIZE = 1 << 16
+_LOG_TABLE: Optional[np.ndarray] = None
+
+
+def _spark_log(x: np.ndarray) -> np.ndarray:
+    """Spark's numerical transform of integers > -3: ``log(double(x) + 3)`` cast to float, stored as float16."""
+    return np.log(x.astype(np.float64) + 3.0).astype(np.float32).astype(np.float16)
+
+
+def log_numerical(numbers: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """float16 [n, 13] of int64 ``numbers`` [n, 13]: ``_spark_log`` where present and > -3, else 0 (Spark's NULL).
+    Criteo's integers are mostly small counts: those below 2**16 - 3 are looked up in a table of ``_spark_log``
+    (the same float16 values, computed once) instead of taking a logarithm each; larger ones are computed."""
+    global _LOG_TABLE
+    if _LOG_TABLE is None:
+        table = np.zeros(_LOG_TABLE_SIZE, dtype=np.float16)          # index x + 3; 0 is x = -3, Spark's NULL
+        table[1:] = _spark_log(np.arange(1, _LOG_TABLE_SIZE, dtype=np.int64) - 3)
+        _LOG_TABLE = table
+    index = np.where(present & (numbers > -3), numbers + 3, 0)
+    large = index >= _LOG_TABLE_SIZE
+    out = _LOG_TABLE[np.minimum(index, _LOG_TABLE_SIZE - 1)]
+    if large.any():
+        out[large] = _spark_log(numbers[large])
+    return out
 
 
 def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedChunk:
@@ -339,27 +399,30 @@ def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedCh
             # Some lines have fewer than 40 fields (none has more: the reader would have raised). Only a row whose
             # last field is empty can be one: count the separators of those lines alone.
             import polars as pl
-            candidate = frame[_NAMES[-1]].is_null().to_numpy()
-            if candidate.any():
+            candidate = np.flatnonzero(frame[_NAMES[-1]].is_null().to_numpy())
+            if len(candidate):
                 starts, ends = _line_offsets(data)
-                a = np.frombuffer(data, dtype=np.uint8)
-                lines = a[np.repeat(candidate, ends - starts + 1)]      # the candidate lines, back to back
-                separators = np.cumsum(lines == ord(sep), dtype=np.int64)[np.flatnonzero(lines == 10)]
-                per_line = np.diff(separators, prepend=0)
-                padded_lines[np.flatnonzero(candidate)[per_line < NUM_FIELDS - 1]] = True
+                # bytes.count over each candidate line's own range: no pass over the other lines' bytes
+                separator = sep.encode()
+                count = data.count
+                per_line = np.fromiter((count(separator, a, b) for a, b in
+                                        zip(starts[candidate].tolist(), ends[candidate].tolist())),
+                                       dtype=np.int64, count=len(candidate))
+                padded_lines[candidate[per_line < NUM_FIELDS - 1]] = True
     if frame.height != len(kept):
         raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
     n = len(kept)
     reason = np.full(n, -1, dtype=np.int16)
     if chunk.bom_line and n and kept[0] == 0:
         reason[0] = _REASONS.index(REASON_BAD_LABEL)     # Spark reads the mark as part of the label
-    futures = [_pool().submit(lambda name: _encode(frame[name].to_arrow()), f"c{c}") for c in range(NUM_CATEGORICAL)]
+    futures = _encode_columns(frame)
     if typed is None:
         values, present, bad = _integers(frame)
     else:
         import polars as pl
-        present = frame.select([pl.col(n).is_not_null() for n in _INT_COLUMNS]).to_numpy()
-        values = frame.select([pl.col(n).fill_null(0) for n in _INT_COLUMNS]).to_numpy()
+        # One conversion: a missing value becomes a number no field can hold (the reader kept |x| < 10**18).
+        values = frame.select([pl.col(n).fill_null(_MISSING_INT) for n in _INT_COLUMNS]).to_numpy()
+        present = values != _MISSING_INT
         bad = np.zeros(values.shape, dtype=bool)
     label = values[:, 0]
     bad_label = ~present[:, 0] | bad[:, 0] | ((label != 0) & (label != 1))
@@ -388,9 +451,7 @@ def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedCh
     all_good = bool(good.all())
     values, present = (values, present) if all_good else (values[good], present[good])
     # Spark: log(double(x) + 3) cast to float (NULL, hence 0, for missing and x <= -3); the binary holds float16.
-    numbers, usable = values[:, 1:], present[:, 1:] & (values[:, 1:] > -3)
-    x = np.where(usable, numbers, 0).astype(np.float64) + 3.0
-    numerical = np.where(usable, np.log(x), 0.0).astype(np.float32).astype(np.float16)
+    numerical = log_numerical(values[:, 1:], present[:, 1:])
     codes = np.empty((NUM_CATEGORICAL, len(values)), dtype=np.uint32)
     uniques = []
     for c, (column_codes, dictionary) in enumerate(encoded):
@@ -652,20 +713,14 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
         padded = 0
         mal_lines, mal_reasons, examples = [], [], {}
         k = 0
-        for chunk in prefetch(iter_line_chunks(path, formats[path], args.chunk_mb << 20)):
-            parsed = parse_chunk(chunk, formats[path], max(0, args.max_examples - len(examples)))
-            _save_chunk(directory, k, parsed)
-            if args.dictionary_source == "all":
-                counted = None
-            else:
-                counted = _split_of_lines(parsed.lines, is_split, bounds) == 0
-            for c in range(NUM_CATEGORICAL):
-                if parsed.uniques[c] is None or not len(parsed.uniques[c]):
-                    continue
-                codes = parsed.codes[c] if counted is None else parsed.codes[c, counted]
-                counts = np.bincount(codes, minlength=len(parsed.uniques[c]) + 1)[1:]
-                counted_frames[c].append(pl.DataFrame({"value": pl.from_arrow(parsed.uniques[c]).cast(pl.Utf8),
-                                                       "count": counts.astype(np.uint64)}).filter(pl.col("count") > 0))
+        chunks = prefetch(iter_line_chunks(path, formats[path], args.chunk_mb << 20))
+        for chunk, parsed, counts in ordered_parallel(
+                lambda item: _parse_save_count(item[1], formats[path], item[0], directory, args.dictionary_source,
+                                               is_split, bounds, max(0, args.max_examples - len(examples))),
+                enumerate(chunks), workers=_parse_workers()):
+            for c, frame in enumerate(counts):
+                if frame is not None:
+                    counted_frames[c].append(frame)
             lines += parsed.num_lines
             good += len(parsed.label)
             padded += int(parsed.padded.sum())
@@ -701,6 +756,57 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
     if resumed:
         print(f"[criteo] resumed: pass 1 skipped {len(resumed)} finished file(s): {', '.join(resumed)}", flush=True)
     return resumed
+
+
+def _parse_save_count(chunk: RawChunk, fmt: FileFormat, k: int, directory: str, dictionary_source: str,
+                      is_split: bool, bounds, examples: int):
+    """Pass 1 for one chunk, on a worker thread: parse, save ``chunk_<k>.*``, count each column's values (of the
+    train lines only with ``--dictionary_source train``). Returns (chunk, parsed, per column a ``value, count``
+    frame or None)."""
+    import polars as pl
+    parsed = parse_chunk(chunk, fmt, examples)
+    _save_chunk(directory, k, parsed)
+    counted = None if dictionary_source == "all" else _split_of_lines(parsed.lines, is_split, bounds) == 0
+    counts: List[Any] = []
+    for c in range(NUM_CATEGORICAL):
+        if parsed.uniques[c] is None or not len(parsed.uniques[c]):
+            counts.append(None)
+            continue
+        codes = parsed.codes[c] if counted is None else parsed.codes[c, counted]
+        n = np.bincount(codes, minlength=len(parsed.uniques[c]) + 1)[1:]
+        counts.append(pl.DataFrame({"value": pl.from_arrow(parsed.uniques[c]).cast(pl.Utf8),
+                                    "count": n.astype(np.uint64)}).filter(pl.col("count") > 0))
+    chunk.data = b""       # the text is no longer needed while the result waits for its turn
+    return chunk, parsed, counts
+
+
+def _parse_workers() -> int:
+    # Two chunks in flight keep both cores busy: one chunk's NumPy / Python steps overlap the other's Polars and
+    # Arrow steps (which release the GIL). More only add memory.
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def ordered_parallel(function, items, workers: int = 2):
+    """``map(function, items)`` on ``workers`` threads, results in order, at most ``workers`` items in flight (memory
+    stays that of ``workers`` items); an exception is raised here when its item's turn comes."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    if workers <= 1:
+        for item in items:
+            yield function(item)
+        return
+    pending: "deque" = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="criteo-parse") as pool:
+        try:
+            for item in items:
+                pending.append(pool.submit(function, item))
+                if len(pending) >= workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def build_all_dictionaries(work: str, num_files: int, frequency_limit: int):
@@ -997,8 +1103,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (CriteoInputError, CriteoPreprocessError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(CriteoInputError, CriteoPreprocessError, FileExistsError))

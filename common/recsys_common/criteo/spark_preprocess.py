@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -596,8 +595,5 @@ def main(argv: Optional[Sequence[str]] = None, spark=None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (CriteoInputError, CriteoPreprocessError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(CriteoInputError, CriteoPreprocessError, FileExistsError))

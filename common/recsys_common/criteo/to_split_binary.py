@@ -21,7 +21,6 @@ import argparse
 import glob
 import json
 import os
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -150,8 +149,5 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ConversionError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(ConversionError, FileExistsError))

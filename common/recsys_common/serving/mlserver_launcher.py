@@ -262,29 +262,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Serve until Ctrl-C or SIGTERM; a server that does not come up raises ``ServingError``."""
     args = build_parser().parse_args(argv)
-    try:
-        with serve_repository(args.model_repository, args.models, http_port=args.http_port,
-                              grpc_port=args.grpc_port, startup_timeout_s=args.startup_timeout,
-                              log_path=args.log_path, host=args.host,
-                              intra_op_threads=args.intra_op_threads) as server:
-            print(f"serving {', '.join(server.models)}: HTTP {server.http_url}, gRPC {server.grpc_url} "
-                  f"(server pid {server.pid}, log {server.log_path}); Ctrl-C stops", flush=True)
-            stop = []
-            # SIGTERM stops like Ctrl-C, so that the server group is always taken down with us
-            signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-            try:
-                while not stop:
-                    time.sleep(0.2)
-            except KeyboardInterrupt:
-                pass
-        print("server stopped", flush=True)
-        return 0
-    except ServingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    with serve_repository(args.model_repository, args.models, http_port=args.http_port,
+                          grpc_port=args.grpc_port, startup_timeout_s=args.startup_timeout,
+                          log_path=args.log_path, host=args.host,
+                          intra_op_threads=args.intra_op_threads) as server:
+        print(f"serving {', '.join(server.models)}: HTTP {server.http_url}, gRPC {server.grpc_url} "
+              f"(server pid {server.pid}, log {server.log_path}); Ctrl-C stops", flush=True)
+        stop = []
+        # SIGTERM stops like Ctrl-C, so that the server group is always taken down with us
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        try:
+            while not stop:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+    print("server stopped", flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, failures=(ServingError,))

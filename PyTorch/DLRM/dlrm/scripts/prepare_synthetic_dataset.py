@@ -26,5 +26,6 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    from recsys_common.dataset_tools import run_cli
-    run_cli(main)
+    from recsys_common.cli import run_main
+    from recsys_common.dataset_tools import INPUT_ERRORS
+    run_main(main, input_errors=INPUT_ERRORS)

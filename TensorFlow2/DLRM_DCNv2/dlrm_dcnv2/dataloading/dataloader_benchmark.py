@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Iterable, Optional
 
 from .dataloader import DATASET_TYPES, create_input
-from .transcribe import parse_int_list
+from .transcribe import add_synthetic_flags, synthetic_options
 from recsys_common.machine import cpu_model_name as cpu_model
 
 
@@ -35,12 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world_size", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead in a background thread")
-    p.add_argument("--synthetic_dataset_train_batches", type=int, default=64008)
-    p.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350)
-    p.add_argument("--synthetic_dataset_cardinalities", type=parse_int_list, default="26x1000")
-    p.add_argument("--synthetic_dataset_hotness", type=parse_int_list, default="26x20")
-    p.add_argument("--synthetic_dataset_num_numerical_features", type=int, default=13)
-    p.add_argument("--synthetic_dataset_use_feature_spec", action="store_true")
+    add_synthetic_flags(p)
     p.add_argument("--output_json", default=None, help="also write the result here (atomically)")
     return p
 
@@ -49,12 +43,7 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
     args = build_parser().parse_args(None if argv is None else list(argv))
     from recsys_common.io import check_json_output, write_json_output
     check_json_output(args.output_json)
-    kw = dict(synthetic_train_batches=args.synthetic_dataset_train_batches,
-              synthetic_valid_batches=args.synthetic_dataset_valid_batches,
-              synthetic_cardinalities=args.synthetic_dataset_cardinalities,
-              synthetic_hotness=args.synthetic_dataset_hotness,
-              synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
-              synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec)
+    kw = synthetic_options(args)
     input_tables = None
     if args.world_size > 1:
         from dlrm_dcnv2.distributed.placement import plan_placement
@@ -89,8 +78,5 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileExistsError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(ValueError, FileExistsError), failures=(OSError,))   # DataError is a ValueError

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 from typing import Iterable, List, Optional
 
@@ -49,6 +48,26 @@ def parse_int_list(text: str) -> List[int]:
     return out
 
 
+def add_synthetic_flags(p: argparse.ArgumentParser) -> None:
+    """NVIDIA's ``--synthetic_dataset_*`` flags of a synthetic source (this tool and ``dataloader_benchmark``)."""
+    p.add_argument("--synthetic_dataset_train_batches", type=int, default=64008)
+    p.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350)
+    p.add_argument("--synthetic_dataset_cardinalities", type=parse_int_list, default="26x1000")
+    p.add_argument("--synthetic_dataset_hotness", type=parse_int_list, default="26x20")
+    p.add_argument("--synthetic_dataset_num_numerical_features", type=int, default=13)
+    p.add_argument("--synthetic_dataset_use_feature_spec", action="store_true")
+
+
+def synthetic_options(args: argparse.Namespace) -> dict:
+    """The flags of :func:`add_synthetic_flags` as ``create_input``'s ``synthetic_*`` keyword arguments."""
+    return dict(synthetic_train_batches=args.synthetic_dataset_train_batches,
+                synthetic_valid_batches=args.synthetic_dataset_valid_batches,
+                synthetic_cardinalities=args.synthetic_dataset_cardinalities,   # argparse parses defaults
+                synthetic_hotness=args.synthetic_dataset_hotness,
+                synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
+                synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dlrm_dcnv2.dataloading.transcribe", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -65,12 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train_only", action="store_true", help="convert the train split only")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty destination, replacing this tool's earlier output there")
-    p.add_argument("--synthetic_dataset_train_batches", type=int, default=64008)
-    p.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350)
-    p.add_argument("--synthetic_dataset_cardinalities", type=parse_int_list, default="26x1000")
-    p.add_argument("--synthetic_dataset_hotness", type=parse_int_list, default="26x20")
-    p.add_argument("--synthetic_dataset_num_numerical_features", type=int, default=13)
-    p.add_argument("--synthetic_dataset_use_feature_spec", action="store_true")
+    add_synthetic_flags(p)
     p.add_argument("--seed", type=int, default=12345, help="seed of the synthetic source")
     return p
 
@@ -111,12 +125,7 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
         raise ValueError(f"--src_dataset_type {args.src_dataset_type} needs --src_dataset_path")
     synthetic = None
     if args.src_dataset_type == "synthetic":
-        synthetic = dict(synthetic_train_batches=args.synthetic_dataset_train_batches,
-                         synthetic_valid_batches=args.synthetic_dataset_valid_batches,
-                         synthetic_cardinalities=args.synthetic_dataset_cardinalities,   # argparse parses defaults
-                         synthetic_hotness=args.synthetic_dataset_hotness,
-                         synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
-                         synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec)
+        synthetic = synthetic_options(args)
     start = time.perf_counter()
     result = transcribe(args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path,
                         src_feature_spec=args.src_feature_spec, src_batch_size=args.src_batch_size,
@@ -132,8 +141,5 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        main()
-    except (ValueError, FileExistsError, OSError) as e:   # DataError / FeatureSpecError are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(ValueError, FileExistsError), failures=(OSError,))   # DataError is a ValueError
