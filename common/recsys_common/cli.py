@@ -74,6 +74,21 @@ def run_main(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
              hint: Optional[str] = None) -> NoReturn:
     """Run ``main(argv)`` as a command and exit: 0 on success, 2 for bad input, 1 for a failure.
 
+    The arguments are :func:`exit_status`'s.
+    """
+    sys.exit(exit_status(main, argv, prog=prog, input_errors=input_errors, failures=failures, report=report,
+                         with_type=with_type, hint=hint))
+
+
+def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None, *,
+                prog: Optional[str] = None, input_errors: ExceptionTypes = (), failures: ExceptionTypes = (),
+                report: Optional[Callable[[Any], None]] = None, with_type: bool = False,
+                hint: Optional[str] = None) -> int:
+    """Run ``main(argv)`` as a command; returns the exit status (0, 2 for bad input, 1 for a failure).
+
+    :func:`run_main` exits with it; a script that must do something before exiting (a launcher helper, a test)
+    calls this.
+
     Args:
         main: the tool's ``main(argv)``; called with ``sys.argv[1:]`` when ``argv`` is None.
         prog: the name in the error line (default: the script's file name, as argparse does).
@@ -91,10 +106,10 @@ def run_main(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
         print(error_line(prog, error, with_type), file=sys.stderr)
         if hint:
             print(hint, file=sys.stderr)
-        sys.exit(2)
+        return 2
     except (CheckFailedError,) + tuple(failures) as error:
         print(error_line(prog, error, with_type), file=sys.stderr)
-        sys.exit(1)
+        return 1
     if report is not None:
         report(result)
-    sys.exit(0)
+    return 0
