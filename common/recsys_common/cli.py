@@ -71,19 +71,19 @@ def error_line(prog: str, error: BaseException, with_type: bool = False) -> str:
 def run_main(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None, *,
              prog: Optional[str] = None, input_errors: ExceptionTypes = (), failures: ExceptionTypes = (),
              report: Optional[Callable[[Any], None]] = None, with_type: bool = False,
-             hint: Optional[str] = None) -> NoReturn:
+             hint: Optional[str] = None, hint_errors: ExceptionTypes = ()) -> NoReturn:
     """Run ``main(argv)`` as a command and exit: 0 on success, 2 for bad input, 1 for a failure.
 
     The arguments are :func:`exit_status`'s.
     """
     sys.exit(exit_status(main, argv, prog=prog, input_errors=input_errors, failures=failures, report=report,
-                         with_type=with_type, hint=hint))
+                         with_type=with_type, hint=hint, hint_errors=hint_errors))
 
 
 def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None, *,
                 prog: Optional[str] = None, input_errors: ExceptionTypes = (), failures: ExceptionTypes = (),
                 report: Optional[Callable[[Any], None]] = None, with_type: bool = False,
-                hint: Optional[str] = None) -> int:
+                hint: Optional[str] = None, hint_errors: ExceptionTypes = ()) -> int:
     """Run ``main(argv)`` as a command; returns the exit status (0, 2 for bad input, 1 for a failure).
 
     :func:`run_main` exits with it; a script that must do something before exiting (a launcher helper, a test)
@@ -97,14 +97,15 @@ def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[S
             :class:`CheckFailedError` is always one.
         report: called with ``main``'s result before exiting 0 (prints a summary on the command line only).
         with_type: put the error's class name in the line (``error: FloatingPointError: ...``).
-        hint: a second line after a bad-input error (``run with --help for the flags``).
+        hint: a second line after a bad-input error (``run with --help for the flags``); only after the classes
+            in ``hint_errors`` when given (the flag errors, not a bad file).
     """
     prog = prog or os.path.basename(sys.argv[0])
     try:
         result = main(list(sys.argv[1:]) if argv is None else argv)
     except (InputError,) + tuple(input_errors) as error:
         print(error_line(prog, error, with_type), file=sys.stderr)
-        if hint:
+        if hint and (not hint_errors or isinstance(error, hint_errors)):
             print(hint, file=sys.stderr)
         return 2
     except (CheckFailedError,) + tuple(failures) as error:

@@ -30,12 +30,17 @@ def test_a_tools_own_input_errors_exit_2_and_failures_exit_1(capsys):
     class SpecError(ValueError):
         pass
 
+    class FlagError(ValueError):
+        pass
+
     def bad_input(argv):
         raise SpecError("x.yaml: missing")
 
     def diverged(argv):
         raise FloatingPointError("the loss is nan at step 3")
-    assert _exit(capsys, bad_input, [], input_errors=(SpecError,))[0] == 2
+    code, out = _exit(capsys, bad_input, [], input_errors=(FlagError, SpecError), hint="see --help",
+                      hint_errors=(FlagError,))
+    assert code == 2 and out.err == "tool.py: error: x.yaml: missing\n"   # the hint is for flag errors only
     code, out = _exit(capsys, diverged, [], failures=(FloatingPointError,), with_type=True)
     assert code == 1 and out.err == "tool.py: error: FloatingPointError: the loss is nan at step 3\n"
 
