@@ -174,5 +174,86 @@ def hms(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+class Progress:
+    """The one progress line of every long job: done of total, rate and time left, at most every ``every`` seconds.
+
+    ``[prefix] what: 1,048,576 of 40,428,967 rows (2.6 %), 310,000 rows/s, 0:02:07 left``
+
+    Args:
+        what: the job's label, with its ``[tool]`` prefix (printed first).
+        total: the amount of work (rows, batches, bytes...); ``estimated``: print it as ``~total``.
+        unit: what ``done`` counts; ``scale`` divides the printed amounts (``2**20`` with unit ``MiB``) and
+            ``digits`` their decimals.
+        every: seconds between lines (an ``update(..., final=True)`` or reaching ``total`` always prints).
+        out: where lines go (default: stdout; pass ``log_to_stderr`` for tools whose stdout is data).
+
+    The training loops, which print in their own (NVIDIA's) formats, take only the figures: :meth:`rate` and
+    :meth:`seconds_left`.
+
+        >>> clock = [0.0]
+        >>> p = Progress("[tool] pass 1", 1000, every=5, out=print, clock=lambda: clock[0])
+        >>> clock[0] = 2.0; p.update(400)            # too soon after the start: nothing printed
+        >>> clock[0] = 6.0; p.update(200)
+        [tool] pass 1: 600 of 1,000 rows (60.0 %), 100 rows/s, 0:00:04 left
+        >>> p.set(1000)                              # done: always printed
+        [tool] pass 1: 1,000 of 1,000 rows (100.0 %), 167 rows/s, 0:00:00 left
+    """
+
+    def __init__(self, what: str, total: float, unit: str = "rows", every: float = 5.0, out=None,
+                 scale: float = 1.0, digits: int = 0, estimated: bool = False, clock=time.monotonic):
+        self.what, self.total, self.unit, self.every = what, total, unit, every
+        self.scale, self.digits, self.estimated = scale, digits, estimated
+        self.out = out if out is not None else (lambda line: print(line, flush=True))
+        self.clock = clock
+        self.started = self.last = clock()
+        self.done = 0
+
+    def update(self, increment: float, final: bool = False) -> None:
+        """``increment`` more done; prints when due."""
+        self.set(self.done + increment, final)
+
+    def set(self, done: float, final: bool = False) -> None:
+        """``done`` so far; prints when due (``final``, or ``done`` reached ``total``: always)."""
+        self.done = done
+        now = self.clock()
+        if not final and done < self.total and now - self.last < self.every:
+            return
+        self.last = now
+        self.out(self.line())
+
+    def rate(self, now: Optional[float] = None) -> float:
+        """Units done per second since the start."""
+        return self.done / max((self.clock() if now is None else now) - self.started, 1e-9)
+
+    def seconds_left(self, now: Optional[float] = None) -> float:
+        """Time left at the rate so far (inf before anything is done)."""
+        rate = self.rate(now)
+        return max(self.total - self.done, 0) / rate if rate > 0 else float("inf")
+
+    def line(self) -> str:
+        now = self.clock()
+        number = f"{{:,.{self.digits}f}}"
+        share = 100.0 * min(self.done / self.total, 1.0) if self.total else 100.0
+        return (f"{self.what}: {number.format(self.done / self.scale)} of {'~' if self.estimated else ''}"
+                f"{number.format(self.total / self.scale)} {self.unit} ({share:.1f} %), "
+                f"{number.format(self.rate(now) / self.scale)} {self.unit}/s, {hms(self.seconds_left(now))} left")
+
+
+def check_finite(value: float, what: str, hint: str = "") -> float:
+    """``value`` when finite, else a ``FloatingPointError`` naming ``what`` (say ``training loss at step 40``) and
+    what to do (``hint``): the one NaN/inf check of the training loops' host-side losses.
+
+        >>> check_finite(0.5, "loss")
+        0.5
+        >>> check_finite(float("nan"), "training loss at step 3", "lower --lr")
+        Traceback (most recent call last):
+        ...
+        FloatingPointError: training loss at step 3 is nan; lower --lr
+    """
+    if not math.isfinite(value):
+        raise FloatingPointError(f"{what} is {value}{'; ' + hint if hint else ''}")
+    return value
+
+
 def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)

@@ -70,7 +70,7 @@ from .criteo.dictionaries import DictionaryLookup, build_dictionary, merge_count
 from .datasets import DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
 from .io import atomic_directory, atomic_write_text, check_output_directory
-from .logger import hms
+from .logger import Progress
 
 TOOL = "recsys_common.prepare_clicks"
 REPORT_NAME = "prepare_clicks.json"
@@ -322,7 +322,7 @@ def count_values(lf, categorical: Sequence[str], numerical: Sequence[str], label
         if progress:
             progress.update(block.height)
     if progress:
-        progress.update(0, force=True)
+        progress.update(0, final=True)
     return stats, counts
 
 
@@ -422,25 +422,9 @@ def make_feature_spec(config: Dict[str, Any], cardinalities: Sequence[int], spli
     return FeatureSpec(features, source, channels, metadata)
 
 
-class _Progress:
+def _Progress(total: int, what: str) -> Progress:
     """``[prepare_clicks] pass 2: 1,048,576 of 40,428,967 rows (2.6 %), 310,000 rows/s, 0:02:07 left``."""
-
-    def __init__(self, total: int, what: str, every_seconds: float = 5.0):
-        self.total, self.what, self.every = total, what, every_seconds
-        self.started = self.last = time.time()
-        self.done = 0
-
-    def update(self, rows: int, force: bool = False) -> None:
-        self.done += rows
-        now = time.time()
-        if not force and now - self.last < self.every:
-            return
-        self.last = now
-        rate = self.done / max(now - self.started, 1e-9)
-        left = (self.total - self.done) / rate if rate > 0 else float("nan")
-        share = 100.0 * self.done / self.total if self.total else 100.0
-        print(f"[prepare_clicks] {self.what}: {self.done:,} of {self.total:,} rows ({share:.1f} %), "
-              f"{rate:,.0f} rows/s, {hms(left)} left", flush=True)
+    return Progress(f"[prepare_clicks] {what}", total)
 
 
 # ------------------------------------------------------------------------------------------------ the whole job
@@ -736,7 +720,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             raise
         for w in writers.values():
             w.__exit__(None, None, None)
-        progress.update(0, force=True)
+        progress.update(0, final=True)
         written = {s: writers[s].rows_written for s in splits}
         if written != {s: split_rows[s] for s in splits}:
             raise ClickLogError(f"{described}: pass 2 wrote {written} rows, pass 1 counted {split_rows}: "
@@ -888,7 +872,7 @@ def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test
             for block in _batches(lf.select(exprs), block_rows, inputs[0]):
                 writer.write(map_block(block, config, encoder.lookups))
                 progress.update(block.height)
-        progress.update(0, force=True)
+        progress.update(0, final=True)
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     return FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml"))
 

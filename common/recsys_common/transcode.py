@@ -30,7 +30,6 @@ import argparse
 import os
 import re
 import sys
-import time
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy as np
 from .datasets import PAD, DatasetError, DatasetWriter, csv_column_types, is_multi_hot, parse_list_cells
 from .feature_spec import AUTO, FeatureSpec, FeatureSpecError, is_categorical_channel, smallest_int_dtype
 from .io import atomic_directory, check_output_directory
+from .logger import Progress, log_to_stderr
 
 FORMATS = ("split_binary", "parquet")
 _BLOCK_BYTES_MAX = 1 << 26   # at most this many CSV bytes parsed at a time
@@ -213,25 +213,17 @@ def mapping_blocks(spec: FeatureSpec, mapping: str, chunk_size: int, features: O
 
 
 class _Progress:
-    """One line every few seconds on stderr: MiB of CSV read of the total, MiB/s, time left."""
+    """One line every few seconds on stderr (``recsys_common.logger.Progress``): MiB of CSV read of the total,
+    MiB/s, time left; the position is tracked per file, as the files are read one after another."""
 
     def __init__(self, what: str, total_bytes: int, every_s: float = 5.0):
-        self.what, self.total, self.every = what, max(total_bytes, 1), every_s
-        self.start = self.last = time.monotonic()
         self.positions: Dict[str, int] = {}
+        self.meter = Progress(f"[transcode] {what}, CSV read", max(total_bytes, 1), unit="MiB", every=every_s,
+                              out=log_to_stderr, scale=2 ** 20, digits=1)
 
     def update(self, path: str, position: int) -> None:
         self.positions[path] = position
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        done = sum(self.positions.values())
-        rate = done / max(now - self.start, 1e-9)
-        left = (self.total - done) / max(rate, 1e-9)
-        print(f"[transcode] {self.what}: {done / 2**20:,.1f} of {self.total / 2**20:,.1f} MiB of CSV "
-              f"({100.0 * done / self.total:.0f}%), {rate / 2**20:.1f} MiB/s, about {left:.0f} s left",
-              file=sys.stderr, flush=True)
+        self.meter.set(sum(self.positions.values()))
 
 
 class _Stats:
