@@ -239,19 +239,19 @@ class Progress:
                 f"{number.format(self.rate(now) / self.scale)} {self.unit}/s, {hms(self.seconds_left(now))} left")
 
 
-def check_finite(value: float, what: str, hint: str = "") -> float:
-    """``value`` when finite, else a ``FloatingPointError`` naming ``what`` (say ``training loss at step 40``) and
-    what to do (``hint``): the one NaN/inf check of the training loops' host-side losses.
+def check_finite(value: float, message: str, **fields: Any) -> float:
+    """``value`` when finite, else a ``FloatingPointError`` with ``message`` formatted with ``value`` and ``fields``
+    (only then: no string is built on the good path): the one NaN/inf check of the training loops' host-side losses.
 
-        >>> check_finite(0.5, "loss")
+        >>> check_finite(0.5, "loss {value}")
         0.5
-        >>> check_finite(float("nan"), "training loss at step 3", "lower --lr")
+        >>> check_finite(float("nan"), "training loss is {value} at step {step}; lower --lr", step=3)
         Traceback (most recent call last):
         ...
-        FloatingPointError: training loss at step 3 is nan; lower --lr
+        FloatingPointError: training loss is nan at step 3; lower --lr
     """
     if not math.isfinite(value):
-        raise FloatingPointError(f"{what} is {value}{'; ' + hint if hint else ''}")
+        raise FloatingPointError(message.format(value=value, **fields))
     return value
 
 
