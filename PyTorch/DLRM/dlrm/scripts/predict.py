@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -173,18 +172,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                    args.batch_size, args.overwrite)
 
 
-def _cli() -> int:
+if __name__ == "__main__":
     from dlrm.utils.checkpointing import CheckpointError
+    from recsys_common.cli import run_main
     from recsys_common.datasets import DatasetError
     from recsys_common.feature_spec import FeatureSpecError
-    try:
-        summary = main(sys.argv[1:])
-    except (PredictError, CheckpointError, DatasetError, FeatureSpecError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_cli())
+    run_main(main, prog="dlrm.scripts.predict", input_errors=(PredictError, CheckpointError, DatasetError,
+                                                             FeatureSpecError, ValueError, FileExistsError),
+             failures=(OSError,), report=lambda summary: print(json.dumps(summary, indent=1)))
