@@ -683,24 +683,21 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 def _cli() -> int:
+    """The command line's exit status (recsys_common.cli): 2 for a bad flag or bad input (a dataset, a spec, a
+    checkpoint), 1 for a failed run (a diverged loss, a path that cannot be written, a missing dependency)."""
     from dlrm.data import DataError
     from dlrm.utils.checkpointing import CheckpointError
+    from recsys_common.cli import exit_status
     from recsys_common.datasets import DatasetError
     from recsys_common.feature_spec import FeatureSpecError
     if any(a in ("--help", "-h", "--helpfull") for a in sys.argv[1:]):
         print(__doc__)
         print(FLAGS.get_help())
         return 0
-    try:
-        main(sys.argv[1:])
-    except flags.Error as e:
-        print(f"error: {e}\nrun with --help for the flags", file=sys.stderr)
-        return 2
-    except (DataError, DatasetError, FeatureSpecError, CheckpointError, ValueError, FloatingPointError,
-            RuntimeError, OSError) as e:  # OSError: a path a user gave cannot be read or written
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(main, prog="dlrm.scripts.main", hint="run with --help for the flags",
+                       hint_errors=(flags.Error,),
+                       input_errors=(flags.Error, DataError, DatasetError, FeatureSpecError, CheckpointError),
+                       failures=(ValueError, FloatingPointError, RuntimeError, OSError))
 
 
 if __name__ == "__main__":
