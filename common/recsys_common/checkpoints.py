@@ -85,9 +85,11 @@ def resolve_checkpoint(path: str, marker: str, flag: str = "") -> str:
 
 
 def read_marker(path: str, marker: str, format_version: int, required: Sequence[str] = (),
-                version_hints: Optional[Mapping[Any, str]] = None) -> Dict[str, Any]:
+                version_hints: Optional[Mapping[Any, str]] = None,
+                unversioned: Optional[int] = None) -> Dict[str, Any]:
     """The marker of checkpoint directory ``path``, checked: a JSON object of ``format_version`` with the
-    ``required`` keys. ``version_hints``: for a known older version, what to tell the user (appended in brackets)."""
+    ``required`` keys. ``version_hints``: for a known older version, what to tell the user (appended in brackets).
+    ``unversioned``: the version of a marker without ``format_version`` (written before the field existed)."""
     marker_path = os.path.join(path, marker)
     if not os.path.isfile(marker_path):
         raise CheckpointError(f"{path}: not a complete checkpoint ({marker_path} is missing)")
@@ -98,7 +100,7 @@ def read_marker(path: str, marker: str, format_version: int, required: Sequence[
         raise CheckpointError(f"{marker_path}: not valid JSON ({e})") from None
     if not isinstance(content, dict):
         raise CheckpointError(f"{marker_path}: expected a JSON object, found {type(content).__name__}")
-    version = content.get("format_version")
+    version = content.get("format_version", unversioned)
     if version != format_version:
         hint = (version_hints or {}).get(version)
         raise CheckpointError(f"{marker_path}: checkpoint format {version!r}{f' ({hint})' if hint else ''}; this "

@@ -47,6 +47,8 @@ TOOL = "wide_deep.movielens.train"
 GRAPH_JSON = "movielens.json"
 SAVEDMODEL_DIR = "model.savedmodel"
 SNAPSHOT_META = "meta.json"
+# The snapshots' format lives with the recipe's other checkpoint format (wide_deep/checkpointing.py).
+from ..checkpointing import restore_snapshot, write_snapshot  # noqa: E402,F401
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,31 +233,6 @@ def evaluate_auc_parts(model, spec: FeatureSpec, names, batch_size: int, max_bat
 
 
 # ------------------------------------------------------------------------------------------------- snapshot/export
-def write_snapshot(model_dir: str, step: int, model, optimizer) -> str:
-    """``model_dir/snapshot_<step>/`` with a tf.train.Checkpoint of model and Adam state, staged then renamed."""
-    import tensorflow as tf
-    path = os.path.join(model_dir, f"snapshot_{step}")
-    with atomic_directory(path, overwrite=True, tool=TOOL, marker=SNAPSHOT_META) as staging:
-        tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(staging, "ckpt"))
-        with open(os.path.join(staging, SNAPSHOT_META), "w") as f:
-            json.dump({"step": step, "checkpoint": "ckpt"}, f)
-    return path
-
-
-def restore_snapshot(path: str, model, optimizer=None) -> int:
-    """Load a snapshot written by :func:`write_snapshot` into ``model`` (and ``optimizer``); returns its step."""
-    import tensorflow as tf
-    meta_path = os.path.join(path, SNAPSHOT_META)
-    if not os.path.isfile(meta_path):
-        raise FileNotFoundError(f"{path}: not a complete snapshot (no {SNAPSHOT_META})")
-    with open(meta_path) as f:
-        meta = json.load(f)
-    objects = {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
-    status = tf.train.Checkpoint(**objects).read(os.path.join(path, meta["checkpoint"]))
-    status.assert_existing_objects_matched()
-    return int(meta["step"])
-
-
 def graph_json(model, spec: FeatureSpec, solver: Dict[str, object], optimizer: Dict[str, object]) -> Dict[str, object]:
     """The model graph in the spirit of HugeCTR's ``graph_to_json``, read off the built model's variables.
 

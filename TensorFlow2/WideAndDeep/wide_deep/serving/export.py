@@ -25,12 +25,13 @@ anything is written, naming the variable, both shapes and the flag to check.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from ..checkpointing import checkpoint_prefix  # noqa: E402 (the recipe's one reader of its checkpoints)
 
 TOOL = "wide_deep.export_model"
 OUTPUT_NAME = "probability"
@@ -58,18 +59,6 @@ class ServingInput:
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-def checkpoint_prefix(path: str) -> str:
-    """The ``tf.train.Checkpoint`` prefix in ``path``: a training ``--model_dir``, its ``checkpoint/`` directory, or a
-    MovieLens ``snapshot_<step>/`` directory. Raises FileNotFoundError naming what was looked for."""
-    for directory in (path, os.path.join(path, "checkpoint")):
-        meta = os.path.join(directory, "meta.json")
-        if os.path.isfile(meta):
-            with open(meta, encoding="utf-8") as f:
-                return os.path.join(directory, json.load(f).get("checkpoint", "ckpt"))
-    raise FileNotFoundError(f"--checkpoint-dir {path}: no complete checkpoint (no meta.json in it or in "
-                            f"{os.path.join(path, 'checkpoint')}); pass the training --model_dir or a snapshot_<step>/")
-
-
 def expected_variables(config, with_wide: bool) -> Dict[str, Tuple[List[int], str]]:
     """``{checkpoint key: (shape, flag that decides it)}`` of the model ``config`` builds (keys as
     ``tf.train.Checkpoint(model=...)`` writes them)."""

@@ -21,8 +21,7 @@ import numpy as np  # noqa: E402
 
 from .arguments import build_parser  # noqa: E402
 
-CHECKPOINT_MARKER = "meta.json"
-CHECKPOINT_TOOL = "wide_deep.checkpoint"
+from ..checkpointing import MARKER as CHECKPOINT_MARKER, TOOL as CHECKPOINT_TOOL, Checkpointer  # noqa: E402,F401
 
 
 class TrainingError(RuntimeError):
@@ -133,36 +132,6 @@ def build_model(spec, embedding_sizes_file: str, hidden_units, dropout: float, c
                          numerical=d["numerical"], embedding_dims=dims, hidden_units=tuple(hidden_units),
                          dropout=dropout, combiner=combiner)
     return WideDeepModel(config, seed=seed).build_from_config()
-
-
-class Checkpointer:
-    """``model_dir/checkpoint/``: model, both optimizers and the step, written atomically (rank 0)."""
-
-    def __init__(self, model_dir: str, model, wide_opt, deep_opt, step_var):
-        import tensorflow as tf
-        self.directory = os.path.join(model_dir, "checkpoint")
-        self.ckpt = tf.train.Checkpoint(model=model, wide_optimizer=wide_opt, deep_optimizer=deep_opt, step=step_var)
-
-    def exists(self) -> bool:
-        return os.path.exists(os.path.join(self.directory, CHECKPOINT_MARKER))
-
-    def save(self, step: int) -> None:
-        from recsys_common.io import atomic_directory
-        os.makedirs(os.path.dirname(self.directory) or ".", exist_ok=True)
-        with atomic_directory(self.directory, overwrite=True, tool=CHECKPOINT_TOOL,
-                              marker=CHECKPOINT_MARKER) as staging:
-            self.ckpt.write(os.path.join(staging, "ckpt"))
-            with open(os.path.join(staging, CHECKPOINT_MARKER), "w", encoding="utf-8") as f:
-                json.dump({"step": int(step)}, f)
-
-    def restore(self) -> int:
-        """Restores the last complete checkpoint; returns its step. Raises FileNotFoundError naming the directory."""
-        if not self.exists():
-            raise FileNotFoundError(f"--use_checkpoint: no complete checkpoint in {self.directory} "
-                                    f"(no {CHECKPOINT_MARKER}); train first or fix --model_dir")
-        self.ckpt.read(os.path.join(self.directory, "ckpt")).assert_existing_objects_matched()
-        with open(os.path.join(self.directory, CHECKPOINT_MARKER), encoding="utf-8") as f:
-            return int(json.load(f)["step"])
 
 
 def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True) -> Dict[str, float]:
