@@ -78,15 +78,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from recsys_common.datasets import DatasetError
     from recsys_common.feature_spec import FeatureSpecError
     from recsys_common.serving.client import ServingError
-    args = build_parser().parse_args(argv)
-    try:
-        summary = served_predictions(args.server_url, args.protocol, args.model_name, args.dataset, args.output,
-                                     args.feature_spec, args.mapping, args.batch_size, args.timeout, args.overwrite)
-    except (ServingError, DatasetError, FeatureSpecError, ValueError, OSError) as err:
-        print(f"{TOOL}: error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary, indent=1))
-    return 0
+    from recsys_common.cli import exit_status
+
+    def predictions(argv):
+        args = build_parser().parse_args(argv)
+        return served_predictions(args.server_url, args.protocol, args.model_name, args.dataset, args.output,
+                                  args.feature_spec, args.mapping, args.batch_size, args.timeout, args.overwrite)
+    return exit_status(predictions, argv, prog=TOOL, report=lambda summary: print(json.dumps(summary, indent=1)),
+                       input_errors=(ServingError, DatasetError, FeatureSpecError, ValueError, OSError))
 
 
 if __name__ == "__main__":

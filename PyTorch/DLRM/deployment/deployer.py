@@ -129,13 +129,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: prints the result as JSON; on bad input prints ``error: ...`` and returns 2."""
     from dlrm.data import DataError
     from dlrm.utils.checkpointing import CheckpointError
-    try:
-        result = deploy(argv)
-    except (DeployError, CheckpointError, DataError, ValueError, FileExistsError, OSError) as err:
-        print(f"{TOOL}: error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=1))
-    return 0
+    from recsys_common.cli import exit_status
+    return exit_status(deploy, argv, prog=TOOL, report=lambda result: print(json.dumps(result, indent=1)),
+                       input_errors=(DeployError, CheckpointError, DataError, ValueError, FileExistsError, OSError))
 
 
 if __name__ == "__main__":

@@ -130,30 +130,29 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI; returns 0 (within tolerance), 1 (an AUC outside it), 2 (bad input, unreachable server)."""
     from dlrm.utils.checkpointing import CheckpointError
+    from recsys_common.cli import CheckFailedError, exit_status
     from recsys_common.datasets import DatasetError
     from recsys_common.feature_spec import FeatureSpecError
     from recsys_common.io import check_json_output, write_json_output
     from recsys_common.serving.client import ServingError
-    args = build_parser().parse_args(argv)
-    urls = {p: u for p, u in (("http", args.http_url), ("grpc", args.grpc_url)) if u}
-    try:
+
+    def compare(argv) -> Dict[str, Any]:
+        args = build_parser().parse_args(argv)
+        urls = {p: u for p, u in (("http", args.http_url), ("grpc", args.grpc_url)) if u}
         check_json_output(args.output_json)
         result = evaluate(urls, args.model_name, args.dataset, args.model_checkpoint, args.feature_spec,
                           args.mapping, args.batch_size, args.max_rows, args.timeout)
-    except (EvaluationError, ServingError, CheckpointError, DatasetError, FeatureSpecError, ValueError,
-            OSError) as err:
-        print(f"{TOOL}: error: {err}", file=sys.stderr)
-        return 2
-    result["tolerance"] = args.tolerance
-    result["passed"] = all(result[p]["auc_difference"] <= args.tolerance for p in urls)
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    print(json.dumps(result, indent=1))
-    if not result["passed"]:
-        print(f"{TOOL}: AUC through the server differs from PyTorch's by more than --tolerance {args.tolerance}",
-              file=sys.stderr)
-        return 1
-    return 0
+        result["tolerance"] = args.tolerance
+        result["passed"] = all(result[p]["auc_difference"] <= args.tolerance for p in urls)
+        if args.output_json:
+            write_json_output(args.output_json, result)
+        print(json.dumps(result, indent=1))
+        if not result["passed"]:
+            raise CheckFailedError(f"AUC through the server differs from PyTorch's by more than --tolerance "
+                                   f"{args.tolerance}", result)
+        return result
+    return exit_status(compare, argv, prog=TOOL, input_errors=(EvaluationError, ServingError, CheckpointError,
+                                                                DatasetError, FeatureSpecError, ValueError, OSError))
 
 
 if __name__ == "__main__":

@@ -84,15 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                        output_names=["probability"], **perf_analyzer_options(args))
 
 
-def _cli() -> int:
-    from recsys_common.serving.client import ServingError
-    try:
-        main()
-    except (ServingError, ValueError, OSError) as err:
-        print(f"{TOOL}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(_cli())
+    from recsys_common.cli import run_main
+    from recsys_common.serving.client import ServingError
+    run_main(main, prog=TOOL, input_errors=(ServingError, ValueError, OSError))
