@@ -123,15 +123,16 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
     return CpuBatch(batch, lr, reason, binding)
 
 
-def scale_schedule_steps(steps: int, batch: int, gpu_batch: int, gpu_steps_per_epoch: int,
-                         steps_per_epoch: Optional[int]) -> int:
+def scale_schedule_steps(steps: int, batch: int, gpu_batch: int, gpu_run_steps: int,
+                         run_steps: Optional[int]) -> int:
     """A step count of NVIDIA's learning-rate schedule (warmup, decay start, decay length) moved to a CPU batch.
 
-    NVIDIA's DLRM schedules are fractions of one epoch of Criteo 1TB (``gpu_steps_per_epoch`` steps at
-    ``gpu_batch``): warmup 1/8 of it, decay from 3/4. The same fraction of this run's epoch keeps the schedule's
-    shape whatever the dataset (scaling by samples instead would leave a 100k-row run inside a warmup of 524M rows).
-    When the run's steps per epoch are not known, the count is scaled by samples (``steps * gpu_batch / batch``).
+    NVIDIA's DLRM schedules are laid out over NVIDIA's run (``gpu_run_steps``: one epoch of Criteo 1TB at
+    ``gpu_batch``): warmup its first 1/8, decay from 3/4 of it. The same fraction of this run (``run_steps``: its
+    epochs x steps per epoch) keeps the schedule's shape whatever the dataset; scaling by samples instead
+    (``steps * gpu_batch / batch``) would leave a 100k-row run inside a warmup of 524M rows. When the run's length is
+    not known, scaling by samples is the fallback.
     """
-    if steps_per_epoch is None:
+    if run_steps is None:
         return int(round(steps * gpu_batch / batch))
-    return int(round(steps * steps_per_epoch / gpu_steps_per_epoch))
+    return int(round(steps * run_steps / gpu_run_steps))

@@ -413,6 +413,13 @@ def open_reader(spec: FeatureSpec, mapping: str, batch_size: int, **kwargs) -> B
     return BatchReader(spec, mapping, batch_size, **kwargs)
 
 
+def count_rows(spec: FeatureSpec, mapping: str) -> int:
+    """Rows of ``mapping`` without reading its values (split_binary: file sizes; csv/parquet: a row count), e.g. for
+    choosing a batch size before the pipeline exists (:mod:`recsys_common.cpu_defaults`)."""
+    sources = _open_sources(spec, mapping)
+    return sources[0].num_rows if sources else 0
+
+
 # --------------------------------------------------------------------------------------------------- writing
 class DatasetWriter:
     """Writes the files of one mapping, appending blocks of rows; files appear only when the whole write succeeds.

@@ -64,6 +64,6 @@ def test_explicit_flags_counts_a_flag_equal_to_its_default():
 
 
 def test_schedule_keeps_its_fraction_of_an_epoch():
-    # NVIDIA's TF2 DLRM warmup 8000 of 64014 steps per Criteo-1TB epoch -> 1/8 of a 97-step epoch
+    # NVIDIA's TF2 DLRM warmup 8000 of its 64014-step run (one Criteo-1TB epoch) -> 1/8 of a 97-step run
     assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, 97) == 12
     assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, None) == 8000 * 64

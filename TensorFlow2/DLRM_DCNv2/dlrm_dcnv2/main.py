@@ -153,8 +153,11 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
                    help="numerical features of the synthetic dataset")
 
     g = p.add_argument_group("model")
-    g.add_argument("--batch_size", type=int, default=65536, help="global training batch size (all ranks)")
-    g.add_argument("--valid_batch_size", type=int, default=65536, help="global evaluation batch size (all ranks)")
+    g.add_argument("--batch_size", type=int, default=65536,
+                   help="global training batch size (all ranks); on a CPU, when not given, chosen from the data and "
+                        "RAM with the learning rate and schedule (first line of output)")
+    g.add_argument("--valid_batch_size", type=int, default=65536,
+                   help="global evaluation batch size (all ranks); on a CPU, when not given, chosen from the RAM")
     g.add_argument("--top_mlp_dims", type=_int_list, default=[1024, 1024, 512, 256, 1],
                    help="comma-separated widths of the top MLP (the last must be 1)")
     g.add_argument("--bottom_mlp_dims", type=_int_list, default=[512, 256, 128],
@@ -283,6 +286,8 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
     parser = build_parser(model)
     args = parser.parse_args(list(argv) if argv is not None else None)
     args.model = model
+    from recsys_common.cpu_defaults import explicit_flags
+    args.flags_given = sorted(explicit_flags(parser, argv))  # flags the CPU defaults must not replace
     positive = ("batch_size", "valid_batch_size", "epochs", "evals_per_epoch", "print_freq", "auc_thresholds",
                 "inference_steps")
     for name in positive:
@@ -433,6 +438,11 @@ def run(args) -> Dict[str, Any]:
     table_sizes, hotness, num_numerical = dataset_shape(args)
     embedding_dims = parse_embedding_dims(args.embedding_dim, len(table_sizes))
     _check_model_flags(args, embedding_dims)
+    from dlrm_dcnv2.cpu_defaults import apply_cpu_defaults  # issue 18: NVIDIA's GPU batch is not a CPU default
+    cpu_line = apply_cpu_defaults(args, on_gpu, ctx.world_size, embedding_dims,
+                                  MODEL_DEFAULTS[args.model]["learning_rate"])
+    if cpu_line and ctx.is_chief:
+        print(cpu_line, flush=True)
     # build_model picks the interaction (nn.interaction.select_interaction): it raises for --xla with NVIDIA's
     # custom CUDA op and logs when dot_custom_cuda falls back to dot_tensorflow.
 
