@@ -83,7 +83,8 @@ def test_output_equals_the_in_memory_etl(etl_single, raw_outbrain, tmp_path):
     train, valid = join_and_split(tables, seed=ETL_OPTIONS["seed"])
     pages = np.concatenate([train["document_id"].to_numpy(), valid["document_id"].to_numpy()])
     lists, matrices = document_tables(tables, pages)
-    workflow = build_workflow(lists, matrices, str(tmp_path / "stats"), list_encoding="per_row")
+    workflow = build_workflow(lists, matrices, str(tmp_path / "stats"), list_encoding="per_row",
+                              similarity="nvtabular")
     datasets = {}
     for mapping, df in (("train", train), ("test", valid)):
         paths = []

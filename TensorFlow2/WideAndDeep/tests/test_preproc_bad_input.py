@@ -1,4 +1,5 @@
 """Bad raw input to the ETL: a clear error naming the file and column, exit status 2, and no output written."""
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,8 @@ def test_bad_value_names_row_and_column(raw_copy, tmp_path, capsys):
     rc, err = _run(raw_copy, tmp_path / "out", capsys)
     assert rc == 2 and "events.csv: row 10, column 'timestamp': cannot read 'yesterday' as an integer" in err
     assert not (tmp_path / "out").exists()
+    # Nothing finished, nothing to resume: no work directory either.
+    assert not os.path.exists(preproc.default_work_dir(str(tmp_path / "out")))
 
 
 def test_empty_training_set(raw_copy, tmp_path, capsys):
@@ -75,6 +78,11 @@ def test_failure_mid_run_leaves_nothing(raw_copy, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="simulated crash"):
         preproc.run_etl(str(raw_copy), str(out), cpu=True, num_partitions=1)
     assert calls and not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    # The finished join stage is kept for a resume (the same command skips it), nothing else.
+    work_dir = preproc.default_work_dir(str(out))
+    assert sorted(os.listdir(tmp_path)) == sorted(["raw", os.path.basename(work_dir)])
+    with open(os.path.join(work_dir, preproc.STATE_NAME)) as f:
+        assert list(json.load(f)["done"]) == ["join"]
     # An existing output directory is left exactly as it was.
     out.mkdir()
     (out / "keep.txt").write_text("x")

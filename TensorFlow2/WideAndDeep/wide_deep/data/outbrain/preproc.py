@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+import numpy as np
 
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
@@ -93,7 +94,7 @@ class Progress:
         rows = info["rows"]
         rate = f": {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s)" if rows else \
             f" in {seconds:.2f} s"
-        self.out(f"[preproc] step {self.step}/{self.total} {what}{rate}")
+        self.out(f"[preproc] step {self.step}/{self.total} {what}{rate}; {_peak_rss_note()}")
 
     def rows(self, what: str, done: int, total: int, estimated: bool = False) -> None:
         """``done`` of ``total`` rows of sub-stage ``what`` (printed at most every ``every`` s, and at the end)."""
@@ -114,6 +115,12 @@ class Progress:
         """A streamed CSV read: rows so far, total estimated from the share of the file read."""
         total = done if bytes_done >= file_bytes else max(done, int(done * file_bytes / max(bytes_done, 1)))
         self.rows(what, done, total, estimated=bytes_done < file_bytes)
+
+
+def _peak_rss_note() -> str:
+    """This process's peak resident memory so far (Linux ``ru_maxrss`` is in KiB): which step raised the peak."""
+    import resource
+    return f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
 
 
 @contextlib.contextmanager
@@ -242,20 +249,194 @@ def build_feature_spec(base_directory: str, train_files: List[str], valid_files:
     return spec.validate()
 
 
+STATE_NAME = "state.json"
+STATE_VERSION = 1
+STAGES = ("join", "fit", "train", "test")   # the stages a resumed run skips once recorded as finished
+
+
+class ResumeError(ValueError):
+    """A work directory that holds another run's state, or files this tool did not write."""
+
+
+def default_work_dir(output_dir: str) -> str:
+    return os.path.abspath(output_dir).rstrip(os.sep) + ".preproc.work"
+
+
+def _input_fingerprint(input_dir: str, settings: Dict[str, object]) -> Dict[str, object]:
+    """What a finished stage's result depends on: the raw files (size, mtime) and the settings that change rows."""
+    from .raw import RAW_FILES, raw_path
+    files = {}
+    for name in RAW_FILES:
+        st = os.stat(raw_path(input_dir, name))
+        files[name] = [st.st_size, st.st_mtime_ns]
+    return {"input_dir": os.path.abspath(input_dir), "files": files, **settings}
+
+
+class EtlState:
+    """``<work_dir>/state.json``: the stages finished so far and what they produced, rewritten atomically after
+    each stage. A stage's files are written under a temporary name in ``work_dir`` and renamed into place before
+    the stage is recorded, so a kill at any moment leaves either a recorded, complete stage or nothing of it.
+
+    A run whose fingerprint (input files' sizes and mtimes, settings) differs from the recorded one is refused
+    (run the earlier command to resume it, or pass ``restart``); so is a ``work_dir`` holding anything but this
+    tool's state (a user's files are never deleted)."""
+
+    def __init__(self, work_dir: str, fingerprint: Dict[str, object], restart: bool, out: Callable[[str], None]):
+        self.work_dir, self.path = work_dir, os.path.join(work_dir, STATE_NAME)
+        self.data: Dict[str, object] = {"tool": TOOL, "version": STATE_VERSION, "fingerprint": fingerprint,
+                                        "done": {}}
+        if os.path.isdir(work_dir) and os.listdir(work_dir):
+            old = None
+            if os.path.isfile(self.path):
+                with open(self.path, encoding="utf-8") as f:
+                    old = json.load(f)
+            if not isinstance(old, dict) or old.get("tool") != TOOL:
+                raise ResumeError(f"{work_dir}: work directory exists and does not hold a {TOOL} state "
+                                  f"({STATE_NAME}); choose another --work_dir or delete it")
+            if restart or old.get("version") != STATE_VERSION or old.get("fingerprint") != fingerprint:
+                if not restart:
+                    raise ResumeError(
+                        f"{work_dir}: holds an unfinished run with other input files or settings; run that command "
+                        f"again to resume it, or pass --restart to start over (it deletes {work_dir})")
+                shutil.rmtree(work_dir)
+            else:
+                self.data = old
+                if self.data["done"]:
+                    out(f"[preproc] resuming from {work_dir}: finished stages "
+                        f"{', '.join(self.data['done'])} are not redone")
+        os.makedirs(work_dir, exist_ok=True)
+        self.save()
+
+    def done(self, stage: str) -> Optional[dict]:
+        return self.data["done"].get(stage)
+
+    def finish(self, stage: str, result: dict) -> None:
+        self.data["done"][stage] = result
+        self.save()
+
+    def save(self) -> None:
+        from recsys_common.io import atomic_write_text
+        atomic_write_text(self.path, json.dumps(self.data, indent=1) + "\n")
+
+    def fresh(self, name: str) -> str:
+        """An empty ``<work_dir>/<name>.tmp`` to write a stage into (what an interrupted attempt left is removed)."""
+        path = os.path.join(self.work_dir, name + ".tmp")
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        return path
+
+    def commit(self, name: str) -> str:
+        """Rename ``<name>.tmp`` to ``<name>`` (replacing a leftover of an attempt that was not recorded)."""
+        final = os.path.join(self.work_dir, name)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(final + ".tmp", final)
+        return final
+
+
+def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Progress, out: Callable[[str], None], *,
+                use_dask: bool, dask_workers: int, dask_scheduler: Optional[str], cpu: bool, seed: int,
+                num_partitions: Optional[int], partition_rows: int, num_train_files: Optional[int],
+                num_valid_files: Optional[int], overwrite: bool, block_bytes: Optional[int]):
+    """The stages of :func:`run_etl` after the checks; returns (rows, the join stage's record, stages skipped)."""
+    work_dir = state.work_dir
+    resumed = [s for s in STAGES if state.done(s)]
+    # Imported after the cheap checks: NVTabular takes seconds to import.
+    from merlin.io import Dataset
+    from nvtabular import Workflow
+    from .nvtabular.workflow import build_workflow, document_tables
+
+    with progress("read, join and split (streamed; pandas per display range)") as p:
+        joined = state.done("join")
+        if joined is None:
+            scratch = state.fresh("join")
+            result = stream_join_and_split(input_dir, scratch, seed=seed, partition_rows=partition_rows,
+                                           num_partitions=num_partitions, block_bytes=block_bytes,
+                                           on_block=progress.block, on_rows=progress.rows)
+            np.save(os.path.join(scratch, "document_ids.npy"), result["document_ids"])
+            joined = {"rows": result["rows"], "clicks_rows": result["clicks_rows"],
+                      **{m: [os.path.relpath(f, scratch) for f in result[m]] for m in ("train", "test")}}
+            state.commit("join")
+            state.finish("join", joined)
+        else:
+            out("[preproc]   join and split: finished by an earlier run (skipped)")
+        p["rows"] = joined["clicks_rows"]
+    join_dir = os.path.join(work_dir, "join")
+    files = {m: [os.path.join(join_dir, f) for f in joined[m]] for m in ("train", "test")}
+    rows = dict(joined["rows"])
+    with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(work_dir, "dask")) as client:
+        if state.done("fit") is None:
+            with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
+                tables = {source: read_raw_table_streamed(input_dir, source)
+                          for source in sorted({s for s, _ in F.LIST_SOURCES.values()})}
+                lists, matrices = document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
+                p["rows"] = sum(len(t) for t in tables.values())
+                del tables
+            stats = state.fresh("stats")
+            workflow = build_workflow(lists, matrices, stats, client=client)
+            del lists, matrices
+            with progress("fit workflow on train (NVTabular)", rows["train"]), \
+                    task_progress(progress, "fit workflow on train", rows["train"], client):
+                workflow.fit(Dataset(files["train"], engine="parquet", cpu=cpu))
+            # Saving copies the fitted statistics into workflow/, where transform then reads them.
+            workflow.save(state.fresh(WORKFLOW_DIR))
+            del workflow
+            state.commit(WORKFLOW_DIR)
+            shutil.rmtree(stats, ignore_errors=True)
+            state.finish("fit", {})
+        else:
+            with progress("document lists and TF-IDF matrices: finished by an earlier run (skipped)"):
+                pass
+            with progress("fit workflow on train: finished by an earlier run (skipped)"):
+                pass
+        # Loaded back from the work directory in both cases, so a fresh and a resumed run transform alike.
+        workflow = Workflow.load(os.path.join(work_dir, WORKFLOW_DIR), client=client)
+        for mapping, subdir, count in (("train", "train", num_train_files), ("test", "valid", num_valid_files)):
+            if state.done(mapping) is not None:
+                with progress(f"transform and write {subdir}/: finished by an earlier run (skipped)"):
+                    pass
+                continue
+            with progress(f"transform and write {subdir}/ (NVTabular)", rows[mapping]), \
+                    task_progress(progress, f"transform and write {subdir}/", rows[mapping], client):
+                written = state.fresh(subdir)
+                workflow.transform(Dataset(files[mapping], engine="parquet", cpu=cpu)).to_parquet(
+                    written, output_files=count or len(files[mapping]), shuffle=None)
+                _fix_file_list(written, os.path.join(os.path.abspath(output_dir), subdir))
+            state.commit(subdir)
+            state.finish(mapping, {})
+    with progress("feature spec and move into place"):
+        with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
+            for name in (WORKFLOW_DIR, "train", "valid"):
+                shutil.move(os.path.join(work_dir, name), os.path.join(staging, name))
+            spec = build_feature_spec(staging, [f"train/{n}" for n in _parquet_files(os.path.join(staging, "train"))],
+                                      [f"valid/{n}" for n in _parquet_files(os.path.join(staging, "valid"))], rows)
+            spec.to_yaml(os.path.join(staging, SPEC_NAME))
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return rows, joined, resumed
+
+
 def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_workers: int = 2,
             dask_scheduler: Optional[str] = None, cpu: Optional[bool] = None, seed: int = 0,
             num_partitions: Optional[int] = None, partition_rows: int = DEFAULT_PARTITION_ROWS,
             num_train_files: Optional[int] = None, num_valid_files: Optional[int] = None, overwrite: bool = False,
-            block_bytes: Optional[int] = None, out: Callable[[str], None] = print) -> Dict[str, object]:
+            block_bytes: Optional[int] = None, work_dir: Optional[str] = None, restart: bool = False,
+            out: Callable[[str], None] = print) -> Dict[str, object]:
     """Run the ETL; returns ``{"rows": {"train": n, "test": n}, "clicks_rows": n, "seconds": {step: s},
-    "rows_per_second": r}`` (``rows_per_second``: clicks_train rows per second, end to end).
+    "rows_per_second": r, "resumed": [stages skipped]}`` (``rows_per_second``: clicks_train rows per second, end to
+    end).
 
     ``cpu``: None picks the GPU when cuDF is importable. ``num_partitions``: parquet pieces of the joined train and
     of the joined valid data, i.e. Dask partitions of the workflow (None: 4, or one per ``partition_rows`` rows
     when there are more; keep it fixed to compare runs: outputs are equal for equal partitions, whatever the
     scheduler). ``partition_rows`` also bounds the clicks rows joined at once. ``num_train_files`` /
     ``num_valid_files``: output files (None: one per partition). ``block_bytes``: CSV bytes parsed per block.
-    Raises ``RawInputError`` (missing file or column, bad value, an empty split), ``OutputDirectoryError``.
+
+    Resume: the stages (join and split; fit; transform train; transform valid) write into ``work_dir`` (default
+    ``<output_dir>.preproc.work``) and are recorded in its ``state.json`` when finished; a run stopped by an error,
+    Ctrl-C or a kill keeps it, and the same command started again skips the recorded stages. ``restart``: discard
+    an earlier run's work directory instead. On success the results move into ``output_dir`` and the work directory
+    is removed.
+    Raises ``RawInputError`` (missing file or column, bad value, an empty split), ``OutputDirectoryError``,
+    ``ResumeError``.
     """
     if cpu is None:
         cpu = not gpu_available()
@@ -268,59 +449,36 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
     out(f"[preproc] NVTabular on {'CPU (pandas; experimental in NVTabular 23.8)' if cpu else 'GPU (cuDF)'}, "
         f"{'Dask scheduler ' + dask_scheduler if dask_scheduler else f'LocalCluster of {dask_workers} workers' if use_dask else 'one process'}")
     start = time.perf_counter()
+    work_dir = os.path.abspath(work_dir or default_work_dir(output_dir))
     with progress("check raw files"):
         check_raw_files(input_dir)          # missing file/column: fail before any work
         check_output_directory(output_dir, overwrite)
-    # Imported after the cheap checks: NVTabular takes seconds to import.
-    from merlin.io import Dataset
-    from nvtabular import Workflow  # noqa: F401  (the saved workflow is loaded with this class)
-    from .nvtabular.workflow import build_workflow, document_tables
-
-    with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
-        scratch = tempfile.mkdtemp(prefix="_scratch", dir=staging)
-        try:
-            with progress("read, join and split (streamed; pandas per display range)") as p:
-                joined = stream_join_and_split(input_dir, scratch, seed=seed, partition_rows=partition_rows,
-                                               num_partitions=num_partitions, block_bytes=block_bytes,
-                                               on_block=progress.block, on_rows=progress.rows)
-                p["rows"] = joined["clicks_rows"]
-            rows = dict(joined["rows"])
-            with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
-                tables = {source: read_raw_table_streamed(input_dir, source)
-                          for source in sorted({s for s, _ in F.LIST_SOURCES.values()})}
-                lists, matrices = document_tables(tables, joined["document_ids"])
-                p["rows"] = sum(len(t) for t in tables.values())
-                del tables
-            with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(scratch, "dask")) as client:
-                workflow = build_workflow(lists, matrices, os.path.join(scratch, "stats"), client=client)
-                del lists, matrices
-                train_ds = Dataset(joined["train"], engine="parquet", cpu=cpu)
-                valid_ds = Dataset(joined["test"], engine="parquet", cpu=cpu)
-                with progress("fit workflow on train (NVTabular)", rows["train"]), \
-                        task_progress(progress, "fit workflow on train", rows["train"], client):
-                    workflow.fit(train_ds)
-                # Saving moves the fitted statistics into workflow/, where transform then reads them.
-                workflow.save(os.path.join(staging, WORKFLOW_DIR))
-                for mapping, ds, subdir, files in (("train", train_ds, "train", num_train_files),
-                                                   ("test", valid_ds, "valid", num_valid_files)):
-                    with progress(f"transform and write {subdir}/ (NVTabular)", rows[mapping]), \
-                            task_progress(progress, f"transform and write {subdir}/", rows[mapping], client):
-                        workflow.transform(ds).to_parquet(os.path.join(staging, subdir),
-                                                          output_files=files or len(joined[mapping]), shuffle=None)
-                    _fix_file_list(os.path.join(staging, subdir), os.path.join(os.path.abspath(output_dir), subdir))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        with progress("feature spec"):
-            spec = build_feature_spec(staging, [f"train/{n}" for n in _parquet_files(os.path.join(staging, "train"))],
-                                      [f"valid/{n}" for n in _parquet_files(os.path.join(staging, "valid"))], rows)
-            spec.to_yaml(os.path.join(staging, SPEC_NAME))
+        if os.path.abspath(output_dir) == work_dir:
+            raise ResumeError(f"--work_dir must differ from --output_dir ({work_dir})")
+        state = EtlState(work_dir, _input_fingerprint(input_dir, {
+            "seed": seed, "cpu": cpu, "num_partitions": num_partitions, "partition_rows": partition_rows,
+            "num_train_files": num_train_files, "num_valid_files": num_valid_files}), restart, out)
+    try:
+        rows, joined, resumed = _run_stages(
+            state, input_dir, output_dir, progress, out, use_dask=use_dask, dask_workers=dask_workers,
+            dask_scheduler=dask_scheduler, cpu=cpu, seed=seed, num_partitions=num_partitions,
+            partition_rows=partition_rows, num_train_files=num_train_files, num_valid_files=num_valid_files,
+            overwrite=overwrite, block_bytes=block_bytes)
+    except BaseException:
+        if not state.data["done"]:   # nothing to resume (bad input is found in the first stage): leave nothing
+            shutil.rmtree(work_dir, ignore_errors=True)
+        else:
+            out(f"[preproc] stopped; finished stages ({', '.join(state.data['done'])}) are kept in {work_dir}: "
+                f"the same command resumes after them (--restart starts over)")
+        raise
     seconds = time.perf_counter() - start
     total_rows = rows["train"] + rows["test"]
     out(f"[preproc] done: {joined['clicks_rows']:,} clicks_train rows -> {rows['train']:,} train + "
         f"{rows['test']:,} valid rows in {seconds:.1f} s ({joined['clicks_rows'] / seconds:,.0f} clicks rows/s end "
-        f"to end) -> {os.path.abspath(output_dir)}")
+        f"to end{'; resumed: ' + ', '.join(resumed) + ' skipped' if resumed else ''}) -> {os.path.abspath(output_dir)}")
     return {"rows": rows, "clicks_rows": joined["clicks_rows"], "seconds": dict(progress.timings, total=seconds),
-            "rows_per_second": joined["clicks_rows"] / seconds, "joined_rows_per_second": total_rows / seconds}
+            "rows_per_second": joined["clicks_rows"] / seconds, "joined_rows_per_second": total_rows / seconds,
+            "resumed": resumed}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -346,6 +504,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                                                      "partition)")
     p.add_argument("--num_valid_files", type=int, default=None, help="parquet files in valid/ (default: one per "
                                                                      "partition)")
+    p.add_argument("--work_dir", default=None,
+                   help="where the stages write and record what is finished (state.json), kept after a failure or a "
+                        "kill so that the same command resumes; removed on success (default: <output_dir>.preproc.work)")
+    p.add_argument("--restart", action="store_true",
+                   help="discard the work directory of an earlier unfinished run instead of resuming it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace this tool's earlier outputs in a non-empty --output_dir (other files are kept)")
     return p.parse_args(argv)
@@ -358,8 +521,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 dask_scheduler=args.dask_scheduler, cpu=True if args.cpu else None, seed=args.seed,
                 num_partitions=args.num_partitions, partition_rows=args.partition_rows,
                 num_train_files=args.num_train_files,
-                num_valid_files=args.num_valid_files, overwrite=args.overwrite)
-    except (RawInputError, OutputDirectoryError, ValueError) as e:
+                num_valid_files=args.num_valid_files, overwrite=args.overwrite, work_dir=args.work_dir,
+                restart=args.restart)
+    except (RawInputError, OutputDirectoryError, ValueError) as e:   # ResumeError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -79,7 +79,7 @@ DocumentLists = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def document_tables(tables: Dict[str, pd.DataFrame], document_ids: np.ndarray
-                    ) -> Tuple[Dict[str, DocumentLists], Dict[str, scipy.sparse.csr_matrix]]:
+                    ) -> Tuple[Dict[str, DocumentLists], Dict[str, scipy.sparse.coo_matrix]]:
     """Per-document id lists (``LIST_SOURCES``) and document x term matrices (``SIMILARITY_SOURCES``).
 
     A list is ``(documents, document_index, terms)``: ``documents`` the sorted ``document_ids`` (every page the
@@ -119,9 +119,46 @@ def document_tables(tables: Dict[str, pd.DataFrame], document_ids: np.ndarray
         keep = docs < num_rows
         # Columns = the terms that occur (every column has a document frequency > 0, as TF-IDF's idf needs).
         _, columns = np.unique(codes[keep], return_inverse=True)
-        matrices[suffix] = scipy.sparse.csr_matrix(
-            (conf[keep], (docs[keep], columns)), shape=(num_rows, int(columns.max(initial=0)) + 1))
+        # COO, not CSR: a CSR matrix holds an index entry for every row up to the largest document *id* (30x the
+        # pages in the generator's data: 3 x 290 MB at 20M clicks rows), a COO one only its non-zeros.
+        # sum_duplicates: the canonical form (row-major, one entry per cell), the order a CSR matrix gives.
+        matrix = scipy.sparse.coo_matrix((conf[keep], (docs[keep], columns)),
+                                         shape=(num_rows, int(columns.max(initial=0)) + 1))
+        matrix.sum_duplicates()
+        matrices[suffix] = matrix
     return lists, matrices
+
+
+def compact_tfidf(matrices: Dict[str, scipy.sparse.coo_matrix]
+                  ) -> Tuple[np.ndarray, Dict[str, scipy.sparse.csr_matrix]]:
+    """NVTabular's ``ColumnSimilarity(metric="tfidf")`` preparation (idf = log(rows / document frequency), then each
+    row scaled to unit length), done here once, with the matrices' rows cut down to the documents that have terms.
+
+    Returns ``(documents, {suffix: csr})``: row ``i`` of each matrix is document ``documents[i]``, and one last row
+    is empty (every other id: similarity 0). ``rows`` in the idf stays the original row count (largest document id
+    + 2), so the weights, and the similarities computed with ``metric="inner"`` from them, are NVTabular's, in the
+    same order of floating-point operations. What it saves: ``ColumnSimilarity`` keeps two CSR copies of each
+    matrix, with a row per document id up to the largest one.
+    """
+    documents = np.unique(np.concatenate([m.row for m in matrices.values()] + [np.zeros(0, np.int32)]))
+    out = {}
+    for suffix, m in matrices.items():
+        idf = np.log(float(m.shape[0]) / np.bincount(m.col))
+        data = m.data * idf[m.col]
+        row = np.searchsorted(documents, m.row)
+        data = data / np.sqrt(np.bincount(row, data ** 2, minlength=len(documents)))[row]
+        out[suffix] = scipy.sparse.csr_matrix((data, (row, m.col)), shape=(len(documents) + 1, m.shape[1]))
+    return documents.astype(np.int64), out
+
+
+def similarity_row(documents: np.ndarray, col):
+    """Document id -> its row in :func:`compact_tfidf`'s matrices (the last, empty row for a page without terms,
+    -1 for an ad without ``promoted_content``, or a page unseen when the workflow was fitted)."""
+    ids = np.asarray(col.to_numpy() if hasattr(col, "to_numpy") else col, dtype=np.int64)
+    position = np.searchsorted(documents, ids)
+    found = documents[np.minimum(position, max(len(documents) - 1, 0))] == ids if len(documents) else \
+        np.zeros(len(ids), bool)
+    return type(col)(np.where(found, position, len(documents)).astype(np.int64), index=col.index)
 
 
 # ------------------------------------------------------------------------------------------------ stage 2: NVTabular
@@ -293,13 +330,30 @@ class DocumentListCategorify(ops.StatOperator):
         return col_schema.with_properties(properties)
 
 
-def build_workflow(list_tables: Dict[str, DocumentLists], matrices: Dict[str, scipy.sparse.csr_matrix],
-                   stats_path: str, client=None, list_encoding: str = "per_page"):
+class CompactColumnSimilarity(ops.ColumnSimilarity):
+    """``ColumnSimilarity(metric="inner")`` over :func:`compact_tfidf`'s matrices: each pair's document ids are
+    first turned into matrix rows (:func:`similarity_row`). Output: NVTabular's TF-IDF similarity, same columns."""
+
+    def __init__(self, documents: np.ndarray, features: scipy.sparse.csr_matrix):
+        super().__init__(features, metric="inner", on_device=False)
+        self.documents = documents
+
+    def transform(self, col_selector, df):
+        rows = type(df)({c: similarity_row(self.documents, df[c]) for c in col_selector.names}, index=df.index)
+        return super().transform(col_selector, rows)
+
+
+def build_workflow(list_tables: Dict[str, DocumentLists], matrices: Dict[str, scipy.sparse.coo_matrix],
+                   stats_path: str, client=None, list_encoding: str = "per_page", similarity: str = "compact"):
     """Stage 2: the NVTabular ``Workflow`` producing ``features.OUTPUT_COLUMNS`` from ``JOINED_COLUMNS``.
 
     ``list_encoding``: ``per_page`` (:class:`DocumentListCategorify`) or ``per_row`` (NVTabular's ``JoinExternal``
     >> ``Categorify`` >> ``ListSlice`` on every row: the same output, several times slower on CPU; kept as the
     reference the tests compare with).
+
+    ``similarity``: ``compact`` (:func:`compact_tfidf`: the TF-IDF weights computed once, rows only for pages with
+    terms) or ``nvtabular`` (``ColumnSimilarity(metric="tfidf")`` on the id-indexed matrices: the same values, kept
+    as the tests' reference).
 
     ``stats_path``: where ``Categorify`` and ``JoinGroupby`` write their fitted statistics (``Workflow.save`` copies
     them into the saved workflow). ``client``: a ``distributed.Client`` to fit and transform on, or None.
@@ -321,10 +375,18 @@ def build_workflow(list_tables: Dict[str, DocumentLists], matrices: Dict[str, sc
               >> ops.LambdaOp(to_float32))
 
     similarities = []
-    for suffix, matrix in matrices.items():
-        similarities.append([["document_id", "document_id_promo"]]
-                            >> ops.ColumnSimilarity(matrix, metric="tfidf", on_device=False)
-                            >> ops.Rename(postfix=f"_{suffix}") >> ops.LambdaOp(to_float32))
+    if similarity == "compact":
+        documents, weighted = compact_tfidf(matrices)
+        for suffix, matrix in weighted.items():
+            similarities.append([["document_id", "document_id_promo"]] >> CompactColumnSimilarity(documents, matrix)
+                                >> ops.Rename(postfix=f"_{suffix}") >> ops.LambdaOp(to_float32))
+    elif similarity == "nvtabular":   # NVTabular's own TF-IDF on the id-indexed matrices: the tests' reference
+        for suffix, matrix in matrices.items():
+            similarities.append([["document_id", "document_id_promo"]]
+                                >> ops.ColumnSimilarity(matrix, metric="tfidf", on_device=False)
+                                >> ops.Rename(postfix=f"_{suffix}") >> ops.LambdaOp(to_float32))
+    else:
+        raise ValueError(f"similarity must be 'compact' or 'nvtabular', got {similarity!r}")
 
     caps = {name: F.FEATURE_BY_NAME[name].cardinality for name in list_tables}
     if list_encoding == "per_page":
