@@ -90,6 +90,26 @@ def write_raw(path: str, rows: int, seed: int, block: int = 200_000) -> None:
             f.write((lines["l"].str.join("\n").item() + "\n").encode("ascii"))
 
 
+def generate_input(directory: str, rows: int, days: int, seed: int):
+    """``rows`` generated rows in ``directory``: one Kaggle ``train.txt`` (``days`` 0) or ``day_0 .. day_<days-1>``.
+    Reused when the directory already holds the same ``rows``/``days``/``seed``. Returns (file names, bytes, reused).
+    """
+    from recsys_common.io import atomic_directory
+    names = [f"day_{d}" for d in range(days)] if days else ["train.txt"]
+    stamp = os.path.join(directory, ".generated.json")
+    wanted = {"rows": rows, "days": days, "seed": seed}
+    reuse = os.path.isfile(stamp) and json.load(open(stamp)) == wanted
+    if not reuse:
+        # A --work_dir may be reused: the benchmark replaces its own generated input, never a file it did not write.
+        with atomic_directory(directory, overwrite=True, tool="dlrm.preproc.benchmark_preprocess") as tmp:
+            for i, name in enumerate(names):
+                n = rows // len(names) + (1 if i < rows % len(names) else 0)
+                write_raw(os.path.join(tmp, name), n, seed + i)
+            with open(os.path.join(tmp, ".generated.json"), "w") as f:
+                json.dump(wanted, f)
+    return names, sum(os.path.getsize(os.path.join(directory, name)) for name in names), reuse
+
+
 class PeakTreeRSS:
     """Samples the summed RSS of this process and its descendants on a thread while used as a context manager.
 
@@ -170,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more flags for our engine, e.g. '--chunk_mb 8 --shuffle_bucket_rows 500000'")
     parser.add_argument("--memory_interval", type=float, default=0.1,
                         help="seconds between RSS samples of the process tree")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each engine but spark, taken in turn (ours, peer, ours, peer, ...); the JSON "
+                             "gives each engine's median and the median of the per-round ratios")
+    parser.add_argument("--memory_rows", default="",
+                        help="comma-separated row counts, e.g. '6000000,24000000': our engine (default flags) also "
+                             "runs on generated Terabyte input of --memory_days day files of each size, and the "
+                             "JSON's flat_memory gives each peak (memory flat with the input size)")
+    parser.add_argument("--memory_days", type=int, default=24, help="day files of the --memory_rows inputs")
     return parser
 
 
@@ -222,6 +250,19 @@ def _engine_result(rows: int, runs: List[Dict[str, object]], raw_bytes: int) -> 
             "steps_s": [round(r["seconds"], 2) for r in runs]}
 
 
+def _median_result(runs: List[Dict[str, object]]) -> Dict[str, object]:
+    """One engine over several rounds: the round of median rows/s, with every round's rows/s and peaks beside it."""
+    if len(runs) == 1:
+        return runs[0]
+    ordered = sorted(runs, key=lambda r: r["rows_per_s"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["rounds"] = len(runs)
+    median["rows_per_s_by_round"] = [r["rows_per_s"] for r in runs]
+    median["peak_rss_mib_by_round"] = [r["peak_rss_mib"] for r in runs]
+    median["max_rss_one_process_mib_by_round"] = [r["max_rss_one_process_mib"] for r in runs]
+    return median
+
+
 def _extrapolate(rows_per_s: float, cores: int) -> Dict[str, float]:
     return {"criteo_kaggle_hours": round(KAGGLE_ROWS / rows_per_s / 3600, 2),
             "criteo_1tb_hours": round(TERABYTE_ROWS / rows_per_s / 3600, 1),
@@ -230,7 +271,6 @@ def _extrapolate(rows_per_s: float, cores: int) -> Dict[str, float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from recsys_common.io import atomic_directory
     from recsys_common.machine import cpu_model_name
 
     args = build_parser().parse_args(argv)
@@ -244,26 +284,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                          f"0 writes a Kaggle train.txt")
     if args.memory_interval <= 0:
         raise SystemExit(f"--memory_interval must be > 0, got {args.memory_interval}")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    if args.memory_days < 2:
+        raise SystemExit(f"--memory_days {args.memory_days}: the Terabyte layout needs at least 2 days")
     if "peer" in engines and args.days:
         raise SystemExit("--engines peer: the peer script reads one Kaggle train.txt; use --days 0")
     if "peer" in engines and not os.path.isfile(args.peer_script):
         raise SystemExit(f"--peer_script {args.peer_script}: not found")
     work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
-    names = [f"day_{d}" for d in range(args.days)] if args.days else ["train.txt"]
     started = time.perf_counter()
-    stamp = os.path.join(work, "in", ".generated.json")
-    wanted = {"rows": args.rows, "days": args.days, "seed": args.seed}
-    reuse = os.path.isfile(stamp) and json.load(open(stamp)) == wanted
-    if not reuse:
-        # A --work_dir may be reused: the benchmark replaces its own generated input, never a file it did not write.
-        with atomic_directory(os.path.join(work, "in"), overwrite=True, tool="dlrm.preproc.benchmark_preprocess") as tmp:
-            for i, name in enumerate(names):
-                rows = args.rows // len(names) + (1 if i < args.rows % len(names) else 0)
-                write_raw(os.path.join(tmp, name), rows, args.seed + i)
-            with open(os.path.join(tmp, ".generated.json"), "w") as f:
-                json.dump(wanted, f)
+    names, raw_bytes, reuse = generate_input(os.path.join(work, "in"), args.rows, args.days, args.seed)
     generate_s = time.perf_counter() - started
-    raw_bytes = sum(os.path.getsize(os.path.join(work, "in", name)) for name in names)
     cores = os.cpu_count() or 1
     result: Dict[str, object] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model_name(), "cores": cores,
@@ -274,32 +306,55 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "engines": {}}
     py = sys.executable
     inp = os.path.join(work, "in")
+    def run_ours(inp: str, out: str, extra: List[str]) -> List[Dict[str, object]]:
+        return [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp, "--output_path", out,
+                        "--frequency_limit", str(args.frequency_limit), *extra], args.memory_interval)]
+
+    rounds: Dict[str, List[Dict[str, object]]] = {engine: [] for engine in engines}
     try:
+        for round_index in range(args.rounds):
+            for engine in engines:
+                if engine == "spark" and round_index:
+                    continue   # one Spark run: it takes minutes, and its ratio is not close
+                out = os.path.join(work, f"out_{engine}")
+                for path in (out, out + ".work", out + "_spark"):
+                    shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
+                if engine in ("ours", "ours_input"):
+                    order = ["--train_ordering", "input"] if engine == "ours_input" else []
+                    runs = run_ours(inp, out, [*order, *args.engine_args.split()])
+                elif engine == "peer":
+                    runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
+                                    "--frequency_limit", str(args.frequency_limit)], args.memory_interval)]
+                else:
+                    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+                    runs = [_timed([py, "-m", "recsys_common.criteo.spark_preprocess", "--input_path", inp,
+                                    "--output_path", out + "_spark", "--frequency_limit", str(args.frequency_limit),
+                                    "--master", args.master], args.memory_interval, env),
+                            _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
+                                    "--output", out], args.memory_interval)]
+                one = _engine_result(args.rows, runs, raw_bytes)
+                notes = [line for r in runs for line in r["output"].splitlines() if "peak RSS so far" in line]
+                if notes:
+                    one["phases"] = notes
+                rounds[engine].append(one)
+                print(f"[benchmark] round {round_index + 1} {engine}: {json.dumps(one)}", file=sys.stderr, flush=True)
         for engine in engines:
-            out = os.path.join(work, f"out_{engine}")
-            for path in (out, out + ".work", out + "_spark"):
-                shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
-            if engine in ("ours", "ours_input"):
-                order = ["--train_ordering", "input"] if engine == "ours_input" else []
-                runs = [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp,
-                                "--output_path", out, "--frequency_limit", str(args.frequency_limit), *order,
-                                *args.engine_args.split()],
-                               args.memory_interval)]
-            elif engine == "peer":
-                runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
-                                "--frequency_limit", str(args.frequency_limit)], args.memory_interval)]
-            else:
-                env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
-                runs = [_timed([py, "-m", "recsys_common.criteo.spark_preprocess", "--input_path", inp,
-                                "--output_path", out + "_spark", "--frequency_limit", str(args.frequency_limit),
-                                "--master", args.master], args.memory_interval, env),
-                        _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
-                                "--output", out], args.memory_interval)]
-            result["engines"][engine] = _engine_result(args.rows, runs, raw_bytes)
-            notes = [line for r in runs for line in r["output"].splitlines() if "peak RSS so far" in line]
-            if notes:
-                result["engines"][engine]["phases"] = notes
-            print(f"[benchmark] {engine}: {json.dumps(result['engines'][engine])}", file=sys.stderr, flush=True)
+            result["engines"][engine] = _median_result(rounds[engine])
+        flat = []
+        for rows in [int(r) for r in args.memory_rows.split(",") if r.strip()]:
+            directory = os.path.join(work, f"in_memory_{rows}")
+            _, size, _ = generate_input(directory, rows, args.memory_days, args.seed)
+            out = os.path.join(work, f"out_memory_{rows}")
+            for path in (out, out + ".work"):
+                shutil.rmtree(path, ignore_errors=True)
+            load = round(os.getloadavg()[0], 2)
+            one = _engine_result(rows, run_ours(directory, out, []), size)
+            shutil.rmtree(out, ignore_errors=True)
+            flat.append({"rows": rows, "days": args.memory_days, "raw_bytes": size, "load_avg_1m_before": load,
+                         **{k: one[k] for k in ("seconds", "rows_per_s", "peak_rss_mib", "max_rss_one_process_mib")}})
+            print(f"[benchmark] memory at {rows} rows: {json.dumps(flat[-1])}", file=sys.stderr, flush=True)
+        if flat:
+            result["flat_memory"] = flat
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -309,8 +364,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for mine in ("ours", "ours_input"):
         for other in ("peer", "spark"):
             if mine in e and other in e:
-                ratios[f"{mine}_vs_{other}_rows_per_s"] = round(e[mine]["rows_per_s"] / e[other]["rows_per_s"], 2)
-                ratios[f"{mine}_vs_{other}_peak_rss"] = round(e[mine]["peak_rss_mib"] / e[other]["peak_rss_mib"], 2)
+                # Round by round (the runs back to back share the machine's load), then the median.
+                pairs = list(zip(rounds[mine], rounds[other])) if other != "spark" else [(e[mine], e[other])]
+                ratios[f"{mine}_vs_{other}_rows_per_s"] = round(float(np.median(
+                    [a["rows_per_s"] / b["rows_per_s"] for a, b in pairs])), 2)
+                ratios[f"{mine}_vs_{other}_peak_rss"] = round(float(np.median(
+                    [a["peak_rss_mib"] / b["peak_rss_mib"] for a, b in pairs])), 2)
+                ratios[f"{mine}_vs_{other}_max_rss_one_process"] = round(float(np.median(
+                    [a["max_rss_one_process_mib"] / b["max_rss_one_process_mib"] for a, b in pairs])), 2)
+                if len(pairs) > 1:
+                    ratios[f"{mine}_vs_{other}_rows_per_s_by_round"] = [
+                        round(a["rows_per_s"] / b["rows_per_s"], 2) for a, b in pairs]
     result["ratios"] = ratios
     result["extrapolated_at_measured_rate"] = {name: _extrapolate(v["rows_per_s"], cores) for name, v in e.items()}
     print(json.dumps(result))

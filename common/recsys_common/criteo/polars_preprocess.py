@@ -515,7 +515,7 @@ class WorkState:
 
 def _fingerprint(args: argparse.Namespace, files: List[str]) -> Dict[str, Any]:
     keep = ("layout", "header", "delimiter", "frequency_limit", "dictionary_source", "train_ordering", "seed",
-            "chunk_mb", "shuffle_bucket_rows")
+            "chunk_mb", "shuffle_memory_mb", "shuffle_bucket_rows")
     return {"files": [os.path.basename(p) for p in files], **{k: getattr(args, k) for k in keep}}
 
 
@@ -639,8 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fail when more than this fraction of the rows is malformed")
     parser.add_argument("--max_examples", type=int, default=20, help="malformed rows quoted in the report")
     parser.add_argument("--chunk_mb", type=int, default=32, help="MiB of raw text parsed at a time (memory)")
-    parser.add_argument("--shuffle_bucket_rows", type=int, default=2_000_000,
-                        help="train rows per shuffle bucket (each bucket is permuted in memory)")
+    parser.add_argument("--shuffle_memory_mb", type=int, default=256,
+                        help="MiB a train shuffle bucket may take in memory: sets the rows per bucket, so that peak "
+                             "memory does not grow with the number of rows")
+    parser.add_argument("--shuffle_bucket_rows", type=int, default=None,
+                        help="train rows per shuffle bucket (each bucket is permuted in memory); default: from "
+                             "--shuffle_memory_mb")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --output_path, replacing this tool's (or the Spark path's "
                              "conversion's) own earlier outputs there; other files are kept")
@@ -656,8 +660,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"--frequency_limit must be >= 0, got {args.frequency_limit}")
     if not 0.0 <= args.max_malformed_fraction <= 1.0:
         parser.error(f"--max_malformed_fraction must be in [0, 1], got {args.max_malformed_fraction}")
-    if args.chunk_mb < 1 or args.shuffle_bucket_rows < 1:
-        parser.error("--chunk_mb and --shuffle_bucket_rows must be >= 1")
+    if args.chunk_mb < 1 or args.shuffle_memory_mb < 1 or (args.shuffle_bucket_rows is not None
+                                                            and args.shuffle_bucket_rows < 1):
+        parser.error("--chunk_mb, --shuffle_memory_mb and --shuffle_bucket_rows must be >= 1")
     args.work_dir = args.work_dir or os.path.abspath(args.output_path).rstrip(os.sep) + ".work"
     return args
 
@@ -692,6 +697,7 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
                bounds: Optional[Tuple[int, int]]) -> None:
     """Pass 1: parse every file once, keep the chunks, count values per file."""
     import polars as pl
+    from .dictionaries import merge_counts
     files = list(layout.train_files) + [layout.split_file]
     total = sum(os.path.getsize(p) for p in files)
     done_bytes = sum(os.path.getsize(p) for p in files if state.data["files"].get(os.path.basename(p)))
@@ -721,6 +727,9 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
             for c, frame in enumerate(counts):
                 if frame is not None:
                     counted_frames[c].append(frame)
+                if len(counted_frames[c]) > _MERGE_EVERY:
+                    # Fold the chunks' counts as we go: memory is the file's distinct values, not its chunks'.
+                    counted_frames[c] = [merge_counts(counted_frames[c])]
             lines += parsed.num_lines
             good += len(parsed.label)
             padded += int(parsed.padded.sum())
@@ -729,7 +738,6 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
             examples.update(parsed.malformed_text)
             k += 1
             progress.update(done_bytes + chunk.position, parsed.num_lines, what=f"({name})")
-        from .dictionaries import merge_counts
         frames = []
         for c in range(NUM_CATEGORICAL):
             merged = merge_counts(counted_frames[c])
@@ -756,6 +764,9 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
     if resumed:
         print(f"[criteo] resumed: pass 1 skipped {len(resumed)} finished file(s): {', '.join(resumed)}", flush=True)
     return resumed
+
+
+_MERGE_EVERY = 16   # chunks' counts held per column before they are summed into one frame
 
 
 def _parse_save_count(chunk: RawChunk, fmt: FileFormat, k: int, directory: str, dictionary_source: str,
@@ -917,7 +928,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     out_dir = os.path.join(work, "out")
     spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS)
     writers = {s: SplitBinaryAppender(spec, s, out_dir) for s in SPLITS}
-    buckets = _bucket_count(report["rows_written"]["train"], args.shuffle_bucket_rows)
+    buckets = _bucket_count(report["rows_written"]["train"], bucket_rows(args))
     # Train rows that fit one bucket are written in input order and then permuted column file by column file
     # (memory: one column); more go through bucket files (an external shuffle).
     scatter = args.train_ordering == "random" and buckets > 1
@@ -1005,6 +1016,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------- train shuffle
+# Bytes per train row while a bucket is permuted: label 1 + numerical 26 + ids 104, the permutation 8, and the
+# largest permuted column (numerical, 26), rounded up.
+_BUCKET_ROW_BYTES = 176
+
+
+def bucket_rows(args: argparse.Namespace) -> int:
+    """Train rows per shuffle bucket: ``--shuffle_bucket_rows``, or as many as ``--shuffle_memory_mb`` holds."""
+    if args.shuffle_bucket_rows:
+        return args.shuffle_bucket_rows
+    return max(1, (args.shuffle_memory_mb << 20) // _BUCKET_ROW_BYTES)
+
+
 def _bucket_count(train_rows: int, bucket_rows: int) -> int:
     return max(1, -(-train_rows // bucket_rows))
 
@@ -1048,7 +1071,8 @@ def _permute_columns(writer: SplitBinaryAppender, state: WorkState, seed: int) -
 def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, writer: SplitBinaryAppender, seed: int,
                       buckets: int, total: int) -> None:
     """Each bucket: its rows from every chunk, permuted in memory, appended to the train files. Memory: one bucket
-    (``--shuffle_bucket_rows`` rows of about 130 bytes) plus one column of it; the bucket offsets stay on disk."""
+    (``--shuffle_bucket_rows`` rows, at most ``_BUCKET_ROW_BYTES`` each with the permutation and one permuted
+    column); the bucket offsets stay on disk."""
     sources = []
     for index, path in enumerate(files):
         directory = os.path.join(work, "shuffle", str(index))
@@ -1061,21 +1085,29 @@ def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, write
         if state.data["buckets"].get(str(b)):
             continue
         writer.truncate(state.data.get("bucket_sizes", {}))   # train files are empty before the first bucket
-        labels, numericals, ids = [], [], []
+        ranges = []
         for base in sources:
             offsets = np.load(base + ".offsets.npy", mmap_mode="r")
             lo, hi = int(offsets[b]), int(offsets[b + 1])
             if hi > lo:
-                labels.append(np.fromfile(base + ".label", np.int8, hi - lo, offset=lo))
-                numericals.append(np.fromfile(base + ".numerical", np.float16, (hi - lo) * NUM_NUMERICAL,
-                                              offset=lo * NUM_NUMERICAL * 2).reshape(-1, NUM_NUMERICAL))
-                ids.append(np.fromfile(base + ".ids", np.int32, (hi - lo) * NUM_CATEGORICAL,
-                                       offset=lo * NUM_CATEGORICAL * 4).reshape(-1, NUM_CATEGORICAL))
-        rows = sum(len(x) for x in labels)
+                ranges.append((base, lo, hi))
+        rows = sum(hi - lo for _, lo, hi in ranges)
         if rows:
+            # Read straight into the bucket's arrays (no list of pieces to concatenate: that would double the peak).
+            label = np.empty(rows, np.int8)
+            numerical = np.empty((rows, NUM_NUMERICAL), np.float16)
+            bucket_ids = np.empty((rows, NUM_CATEGORICAL), np.int32)
+            at = 0
+            for base, lo, hi in ranges:
+                n = hi - lo
+                for suffix, array in ((".label", label), (".numerical", numerical), (".ids", bucket_ids)):
+                    row_bytes = array.itemsize * (array.shape[1] if array.ndim > 1 else 1)
+                    with open(base + suffix, "rb") as f:
+                        f.seek(lo * row_bytes)
+                        if f.readinto(memoryview(array[at:at + n]).cast("B")) != n * row_bytes:
+                            raise CriteoPreprocessError(f"internal: {base + suffix} is shorter than recorded")
+                at += n
             order = np.random.default_rng([seed, 1 << 20, b]).permutation(rows)
-            label, numerical, bucket_ids = np.concatenate(labels), np.concatenate(numericals), np.concatenate(ids)
-            labels = numericals = ids = None
             # One column at a time: the permuted copy of a column is all that is added to the bucket in memory.
             for features, path in writer.paths.items():
                 if features[0] == "label":
@@ -1085,9 +1117,9 @@ def _assemble_shuffle(work: str, files: List[str], info, state: WorkState, write
                 else:
                     block = bucket_ids[order, int(features[0][4:-4])].astype(writer.dtypes[features])
                 with open(path, "ab") as f:
-                    f.write(block.tobytes())
+                    f.write(block.data)
                 block = None
-            label = numerical = bucket_ids = None
+            label = numerical = bucket_ids = order = None
         state.data["buckets"][str(b)] = {"rows": rows}
         state.data["bucket_sizes"] = writer.sizes()
         state.save()
