@@ -6,8 +6,9 @@
 
 A thin wrapper over ``recsys_common.serving.latency`` (threads with one tritonclient each; p50/p90/p95/p99 and
 samples/s per batch size and concurrency). Requests hold valid rows: with ``--dataset`` the first rows of its
-``--mapping`` split (repeated when the split is shorter than a batch), otherwise random rows drawn from the served
-model's ``recsys_serving.json`` in ``--model-repository`` (numericals standard normal, ids uniform in each table).
+``--mapping`` split (cycled, so a short split fills any batch), otherwise random rows drawn from the served model's
+``recsys_serving.json`` in ``--model-repository`` (``recsys_common.serving.rows``: numericals standard normal, ids
+uniform in each table).
 """
 from __future__ import annotations
 
@@ -34,47 +35,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sidecar_inputs(model_repository: str, model_name: str) -> Callable[[int], Dict[str, np.ndarray]]:
-    """``make_inputs(batch)`` drawing random valid rows from the model's sidecar (dims and id bounds)."""
-    from recsys_common.serving.repository import read_sidecar
-    inputs = read_sidecar(os.path.join(model_repository, model_name))["inputs"]
-    numerical_width = int(inputs["numerical"]["dims"][-1])
-    bounds = inputs["categorical"].get("max_id")
-    if bounds is None:  # --hash_indices: any id is valid; draw from a large range
-        bounds = [1 << 20] * int(inputs["categorical"]["dims"][-1])
-    rng = np.random.default_rng(0)
-
-    def make_inputs(batch: int) -> Dict[str, np.ndarray]:
-        return {"numerical": rng.standard_normal((batch, numerical_width)).astype(np.float32),
-                "categorical": np.stack([rng.integers(0, b, size=batch, dtype=np.int64) for b in bounds], axis=1)}
-    return make_inputs
-
-
 def dataset_inputs(dataset: str, feature_spec: str, mapping: str,
                    max_rows: int) -> Callable[[int], Dict[str, np.ndarray]]:
-    """``make_inputs(batch)`` returning the first ``batch`` rows of the split (read once, up to ``max_rows``)."""
+    """``make_inputs(batch)`` returning the next ``batch`` rows of the split's first ``max_rows`` (read once),
+    cycling."""
     from recsys_common.datasets import open_reader
     from recsys_common.feature_spec import FeatureSpec
+    from recsys_common.serving.rows import cycling_rows
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     reader = open_reader(FeatureSpec.from_yaml(spec_path), mapping, max_rows, channels=["numerical", "categorical"])
     if reader.num_batches_total == 0:
         raise ValueError(f"{spec_path}: mapping {mapping!r} has no rows")
     first = reader.read_batch(0)
-    numerical = np.ascontiguousarray(first["numerical"], np.float32)
-    categorical = np.ascontiguousarray(first["categorical"], np.int64)
-
-    def make_inputs(batch: int) -> Dict[str, np.ndarray]:
-        index = np.arange(batch) % len(numerical)
-        return {"numerical": numerical[index], "categorical": categorical[index]}
-    return make_inputs
+    return cycling_rows({"numerical": np.ascontiguousarray(first["numerical"], np.float32),
+                         "categorical": np.ascontiguousarray(first["categorical"], np.int64)})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     """Measure and write the report; returns the records (see ``recsys_common.serving.latency``)."""
     from recsys_common.serving.latency import perf_analyzer_options, run_latency
+    from recsys_common.serving.rows import sidecar_row_maker
     args = build_parser().parse_args(argv)
     if args.model_repository:
-        make_inputs = sidecar_inputs(args.model_repository, args.model_name)
+        make_inputs = sidecar_row_maker(args.model_repository, args.model_name)
     else:
         make_inputs = dataset_inputs(args.dataset, args.feature_spec, args.mapping, max(args.batch_sizes))
     return run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -41,36 +41,11 @@ def rows_from_dataset(dataset_path: str, feature_spec: str, rows: int) -> Dict[s
     return batch
 
 
-def rows_from_sidecar(model_dir: str, rows: int, seed: int = 0) -> Dict[str, np.ndarray]:
-    """``rows`` random valid rows for the model of ``model_dir`` (its sidecar's inputs, dims and id ranges)."""
-    from recsys_common.serving.repository import read_sidecar
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, entry in read_sidecar(model_dir)["inputs"].items():
-        shape = (rows, *[int(d) for d in entry["dims"]])
-        if entry.get("max_id") is not None:
-            out[name] = rng.integers(0, entry["max_id"], size=shape).astype(entry["dtype"])
-        else:
-            out[name] = rng.normal(size=shape).astype(entry["dtype"])
-    return out
-
-
-def cycling_inputs(pool: Dict[str, np.ndarray]) -> Callable[[int], Dict[str, np.ndarray]]:
-    """``make_inputs(batch_size)``: the next ``batch_size`` rows of ``pool`` (wrapping around)."""
-    size = len(next(iter(pool.values())))
-    state = {"next": 0}
-
-    def make_inputs(batch_size: int) -> Dict[str, np.ndarray]:
-        index = (state["next"] + np.arange(batch_size)) % size
-        state["next"] = int((state["next"] + batch_size) % size)
-        return {name: np.ascontiguousarray(array[index]) for name, array in pool.items()}
-
-    return make_inputs
-
-
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """Parse ``argv``, measure, write the report; returns the records (one per batch size x concurrency)."""
     from recsys_common.serving.latency import perf_analyzer_options, run_latency
+    from recsys_common.serving.repository import read_sidecar
+    from recsys_common.serving.rows import cycling_rows, random_rows
     from deployment.export import PROBABILITY
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     if bool(args.dataset_path) == bool(args.model_repository_path):
@@ -78,12 +53,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     if min(args.batch_sizes) < 1 or min(args.concurrency) < 1:
         raise ValueError("--batch-sizes and --concurrency must be at least 1")
     largest = max(args.batch_sizes)
-    pool = (rows_from_dataset(args.dataset_path, args.feature_spec, largest) if args.dataset_path
-            else rows_from_sidecar(os.path.join(args.model_repository_path, args.model_name), largest))
+    if args.dataset_path:
+        pool = rows_from_dataset(args.dataset_path, args.feature_spec, largest)
+    else:
+        pool = random_rows(read_sidecar(os.path.join(args.model_repository_path, args.model_name))["inputs"], largest)
     return run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
                        batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                        warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
-                       output_png=args.output_png, make_inputs=cycling_inputs(pool), output_names=[PROBABILITY],
+                       output_png=args.output_png, make_inputs=cycling_rows(pool), output_names=[PROBABILITY],
                        **perf_analyzer_options(args))
 
 

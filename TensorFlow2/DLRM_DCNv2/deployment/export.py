@@ -323,16 +323,8 @@ def keras_probabilities(loaded: LoadedModel, inputs: Dict[str, np.ndarray]) -> n
 
 
 def random_inputs(loaded: LoadedModel, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:
-    """A valid batch of serving inputs: numericals N(0, 1), ids uniform in each table, multi-hot rows padded with -1
-    after a random number (at least one) of ids."""
-    rng = np.random.default_rng(seed)
-    out: Dict[str, np.ndarray] = {}
-    if loaded.num_numerical:
-        out[NUMERICAL] = rng.normal(size=(batch_size, loaded.num_numerical)).astype(np.float32)
-    for t, (rows, h) in enumerate(zip(loaded.table_sizes, loaded.hotness)):
-        ids = rng.integers(0, rows, size=(batch_size, h), dtype=np.int64)
-        if h > 1:
-            used = rng.integers(1, h + 1, size=batch_size)
-            ids[np.arange(h)[None, :] >= used[:, None]] = PAD
-        out[categorical_input(t)] = ids
-    return out
+    """A valid batch of the monolithic model's serving inputs (``recsys_common.serving.rows.random_rows`` of its
+    sidecar inputs): numericals N(0, 1), ids uniform in each table, multi-hot rows padded with -1 after a random
+    number (at least one) of ids."""
+    from recsys_common.serving.rows import random_rows
+    return random_rows(io_description(loaded, "monolithic")[0], batch_size, seed)

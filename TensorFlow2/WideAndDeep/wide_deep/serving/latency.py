@@ -6,8 +6,9 @@ batch size and concurrency, as JSON and a PNG (``recsys_common.serving.latency``
         --dataset_path /tmp/wide_deep_quickstart/data
 
 Requests carry the model's inputs as its sidecar (``<repository>/<model>/recsys_serving.json``) describes them:
-rows of the ``test`` mapping of ``--dataset_path`` (repeated to fill a batch), or, without it, random ids in each
-input's range and standard-normal numericals (seeded).
+rows of the ``test`` mapping of ``--dataset_path`` (cycled to fill a batch), or, without it, random valid rows
+(``recsys_common.serving.rows``: ids in each input's range, multi-hot lists padded after at least one id,
+standard-normal numericals; seeded).
 """
 from __future__ import annotations
 
@@ -21,26 +22,12 @@ import numpy as np
 from .export import OUTPUT_NAME
 
 
-def random_rows(entries: Mapping[str, dict], seed: int = 0) -> Callable[[int], Dict[str, np.ndarray]]:
-    """``make_inputs(batch)`` drawing ids uniformly in ``[0, max_id)`` (multi-hot: every slot filled) and
-    standard-normal numericals, shaped ``[batch] + dims`` with the sidecar's dtypes."""
-    def make(batch: int) -> Dict[str, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        out = {}
-        for name, e in entries.items():
-            shape = [batch] + list(e["dims"])
-            if e.get("max_id") is None:
-                out[name] = rng.standard_normal(shape).astype(e["dtype"])
-            else:
-                out[name] = rng.integers(0, int(e["max_id"]), size=shape).astype(e["dtype"])
-        return out
-    return make
-
-
 def dataset_rows(entries: Mapping[str, dict], dataset_path: str, fspec_file: str) -> Callable[[int], Dict[str, np.ndarray]]:
-    """``make_inputs(batch)`` taking the first ``batch`` rows of the ``test`` mapping (repeated when it is shorter)."""
+    """``make_inputs(batch)`` taking the next ``batch`` rows of the ``test`` mapping (cycling, so a short mapping
+    fills any batch)."""
     from recsys_common.datasets import read_columns
     from recsys_common.feature_spec import FeatureSpec
+    from recsys_common.serving.rows import cycling_rows
     path = fspec_file if os.path.isabs(fspec_file) else os.path.join(dataset_path, fspec_file)
     spec = FeatureSpec.from_yaml(path)
     columns = read_columns(spec, "test", list(entries))
@@ -48,12 +35,7 @@ def dataset_rows(entries: Mapping[str, dict], dataset_path: str, fspec_file: str
     for name, e in entries.items():
         a = np.asarray(columns[name])
         rows[name] = a.reshape([len(a)] + list(e["dims"])).astype(e["dtype"])
-
-    def make(batch: int) -> Dict[str, np.ndarray]:
-        n = len(next(iter(rows.values())))
-        index = np.arange(batch) % n
-        return {k: v[index] for k, v in rows.items()}
-    return make
+    return cycling_rows(rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,11 +54,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from recsys_common.serving.client import ServingError
     from recsys_common.serving.latency import perf_analyzer_options, run_latency
     from recsys_common.serving.repository import SidecarError, read_sidecar
+    from recsys_common.serving.rows import random_row_maker
     args = build_parser().parse_args(argv)
     try:
         entries = read_sidecar(os.path.join(args.model_repository, args.model_name))["inputs"]
         make_inputs = (dataset_rows(entries, args.dataset_path, args.fspec_file) if args.dataset_path
-                       else random_rows(entries, args.seed))
+                       else random_row_maker(entries, args.seed))
         run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
                     batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
                     warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
