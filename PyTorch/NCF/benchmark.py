@@ -252,11 +252,7 @@ def compare_with_peer(recipe: Dict, peer: Dict, topk: int) -> Dict:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     args = parse_args(argv)
-    try:
-        check_json_output(args.output)  # before minutes of benchmarking, not after
-    except FileExistsError as err:
-        print(f"benchmark.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    check_json_output(args.output)  # before minutes of benchmarking, not after
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     ncf.keep_freed_memory()  # as ncf.py's entry point does
@@ -286,5 +282,5 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    from recsys_common.cli import run_main
+    run_main(main, prog="benchmark.py", input_errors=(FileExistsError,))   # an --output that is not a result file

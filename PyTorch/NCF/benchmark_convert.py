@@ -124,11 +124,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     args = parse_args(argv)
-    try:
-        check_json_output(args.output)
-    except FileExistsError as err:
-        print(f"benchmark_convert.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    check_json_output(args.output)
     workdir = args.workdir or tempfile.mkdtemp(prefix="ncf-convert-bench-")
     os.makedirs(workdir, exist_ok=True)
     try:
@@ -172,4 +168,5 @@ def _same_file(a: str, b: str) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, prog="benchmark_convert.py", input_errors=(FileExistsError,))   # an --output that is not a result file

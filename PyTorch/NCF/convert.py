@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
-import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -714,30 +713,28 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> str:
+    """Converts; returns the written ``feature_spec.yaml``. Raises one of :data:`INPUT_ERRORS` on bad input."""
     args = parse_args(argv)
-    try:
-        inputs = [args.path] + ([args.paper_split + ext for ext in (".train.rating", ".test.rating",
-                                                                      ".test.negative")] if args.paper_split else [])
-        check_output(args.output, inputs, args.overwrite)  # before the conversion: fail in seconds, not minutes
-        if args.paper_split:
-            split = convert_paper_split(args.paper_split, args.path, args.max_user)
-        else:
-            split = convert_ratings(args.path, args.valid_negative, args.seed, args.format, args.min_interactions)
-        if split.dropped is not None and split.dropped.min_interactions > 1:
-            print(f"convert.py: --min_interactions {split.dropped.min_interactions}: dropped {split.dropped.users} "
-                  f"user(s) and {split.dropped.rows} row(s)")
-        spec_path = write_split(split, args.output, overwrite=args.overwrite)
-    except ConversionError as err:
-        print(f"convert.py: error: {err}", file=sys.stderr)
-        return 2
-    except OutputDirectoryError as err:  # a name we write is taken by a file this tool did not write
-        print(f"convert.py: error: {err}", file=sys.stderr)
-        return 2
+    inputs = [args.path] + ([args.paper_split + ext for ext in (".train.rating", ".test.rating",
+                                                                  ".test.negative")] if args.paper_split else [])
+    check_output(args.output, inputs, args.overwrite)  # before the conversion: fail in seconds, not minutes
+    if args.paper_split:
+        split = convert_paper_split(args.paper_split, args.path, args.max_user)
+    else:
+        split = convert_ratings(args.path, args.valid_negative, args.seed, args.format, args.min_interactions)
+    if split.dropped is not None and split.dropped.min_interactions > 1:
+        print(f"convert.py: --min_interactions {split.dropped.min_interactions}: dropped {split.dropped.users} "
+              f"user(s) and {split.dropped.rows} row(s)")
+    spec_path = write_split(split, args.output, overwrite=args.overwrite)
     print(f"convert.py: {len(split.train_users)} training positives, {split.num_users} users, "
           f"{split.num_items} items, {split.test_candidates.shape[1]} test samples per user -> {spec_path}")
-    return 0
+    return spec_path
 
+
+# Bad input (a malformed row, an output name taken by a file this tool did not write): exit 2 (recsys_common.cli).
+INPUT_ERRORS = (ConversionError, OutputDirectoryError)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, prog="convert.py", input_errors=INPUT_ERRORS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import List, Optional
 
 import torch
@@ -21,29 +20,27 @@ from neumf import to_nvidia_state_dict
 from recsys_common.io import atomic_path
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> str:
+    """Writes NVIDIA's bare state dict; returns its path. Raises ``CheckpointError`` on bad input."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="checkpoint written by ncf.py (model.pth or last.pth)")
     p.add_argument("--output", required=True, help="where to write NVIDIA's bare state dict (must not exist)")
     args = p.parse_args(argv)
+    if os.path.lexists(args.output):
+        raise CheckpointError(f"{args.output}: exists; refusing to overwrite it (choose a new --output)")
+    state = _read_checkpoint(args.input)["model"]
     try:
-        if os.path.lexists(args.output):
-            raise CheckpointError(f"{args.output}: exists; refusing to overwrite it (choose a new --output)")
-        state = _read_checkpoint(args.input)["model"]
-        try:
-            nvidia = to_nvidia_state_dict(state)
-        except ValueError as err:
-            raise CheckpointError(f"{args.input}: {err}") from err
-        directory = os.path.dirname(os.path.abspath(args.output))
-        os.makedirs(directory, exist_ok=True)
-        with atomic_path(args.output) as tmp:
-            torch.save(nvidia, tmp)
-    except CheckpointError as err:
-        print(f"export_nvidia_checkpoint.py: error: {err}", file=sys.stderr)
-        return 2
+        nvidia = to_nvidia_state_dict(state)
+    except ValueError as err:
+        raise CheckpointError(f"{args.input}: {err}") from err
+    directory = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(directory, exist_ok=True)
+    with atomic_path(args.output) as tmp:
+        torch.save(nvidia, tmp)
     print(f"export_nvidia_checkpoint.py: {len(nvidia)} tensors in NVIDIA's names -> {args.output}")
-    return 0
+    return args.output
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, prog="export_nvidia_checkpoint.py", input_errors=(CheckpointError,))

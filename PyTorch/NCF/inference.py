@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Dict, List, Optional
 
@@ -50,20 +49,12 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
               "layers": args.layers, "dropout": args.dropout}
     state = None
     if args.load_checkpoint_path:
-        try:
-            state = _read_checkpoint(args.load_checkpoint_path)
-        except CheckpointError as err:
-            print(f"inference.py: error: {err}", file=sys.stderr)
-            raise SystemExit(2)
+        state = _read_checkpoint(args.load_checkpoint_path)
         config = state.get("config", config)
     model = build_model(config["model"], config["num_users"], config["num_items"], config["factors"],
                         config["layers"], config["dropout"])
     if state is not None:
-        try:
-            load_model_weights(model, state["model"], args.load_checkpoint_path)
-        except CheckpointError as err:
-            print(f"inference.py: error: {err}", file=sys.stderr)
-            raise SystemExit(2)
+        load_model_weights(model, state["model"], args.load_checkpoint_path)
     model = model.to(device).eval()
     amp = args.amp or args.fp16
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
@@ -98,4 +89,5 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, prog="inference.py", input_errors=(CheckpointError,))

@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import os
-import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -239,29 +238,29 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[int, List[int], List[fl
                           "csv" if args.output.lower().endswith(".csv") else None)
     if fmt is None:
         p.error(f"--output {args.output}: extension is neither .csv nor .json; pass --format")
-    try:
-        if os.path.lexists(args.output) and not args.overwrite:  # before the work, not after
-            raise RecommendError(f"{args.output}: exists; pass --overwrite to replace it")
-        users = args.users if args.users is not None else read_users_file(args.users_file)
-        model, config = load_model(args.load_checkpoint_path, model=args.model, factors=args.factors,
-                                   layers=args.layers, dropout=args.dropout)
-        check_users(users, config["num_users"], "--users" if args.users is not None else args.users_file)
-        data = load_dataset(args.data, args.feature_spec_file)
-        if (data.num_users, data.num_items) != (config["num_users"], config["num_items"]):
-            raise RecommendError(f"--data {args.data}: {data.num_users} users and {data.num_items} items, the "
-                                 f"checkpoint was trained on {config['num_users']} users and "
-                                 f"{config['num_items']} items: not its dataset")
-        offsets, seen = seen_items_by_user(data.train_users, data.train_items, data.num_users)
-        results = recommend(model, users, data.num_items, offsets, seen, args.topk, args.max_rows)
-        write_recommendations(results, args.output, fmt, args.overwrite,
-                              {"checkpoint": os.path.abspath(args.load_checkpoint_path), "topk": args.topk,
-                               "excluded": "items in the training data"})
-    except (RecommendError, CheckpointError, DatasetError, FeatureSpecError) as err:
-        print(f"recommend.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    if os.path.lexists(args.output) and not args.overwrite:  # before the work, not after
+        raise RecommendError(f"{args.output}: exists; pass --overwrite to replace it")
+    users = args.users if args.users is not None else read_users_file(args.users_file)
+    model, config = load_model(args.load_checkpoint_path, model=args.model, factors=args.factors,
+                               layers=args.layers, dropout=args.dropout)
+    check_users(users, config["num_users"], "--users" if args.users is not None else args.users_file)
+    data = load_dataset(args.data, args.feature_spec_file)
+    if (data.num_users, data.num_items) != (config["num_users"], config["num_items"]):
+        raise RecommendError(f"--data {args.data}: {data.num_users} users and {data.num_items} items, the "
+                             f"checkpoint was trained on {config['num_users']} users and "
+                             f"{config['num_items']} items: not its dataset")
+    offsets, seen = seen_items_by_user(data.train_users, data.train_items, data.num_users)
+    results = recommend(model, users, data.num_items, offsets, seen, args.topk, args.max_rows)
+    write_recommendations(results, args.output, fmt, args.overwrite,
+                          {"checkpoint": os.path.abspath(args.load_checkpoint_path), "topk": args.topk,
+                           "excluded": "items in the training data"})
     print(f"recommend.py: top-{args.topk} items for {len(users)} user(s) -> {args.output}")
     return results
 
 
+# Bad input: exit 2 with one error line (recsys_common.cli.run_main); tests run the command line the same way.
+INPUT_ERRORS = (RecommendError, CheckpointError, DatasetError, FeatureSpecError)
+
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, prog="recommend.py", input_errors=INPUT_ERRORS)

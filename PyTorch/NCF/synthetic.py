@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import List, Optional
 
 import numpy as np
@@ -54,7 +53,8 @@ def write_csv(ratings: np.ndarray, path: str) -> None:
         np.savetxt(tmp, ratings, fmt="%d", delimiter=",", header="user_id,item_id,timestamp", comments="")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> str:
+    """Writes the ratings CSV; returns its path."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, help="CSV file to write")
     p.add_argument("--users", type=int, default=2000)
@@ -69,8 +69,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                        args.seed)
     write_csv(ratings, args.output)
     print(f"synthetic.py: {len(ratings)} interactions, {args.users} users, {args.items} items -> {args.output}")
-    return 0
+    return args.output
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, prog="synthetic.py")

@@ -10,6 +10,12 @@ import convert
 from recsys_common import movielens_ctr
 from convert import ConversionError
 from dataloading import load_dataset
+from recsys_common.cli import exit_status
+
+
+def cli(argv):
+    """``python convert.py ARGV``'s exit status (the command line's error line goes to stderr)."""
+    return exit_status(convert.main, argv, prog="convert.py", input_errors=convert.INPUT_ERRORS)
 
 ML100K_LINES = [  # user item rating timestamp, tab-separated like u.data
     (10, 5, 3, 100), (10, 6, 4, 300), (10, 7, 5, 200), (10, 6, 1, 50),  # (10, 6) twice: earliest kept
@@ -115,7 +121,7 @@ def test_bad_movielens_files_name_file_line_and_column(tmp_path, name, text, mes
     d.mkdir()
     path = write(d / name, text)
     before = sorted(os.listdir(d))
-    assert convert.main(["--path", path, "--output", str(tmp_path / "out")]) == 2
+    assert cli(["--path", path, "--output", str(tmp_path / "out")]) == 2
     with pytest.raises(ConversionError, match=message) as err:
         convert.read_ratings_columns(path)
     assert str(err.value).startswith(path)
@@ -138,7 +144,7 @@ def test_a_truncated_gzip_is_refused(tmp_path):
 
 def test_cli_exits_non_zero_with_the_message(tmp_path, capsys):
     bad = write(tmp_path / "mine.csv", "user_id,item_id,timestamp\n1,2\n")
-    assert convert.main(["--path", bad, "--output", str(tmp_path / "out")]) == 2
+    assert cli(["--path", bad, "--output", str(tmp_path / "out")]) == 2
     assert "mine.csv: line 2: expected 3" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -170,7 +176,7 @@ def _user_dir(tmp_path):
 def test_a_non_empty_output_directory_is_refused_without_overwrite(tmp_path, capsys):
     d = _user_dir(tmp_path)
     argv = ["--path", str(d / "ratings.csv"), "--format", "ml-20m", "--output", str(d), "--valid_negative", "2"]
-    assert convert.main(argv) == 2
+    assert cli(argv) == 2
     err = capsys.readouterr().err
     assert "output directory is not empty" in err and "--overwrite" in err
     assert sorted(os.listdir(d)) == ["notes.txt", "ratings.csv"]
@@ -182,12 +188,12 @@ def test_overwrite_replaces_only_the_tools_own_outputs(tmp_path, capsys):
     ratings_before = (d / "ratings.csv").read_bytes()
     argv = ["--path", str(d / "ratings.csv"), "--format", "ml-20m", "--output", str(d), "--valid_negative", "2",
             "--overwrite"]
-    assert convert.main(argv) == 0, capsys.readouterr().err
+    assert cli(argv) == 0, capsys.readouterr().err
     assert (d / "ratings.csv").read_bytes() == ratings_before and (d / "notes.txt").read_text() == "my notes\n"
     first = load_dataset(str(d))
     assert (first.num_users, first.samples_per_series) == (5, 3)
     # again, with another seed: the dataset is replaced, the user's files still stay
-    assert convert.main(argv + ["--seed", "7"]) == 0
+    assert cli(argv + ["--seed", "7"]) == 0
     visible = sorted(f for f in os.listdir(d) if not f.startswith("."))
     assert visible == ["feature_spec.yaml", "notes.txt", "ratings.csv", "test.parquet", "train.parquet"]
     assert (d / "ratings.csv").read_bytes() == ratings_before and (d / "notes.txt").read_text() == "my notes\n"
@@ -202,7 +208,7 @@ def test_an_output_file_named_like_the_input_is_refused(tmp_path, capsys):
         convert.check_output(str(d), [str(d / "test.parquet")], overwrite=True)
     # not an input, but not ours either: --overwrite still refuses to replace it, and nothing is written
     raw = write(tmp_path / "mine.csv", "user_id,item_id,timestamp\n1,2,3\n1,3,4\n2,2,1\n2,4,2\n")
-    assert convert.main(["--path", raw, "--output", str(d), "--valid_negative", "1", "--overwrite"]) == 2
+    assert cli(["--path", raw, "--output", str(d), "--valid_negative", "1", "--overwrite"]) == 2
     assert "test.parquet: exists and was not written by this tool" in capsys.readouterr().err
     assert sorted(os.listdir(d)) == ["test.parquet"]
 
@@ -219,7 +225,7 @@ def test_min_interactions_drops_sparse_users_and_reports_them(tmp_path, capsys):
     with pytest.raises(ConversionError, match=r"2 user\(s\) have a single distinct interaction .*--min_interactions"):
         convert.convert_ratings(path, valid_negative=1)  # the default keeps NVIDIA's behaviour: no filter
     out = tmp_path / "out"
-    assert convert.main(["--path", path, "--output", str(out), "--valid_negative", "1", "--min_interactions", "2"]) == 0
+    assert cli(["--path", path, "--output", str(out), "--valid_negative", "1", "--min_interactions", "2"]) == 0
     assert "--min_interactions 2: dropped 2 user(s) and 3 row(s)" in capsys.readouterr().out
     data = load_dataset(str(out))
     assert (data.num_users, data.num_items, len(data.train_users)) == (3, 3, 4)
@@ -244,7 +250,7 @@ def test_min_interactions_makes_a_random_movielens_sample_convertible(tmp_path, 
     with pytest.raises(ConversionError, match="single distinct interaction"):
         convert.convert_ratings(path, valid_negative=100)
     out = tmp_path / "out"
-    assert convert.main(["--path", path, "--output", str(out), "--min_interactions", "2"]) == 0
+    assert cli(["--path", path, "--output", str(out), "--min_interactions", "2"]) == 0
     assert f"dropped {lonely} user(s) and {lonely} row(s)" in capsys.readouterr().out
     data = load_dataset(str(out))
     assert data.num_users == len(users) - lonely and data.samples_per_series == 101
@@ -383,7 +389,7 @@ def test_output_is_byte_identical_to_the_previous_converter(tmp_path, monkeypatc
     scans = []   # the line-by-line reader takes over only where pyarrow refuses a block (ids written as 7.0)
     real_scan = movielens_ctr._scan_lines
     monkeypatch.setattr(movielens_ctr, "_scan_lines", lambda *a: scans.append(a) or real_scan(*a))
-    assert convert.main(["--path", path, "--output", str(out_new), "--format", fmt, "--valid_negative", "20",
+    assert cli(["--path", path, "--output", str(out_new), "--format", fmt, "--valid_negative", "20",
                          "--min_interactions", str(min_interactions)]) == 0
     assert len(scans) == (1 if case == "checked-path-float-ids" else 0), scans
     monkeypatch.setattr(movielens_ctr, "_scan_lines", real_scan)

@@ -22,10 +22,17 @@ import export_nvidia_checkpoint
 import ncf
 from dataloading import EvalSet, load_dataset
 from neumf import NeuMF, build_model, to_nvidia_state_dict
+from recsys_common.cli import exit_status
 
 FACTORS, LAYERS = 8, [16, 8, 4]
 SMALL = ["-b", "2048", "-n", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", str(FACTORS),
          "--layers", *map(str, LAYERS), "--valid_batch_size", "5000", "--seed", "3"]
+
+
+def export_cli(argv):
+    """``python export_nvidia_checkpoint.py ARGV``'s exit status."""
+    return exit_status(export_nvidia_checkpoint.main, argv, prog="export_nvidia_checkpoint.py",
+                       input_errors=(ncf.CheckpointError,))
 
 
 def nvidia_state_dict(num_users, num_items, factors=FACTORS, layers=LAYERS, seed=0):
@@ -105,14 +112,14 @@ def test_ncf_evaluates_a_bare_nvidia_model_pth_and_exports_its_own(tiny_data, tm
     ncf.main(["--data", tiny_data, *SMALL, "-e", "1", "--load_checkpoint_path", str(tmp_path / "model.pth"),
               "--checkpoint_dir", str(ckpt), "--log_path", str(tmp_path / "train.json")])
     out = tmp_path / "nvidia" / "model.pth"
-    assert export_nvidia_checkpoint.main(["--input", str(ckpt / "model.pth"), "--output", str(out)]) == 0
+    assert export_cli(["--input", str(ckpt / "model.pth"), "--output", str(out)]) == 0
     exported = torch.load(out, weights_only=True)
     assert set(exported) == set(state)
     ours = torch.load(ckpt / "model.pth", weights_only=True)["model"]
     assert torch.equal(exported["mlp.1.weight"], ours["mlp.mlp.3.weight"])  # dropout 0.5: Linear, ReLU, Dropout
     assert torch.equal(exported["final.bias"], ours["predictor.linear.bias"])
     # an existing output is never replaced
-    assert export_nvidia_checkpoint.main(["--input", str(ckpt / "model.pth"), "--output", str(out)]) == 2
+    assert export_cli(["--input", str(ckpt / "model.pth"), "--output", str(out)]) == 2
     assert "exists; refusing to overwrite it" in capsys.readouterr().err
 
 

@@ -11,6 +11,12 @@ import ncf
 import recommend
 from conftest import make_tiny_dataset
 from dataloading import load_dataset
+from recsys_common.cli import run_main
+
+
+def cli(argv):
+    """``python recommend.py ARGV``: exits (SystemExit), 2 with one error line for bad input."""
+    run_main(recommend.main, argv, prog="recommend.py", input_errors=recommend.INPUT_ERRORS)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,7 @@ def test_json_output_users_file_and_overwrite(trained, tmp_path):
     assert doc["recommendations"][0]["items"] == brute_force(trained["checkpoint"], trained["data"], 3, 4)[0]
     before = out.read_text()
     with pytest.raises(SystemExit) as err:
-        recommend.main(args)
+        cli(args)
     assert err.value.code == 2 and out.read_text() == before
     recommend.main(args + ["--overwrite", "-k", "2"])
     assert len(json.loads(out.read_text())["recommendations"][0]["items"]) == 2
@@ -92,7 +98,7 @@ def test_json_output_users_file_and_overwrite(trained, tmp_path):
 def test_bad_requests_are_clear_errors(trained, tmp_path, capsys, extra, message):
     out = tmp_path / "rec.csv"
     with pytest.raises(SystemExit) as err:
-        recommend.main(["--load_checkpoint_path", trained["checkpoint"], "--data", trained["data"], "--output",
+        cli(["--load_checkpoint_path", trained["checkpoint"], "--data", trained["data"], "--output",
                         str(out), *extra])
     assert err.value.code == 2
     assert message in capsys.readouterr().err
@@ -103,7 +109,7 @@ def test_bad_users_file_names_the_line(trained, tmp_path, capsys):
     users_file = tmp_path / "users.txt"
     users_file.write_text("1\n2\nabc\n")
     with pytest.raises(SystemExit):
-        recommend.main(["--load_checkpoint_path", trained["checkpoint"], "--data", trained["data"], "--users_file",
+        cli(["--load_checkpoint_path", trained["checkpoint"], "--data", trained["data"], "--users_file",
                         str(users_file), "--output", str(tmp_path / "r.csv")])
     assert f"{users_file}: line 3: user id 'abc' is not an integer" in capsys.readouterr().err
 
@@ -122,6 +128,6 @@ def test_bare_state_dict_with_wrong_layers_lists_the_shapes(trained, tmp_path, c
 def test_other_dataset_is_refused(trained, tmp_path, capsys):
     other = make_tiny_dataset(str(tmp_path), users=150, items=300, mean_per_user=25)
     with pytest.raises(SystemExit):
-        recommend.main(["--load_checkpoint_path", trained["checkpoint"], "--data", other, "--users", "0",
+        cli(["--load_checkpoint_path", trained["checkpoint"], "--data", other, "--users", "0",
                         "--output", str(tmp_path / "r.csv")])
     assert "not its dataset" in capsys.readouterr().err
