@@ -55,6 +55,7 @@ class DeployError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.serving.triton_options import add_batching_delay_arguments
     p = argparse.ArgumentParser(prog="python -m deployment.deploy", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint-dir", required=True,
@@ -78,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-format", default="onnx", choices=FORMATS + ("trt",),
                    help="format of the ensemble's dense model (trt: not available here)")
     p.add_argument("--max-batch-size", type=int, default=32768, help="Triton max_batch_size of every model")
-    p.add_argument("--dynamic-batching-delay-us", type=int, default=None,
-                   help="enable Triton's dynamic batcher with this max_queue_delay_microseconds (default: off)")
+    # --dynamic-batching-delay-us (the seed's), --max-queue-delay-us, or NVIDIA's PyTorch --triton-dyn-batching-delay
+    # in ms: one value in microseconds (recsys_common.serving.triton_options; default: no dynamic batcher)
+    add_batching_delay_arguments(p)
     p.add_argument("--engine-count-per-device", type=int, default=1,
                    help="model instances per device (Triton instance_group count)")
     p.add_argument("--cpu", action="store_true",
@@ -103,8 +105,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         if value in UNAVAILABLE_FORMATS and args.layout != "monolithic":
             raise DeployError(f"{flag} {value}: {UNAVAILABLE_FORMATS[value]}")
     for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--model-version", args.model_version, 1),
-                             ("--engine-count-per-device", args.engine_count_per_device, 1),
-                             ("--dynamic-batching-delay-us", args.dynamic_batching_delay_us, 0)):
+                             ("--engine-count-per-device", args.engine_count_per_device, 1)):
         if value is not None and value < low:
             raise DeployError(f"{flag} must be at least {low}, got {value}")
     return args
