@@ -96,7 +96,7 @@ def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[S
         failures: the error classes of a run that failed without a bug (exit 1, one line, no traceback).
             :class:`CheckFailedError` is always one.
         report: called with ``main``'s result before exiting 0 (prints a summary on the command line only).
-        with_type: put the error's class name in the line (``error: FloatingPointError: ...``).
+        with_type: put a failure's class name in its line (``error: FloatingPointError: ...``).
         hint: a second line after a bad-input error (``run with --help for the flags``); only after the classes
             in ``hint_errors`` when given (the flag errors, not a bad file).
     """
@@ -104,7 +104,7 @@ def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[S
     try:
         result = main(list(sys.argv[1:]) if argv is None else argv)
     except (InputError,) + tuple(input_errors) as error:
-        print(error_line(prog, error, with_type), file=sys.stderr)
+        print(error_line(prog, error), file=sys.stderr)   # a sentence about the input: no class name
         if hint and (not hint_errors or isinstance(error, hint_errors)):
             print(hint, file=sys.stderr)
         return 2
