@@ -275,6 +275,7 @@ def model_from_args(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from recsys_common.serving.triton_options import add_batching_delay_arguments
     p = argparse.ArgumentParser(prog="triton/export_model.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arguments(p)
@@ -287,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="formats to export (NVIDIA's mnemonics)")
     t.add_argument("--max-batch-size", type=int, default=131072, help="Triton max_batch_size")
     t.add_argument("--batching", choices=["dynamic", "disabled"], default="dynamic", help="Triton dynamic batching")
-    t.add_argument("--max-queue-delay-us", type=int, default=0, help="dynamic batching delay (microseconds)")
+    # --max-queue-delay-us (NVIDIA's W&D), --dynamic-batching-delay-us, or NVIDIA's PyTorch --triton-dyn-batching-delay
+    # in ms: one value in microseconds (recsys_common.serving.triton_options); 0 = batch without waiting
+    add_batching_delay_arguments(t, default_us=0)
     t.add_argument("--preferred-batch-sizes", type=int, nargs="*", default=None, help="dynamic batcher preference")
     t.add_argument("--engine-count-per-device", type=int, default=1, help="model instances (instance_group count)")
     t.add_argument("--device-kind", choices=["cpu", "gpu"], default="cpu", help="instance_group kind")
@@ -312,7 +315,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model, config, spec, args.model_repository, recipe=args.model,
             model_name=args.model_name or ("movielens" if args.model == MOVIELENS else "widedeep"),
             formats=args.output_types, version=args.model_version, max_batch_size=args.max_batch_size,
-            dynamic_batching=args.batching == "dynamic", max_queue_delay_us=args.max_queue_delay_us,
+            dynamic_batching=args.batching == "dynamic" and args.dynamic_batching_delay_us is not None,
+            max_queue_delay_us=args.dynamic_batching_delay_us or 0,
             preferred_batch_sizes=args.preferred_batch_sizes, instance_count=args.engine_count_per_device,
             instance_kind="KIND_GPU" if args.device_kind == "gpu" else "KIND_CPU", opset=args.onnx_opset,
             overwrite=args.overwrite)
