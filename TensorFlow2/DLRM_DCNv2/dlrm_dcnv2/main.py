@@ -687,15 +687,34 @@ def main(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> Dict[str,
         hvd_utils.shutdown()
 
 
-def cli(argv: Optional[Sequence[str]] = None, model: str = "dlrm") -> int:
-    """Command-line wrapper: exit status 0, or a one-line error on stderr and 1 (2 for flag errors)."""
+def split_model(argv: Sequence[str]):
+    """``(model, remaining argv)`` from ``--model X`` / ``--model=X``; model None when absent."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if arg.startswith("--model="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def cli(argv: Optional[Sequence[str]] = None, model: Optional[str] = "dlrm") -> int:
+    """The command line's exit status (recsys_common.cli): 2 for a bad flag (one ``error:`` line), 1 for a failed
+    run (``error: FloatingPointError: ...``: diverged, bad data, a launcher mismatch). ``model`` None: ``--model``
+    in ``argv`` picks it (NVIDIA's ``main.py``)."""
+    from recsys_common.cli import exit_status
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        main(argv, model)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except (FloatingPointError, ValueError, OSError, LauncherMismatchError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    return 0
+
+    def run_model(argv: Sequence[str]) -> Dict[str, Any]:
+        name, rest = (model, list(argv)) if model is not None else split_model(argv)
+        if name not in MODELS:
+            raise UsageError(f"main.py needs --model {{{','.join(MODELS)}}} (got {name!r}); or run dlrm.py / "
+                             f"dcnv2.py, which set the model and its defaults")
+        return main(rest, name)
+    return exit_status(run_model, argv, input_errors=(UsageError,), with_type=True,
+                       failures=(FloatingPointError, ValueError, OSError, LauncherMismatchError))
+
+
+def command(model: Optional[str] = None) -> None:
+    """``python dlrm.py`` / ``dcnv2.py`` / ``main.py --model X``: run and exit with :func:`cli`'s status."""
+    sys.exit(cli(None, model))
