@@ -43,18 +43,13 @@ def served_predictions(server_url: str, protocol: str, model_name: str, dataset:
                        timeout_s: float = 60.0, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` through the server, write ``output``; returns a summary. Raises ``ServingError``
     (unreachable server, a refused request), ``PredictError`` / FeatureSpec / dataset errors on bad input."""
-    from dlrm.scripts.predict import PredictError
+    from dlrm.scripts.predict import PredictError, check_output
     from recsys_common.io import write_predictions
     from recsys_common.datasets import open_reader
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.serving.client import InferenceClient
 
-    if batch_size < 1:
-        raise PredictError(f"--batch_size must be >= 1, got {batch_size}")
-    if not (output.endswith(".csv") or output.endswith(".npy")):
-        raise PredictError(f"--output {output}: name a .csv or .npy file")
-    if os.path.exists(output) and not overwrite:
-        raise PredictError(f"--output {output} exists; pass --overwrite to replace it")
+    check_output(output, overwrite, batch_size)   # the rules of dlrm.scripts.predict, before any request
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     spec = FeatureSpec.from_yaml(spec_path)
     if mapping not in spec.source_spec:

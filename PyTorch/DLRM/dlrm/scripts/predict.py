@@ -99,6 +99,20 @@ def _locate_bad_csv_value(spec, mapping: str) -> None:
                                            f"({spec.numpy_dtype(name)})")
 
 
+def check_output(output: str, overwrite: bool, batch_size: int) -> None:
+    """Refuse, before any work, what ``predict`` and the served ``deployment.client`` cannot write: a batch size below
+    1, an ``--output`` that is not ``.csv`` / ``.npy``, an existing one without ``--overwrite``, a missing directory.
+    Raises :class:`PredictError` naming the flag."""
+    if batch_size < 1:
+        raise PredictError(f"--batch_size must be >= 1, got {batch_size}")
+    if not (output.endswith(".csv") or output.endswith(".npy")):
+        raise PredictError(f"--output {output}: name a .csv or .npy file")
+    if os.path.exists(output) and not overwrite:
+        raise PredictError(f"--output {output} exists; pass --overwrite to replace it")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise PredictError(f"--output {output}: directory {os.path.dirname(os.path.abspath(output))} does not exist")
+
+
 def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: str = "feature_spec.yaml",
             mapping: str = "test", batch_size: int = 65536, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` of ``dataset``'s FeatureSpec with the checkpoint; write ``output``; return the
@@ -109,14 +123,7 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
     from recsys_common.io import write_predictions
     from recsys_common.metrics import roc_auc_score
 
-    if batch_size < 1:
-        raise PredictError(f"--batch_size must be >= 1, got {batch_size}")
-    if not (output.endswith(".csv") or output.endswith(".npy")):
-        raise PredictError(f"--output {output}: name a .csv or .npy file")
-    if os.path.exists(output) and not overwrite:
-        raise PredictError(f"--output {output} exists; pass --overwrite to replace it")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise PredictError(f"--output {output}: directory {os.path.dirname(os.path.abspath(output))} does not exist")
+    check_output(output, overwrite, batch_size)
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     spec = FeatureSpec.from_yaml(spec_path)
     channels = spec.channel_spec
