@@ -185,10 +185,9 @@ class Progress:
         unit: what ``done`` counts; ``scale`` divides the printed amounts (``2**20`` with unit ``MiB``) and
             ``digits`` their decimals.
         every: seconds between lines (an ``update(..., final=True)`` or reaching ``total`` always prints).
-        out: where lines go (default: stdout; pass ``log_to_stderr`` for tools whose stdout is data).
-
-    The training loops, which print in their own (NVIDIA's) formats, take only the figures: :meth:`rate` and
-    :meth:`seconds_left`.
+        out: where lines go (default: stdout; pass ``log_to_stderr`` for tools whose stdout is data); ``False``:
+            nowhere: the training loops, which print in their own (NVIDIA's) formats, take only the figures
+            (:meth:`rate`, :meth:`seconds_left`, over the window since :meth:`restart`).
 
         >>> clock = [0.0]
         >>> p = Progress("[tool] pass 1", 1000, every=5, out=print, clock=lambda: clock[0])
@@ -197,13 +196,16 @@ class Progress:
         [tool] pass 1: 600 of 1,000 rows (60.0 %), 100 rows/s, 0:00:04 left
         >>> p.set(1000)                              # done: always printed
         [tool] pass 1: 1,000 of 1,000 rows (100.0 %), 167 rows/s, 0:00:00 left
+        >>> loop = Progress("", 100, out=False, clock=lambda: clock[0])  # figures only
+        >>> clock[0] = 16.0; loop.set(20); loop.rate(), hms(loop.seconds_left())
+        (2.0, '0:00:40')
     """
 
     def __init__(self, what: str, total: float, unit: str = "rows", every: float = 5.0, out=None,
                  scale: float = 1.0, digits: int = 0, estimated: bool = False, clock=time.monotonic):
         self.what, self.total, self.unit, self.every = what, total, unit, every
         self.scale, self.digits, self.estimated = scale, digits, estimated
-        self.out = out if out is not None else (lambda line: print(line, flush=True))
+        self.out = (lambda line: print(line, flush=True)) if out is None else out
         self.clock = clock
         self.started = self.last = clock()
         self.done = 0
@@ -215,11 +217,20 @@ class Progress:
     def set(self, done: float, final: bool = False) -> None:
         """``done`` so far; prints when due (``final``, or ``done`` reached ``total``: always)."""
         self.done = done
+        if self.out is False:
+            return
         now = self.clock()
         if not final and done < self.total and now - self.last < self.every:
             return
         self.last = now
         self.out(self.line())
+
+    def restart(self, total: Optional[float] = None) -> None:
+        """Measure from now on (a new window: nothing done yet), towards ``total`` when given."""
+        self.started = self.last = self.clock()
+        self.done = 0
+        if total is not None:
+            self.total = total
 
     def rate(self, now: Optional[float] = None) -> float:
         """Units done per second since the start."""
@@ -239,9 +250,10 @@ class Progress:
                 f"{number.format(self.rate(now) / self.scale)} {self.unit}/s, {hms(self.seconds_left(now))} left")
 
 
-def check_finite(value: float, message: str, **fields: Any) -> float:
-    """``value`` when finite, else a ``FloatingPointError`` with ``message`` formatted with ``value`` and ``fields``
-    (only then: no string is built on the good path): the one NaN/inf check of the training loops' host-side losses.
+def check_finite(value: float, message: str, error_type: type = FloatingPointError, **fields: Any) -> float:
+    """``value`` when finite, else ``error_type`` (a recipe's own, or ``FloatingPointError``) with ``message``
+    formatted with ``value`` and ``fields`` (only then: no string is built on the good path): the one NaN/inf check
+    of the training loops' host-side losses.
 
         >>> check_finite(0.5, "loss {value}")
         0.5
@@ -251,7 +263,7 @@ def check_finite(value: float, message: str, **fields: Any) -> float:
         FloatingPointError: training loss is nan at step 3; lower --lr
     """
     if not math.isfinite(value):
-        raise FloatingPointError(message.format(value=value, **fields))
+        raise error_type(message.format(value=value, **fields))
     return value
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -281,125 +282,199 @@ def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------------------- training
-def train(args, ctx, trainable, amp: _Amp, train_data, test_data, logger, start: Dict[str, Any],
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop's settings, read once from the flags (:meth:`from_flags`); the loop sees nothing else.
+
+    ``schedule``: the learning-rate schedule's arguments (``LearningRateSchedule(**schedule)``: NVIDIA's warmup, then
+    polynomial decay); ``test_freq`` None evaluates after each epoch; ``print_freq`` 0 never prints.
+    """
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    batch_size: int = 32768
+    schedule: Dict[str, float] = field(default_factory=dict)
+    print_freq: int = 200
+    test_freq: Optional[int] = None
+    test_after: float = 0.0
+    auc_threshold: Optional[float] = None
+    benchmark_warmup_steps: int = 0
+    cuda_graphs: bool = False
+
+    @classmethod
+    def from_flags(cls, args) -> "TrainConfig":
+        return cls(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
+                   schedule={"base_lr": args.lr, "warmup_steps": args.warmup_steps,
+                             "warmup_factor": args.warmup_factor, "decay_start_step": args.decay_start_step,
+                             "decay_steps": args.decay_steps, "decay_power": args.decay_power,
+                             "end_lr": args.decay_end_lr},
+                   print_freq=args.print_freq, test_freq=args.test_freq, test_after=args.test_after,
+                   auc_threshold=args.auc_threshold, benchmark_warmup_steps=args.benchmark_warmup_steps,
+                   cuda_graphs=args.cuda_graphs)
+
+
+class _LossWindow:
+    """The losses since the last progress line, per process, kept on the device (no host sync per step); a
+    checkpoint saves them, so the first line printed after a resume equals the uninterrupted run's."""
+
+    def __init__(self, device, rank: int, world_size: int, saved: Optional[Dict[str, Any]] = None):
+        import torch
+        self.device, self.rank, self.world_size = device, rank, world_size
+        self.sum = torch.zeros((), device=device)
+        self.count = 0
+        if saved:  # the unprinted losses of the killed run
+            sums = saved["sums"]
+            self.sum.fill_(sums[rank] if len(sums) == world_size else sum(sums) / len(sums))
+            self.count = int(saved["count"])
+
+    def add(self, loss) -> None:
+        self.sum += loss.detach()
+        self.count += 1
+
+    def mean_over_ranks(self) -> float:
+        return _mean_over_ranks(self.sum.item(), self.count, self.device)
+
+    def reset(self) -> None:
+        self.sum.zero_()
+        self.count = 0
+
+    def saved(self) -> Dict[str, Any]:
+        """Collective: every process's sum, for a checkpoint."""
+        from dlrm.utils.distributed import all_gather_1d
+        return {"sums": all_gather_1d(self.sum.reshape(1).double()).tolist(), "count": self.count}
+
+
+class _StepTimer:
+    """Training throughput over the steps after ``--benchmark_warmup_steps`` (counted from the resumed step)."""
+
+    def __init__(self, warmup_steps: int, first_step: int, device):
+        self.warmup_end = first_step + warmup_steps if warmup_steps else None
+        self.device = device
+        self.start = time.perf_counter() if not warmup_steps else None
+        self.steps = 0
+
+    def step(self, global_step: int) -> None:
+        if global_step == self.warmup_end:
+            _sync(self.device)
+            self.start, self.steps = time.perf_counter(), 0
+        elif self.start is not None:
+            self.steps += 1
+
+    def results(self, batch_size: int) -> Dict[str, float]:
+        if self.start is None or self.steps == 0:
+            return {}
+        elapsed = time.perf_counter() - self.start
+        return {"train_throughput": self.steps * batch_size / elapsed, "train_step_time": elapsed / self.steps}
+
+
+def train(config: TrainConfig, ctx, trainable, amp: _Amp, train_data, test_data, logger, start: Dict[str, Any],
           checkpoints=None) -> Dict[str, Any]:
-    """Train from position ``start`` (empty, or a checkpoint's); ``checkpoints``: a ``CheckpointSaver`` or None."""
+    """Train from position ``start`` (empty, or a checkpoint's); ``checkpoints``: a ``CheckpointSaver`` or None.
+
+    Each step: forward/backward/update -> progress line every ``print_freq`` -> evaluation every ``test_freq``
+    (or at each epoch's end) -> checkpoint when its policy says so. Returns the evaluations, the last mean loss,
+    the throughput and the position reached.
+    """
     import torch
     from dlrm.utils.distributed import barrier
     from dlrm.utils.lr_schedule import LearningRateSchedule
-    from recsys_common.logger import hms
-    schedule = LearningRateSchedule(args.lr, args.warmup_steps, args.warmup_factor, args.decay_start_step,
-                                    args.decay_steps, args.decay_power, args.decay_end_lr)
+    from recsys_common.logger import Progress, check_finite, hms
+    schedule = LearningRateSchedule(**config.schedule)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     steps_per_epoch = len(train_data)
     global_step = start.get("global_step", 0)
     epoch = start.get("epoch", 0)
-    step_in_epoch = start.get("step_in_epoch", 0)
     # A checkpoint taken at an epoch's last step (step_in_epoch == steps_per_epoch) resumes into that epoch's end:
     # the loop below then reads no batch and runs the end-of-epoch evaluation the killed run may not have reached.
-    max_steps = args.max_steps
+    step_in_epoch = start.get("step_in_epoch", 0)
     results: Dict[str, Any] = {"evaluations": []}
-    timed_steps, timed_start = 0, None
-    stop = max_steps is not None and global_step >= max_steps
+    stop = config.max_steps is not None and global_step >= config.max_steps
     last_eval_step = -1
-    loss_accumulator = torch.zeros((), device=ctx.device)
-    loss_count = 0
-    window = start.get("loss_window")
-    if window:  # the unprinted losses of the killed run, so the next printed mean is the uninterrupted run's
-        sums = window["sums"]
-        own = sums[ctx.rank] if len(sums) == ctx.world_size else sum(sums) / len(sums)
-        loss_accumulator.fill_(own)
-        loss_count = int(window["count"])
+    losses = _LossWindow(ctx.device, ctx.rank, ctx.world_size, start.get("loss_window"))
     nonfinite = _NonFiniteLoss(ctx.device, checkpoints)
-    last_print = time.perf_counter()
-    graphs = _maybe_graph_mlps(args, ctx, trainable, amp, train_data)
-    if args.benchmark_warmup_steps == 0:
-        timed_start = time.perf_counter()
+    timer = _StepTimer(config.benchmark_warmup_steps, global_step, ctx.device)
+    graphs = _maybe_graph_mlps(config.cuda_graphs, ctx, trainable, amp, train_data)
+    window = Progress("train", steps_per_epoch, unit="steps", out=False)  # the figures of one print window
 
-    def position() -> Dict[str, Any]:
-        """Where training stands, to resume from: data position (the LR schedule follows global_step) and the
-        losses accumulated since the last print, per process (collective)."""
-        from dlrm.utils.distributed import all_gather_1d
-        sums = all_gather_1d(loss_accumulator.reshape(1).double()).tolist()
-        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
-                "loss_window": {"sums": sums, "count": loss_count}}
+    def training_step(numerical, categorical, label):
+        trainable.zero_grad(amp.scaler)  # with a scaler, also unscales the fused tables' gradient in backward
+        with amp.autocast():
+            logits = graphs.forward(numerical, categorical) if graphs else trainable.module(numerical, categorical)
+        loss = loss_fn(logits.float(), label)
+        (amp.scaler.scale(loss) if amp.scaler is not None else loss).backward()
+        trainable.step(amp.scaler)  # the scaler steps only optimizers with .grad (not TorchRec's fused one)
+        return loss
 
-    def run_eval(tag_step: int, tag_epoch: int) -> bool:
+    def print_progress(lr: float) -> None:
+        """NVIDIA's line: ``Epoch:[e/E] [s/S] eta: H:MM:SS loss: ... step_time: ... lr: ...``."""
+        nonfinite.check()
+        mean_loss = losses.mean_over_ranks()
+        window.total = steps_per_epoch - step_in_epoch + losses.count  # the eta: what is left of the epoch
+        window.set(losses.count)
+        step_time = 1.0 / window.rate()
+        if ctx.is_main:
+            print(f"Epoch:[{epoch}/{config.epochs}] [{step_in_epoch}/{steps_per_epoch}] "
+                  f"eta: {hms(window.seconds_left())} loss: {mean_loss:.4f} step_time: {step_time:.6f} lr: {lr:.4f}",
+                  flush=True)
+        logger.log(step=(epoch, global_step), data={"loss": mean_loss, "lr": lr, "step_time": step_time})
+        results["train_loss"] = mean_loss
+        losses.reset()
+        window.restart()
+        check_finite(mean_loss, "training loss became {value} at step {step}; lower --lr or lengthen "
+                                "--warmup_steps", step=global_step)
+
+    def evaluate_now(tag_epoch: int) -> bool:
+        """Evaluate at ``global_step``; True when ``--auc_threshold`` is reached (stop)."""
         nonlocal last_eval_step
         nonfinite.check()
-        last_eval_step = tag_step
+        last_eval_step = global_step
         metrics = evaluate(trainable, test_data(), amp)
-        results["evaluations"].append({"step": tag_step, **metrics})
-        logger.log(step=(tag_epoch, tag_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"]})
-        return args.auc_threshold is not None and metrics["auc"] >= args.auc_threshold
+        results["evaluations"].append({"step": global_step, **metrics})
+        logger.log(step=(tag_epoch, global_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"]})
+        return config.auc_threshold is not None and metrics["auc"] >= config.auc_threshold
 
-    while not stop and epoch < args.epochs:
+    def position() -> Dict[str, Any]:
+        """Where training stands, to resume from (collective): data position (the LR schedule follows
+        global_step) and the losses accumulated since the last progress line."""
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
+                "loss_window": losses.saved()}
+
+    while not stop and epoch < config.epochs:
         train_data.set_epoch(epoch)
         for numerical, categorical, label, _ in train_data.iterate(step_in_epoch):
-            if max_steps is not None and global_step >= max_steps:
+            if config.max_steps is not None and global_step >= config.max_steps:
                 stop = True
                 break
             global_step += 1
             step_in_epoch += 1
             lr = schedule.apply(trainable.optimizers, global_step)
-            trainable.zero_grad(amp.scaler)  # with a scaler, also unscales the fused tables' gradient in backward
-            with amp.autocast():
-                logits = graphs.forward(numerical, categorical) if graphs else trainable.module(numerical, categorical)
-            loss = loss_fn(logits.float(), label)
-            (amp.scaler.scale(loss) if amp.scaler is not None else loss).backward()
-            trainable.step(amp.scaler)  # the scaler steps only optimizers with .grad (not TorchRec's fused one)
-            loss_accumulator += loss.detach()
+            loss = training_step(numerical, categorical, label)
+            losses.add(loss)
             nonfinite.record(loss, global_step)
-            loss_count += 1
-            if args.benchmark_warmup_steps and global_step == args.benchmark_warmup_steps + start.get("global_step", 0):
-                _sync(ctx.device)
-                timed_start, timed_steps = time.perf_counter(), 0
-            elif timed_start is not None:
-                timed_steps += 1
-            if args.print_freq and global_step % args.print_freq == 0:
-                nonfinite.check()
-                now = time.perf_counter()
-                mean_loss = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
-                step_time = (now - last_print) / loss_count
-                eta = step_time * (steps_per_epoch - step_in_epoch)
-                if ctx.is_main:
-                    print(f"Epoch:[{epoch}/{args.epochs}] [{step_in_epoch}/{steps_per_epoch}] "
-                          f"eta: {hms(eta)} loss: {mean_loss:.4f} step_time: {step_time:.6f} lr: {lr:.4f}",
-                          flush=True)
-                logger.log(step=(epoch, global_step), data={"loss": mean_loss, "lr": lr, "step_time": step_time})
-                results["train_loss"] = mean_loss
-                loss_accumulator.zero_()
-                loss_count, last_print = 0, now
-                if not math.isfinite(mean_loss):
-                    raise FloatingPointError(f"training loss became {mean_loss} at step {global_step}; lower --lr "
-                                             f"or lengthen --warmup_steps")
-            epochs_done = epoch + step_in_epoch / steps_per_epoch
-            if args.test_freq and global_step % args.test_freq == 0 and epochs_done >= args.test_after:
-                if run_eval(global_step, epoch):
-                    logger.log(step=(epoch, global_step), data={"early_stop": f"AUC >= {args.auc_threshold}"})
-                    stop = True
-                    break
+            timer.step(global_step)
+            if config.print_freq and global_step % config.print_freq == 0:
+                print_progress(lr)
+            if config.test_freq and global_step % config.test_freq == 0 and \
+                    epoch + step_in_epoch / steps_per_epoch >= config.test_after and evaluate_now(epoch):
+                logger.log(step=(epoch, global_step), data={"early_stop": f"AUC >= {config.auc_threshold}"})
+                stop = True
+                break
             if checkpoints is not None and checkpoints.due(global_step):
                 nonfinite.check()  # never save weights a non-finite loss has touched
                 checkpoints.save(position())
         else:  # epoch finished
             epoch += 1
             step_in_epoch = 0
-            if not args.test_freq and epoch >= args.test_after and last_eval_step != global_step:
-                if run_eval(global_step, epoch - 1):
-                    stop = True
+            if not config.test_freq and epoch >= config.test_after and last_eval_step != global_step:
+                stop = evaluate_now(epoch - 1)
             continue
         break
     _sync(ctx.device)
     nonfinite.check()
-    if loss_count:
-        results["train_loss"] = _mean_over_ranks(loss_accumulator.item(), loss_count, ctx.device)
-    if timed_start is not None and timed_steps > 0:
-        elapsed = time.perf_counter() - timed_start
-        results["train_throughput"] = timed_steps * args.batch_size / elapsed
-        results["train_step_time"] = elapsed / timed_steps
-    if last_eval_step != global_step and (args.max_steps is None or global_step > 0 or args.mode == "train"):
-        run_eval(global_step, epoch)
+    if losses.count:
+        results["train_loss"] = losses.mean_over_ranks()
+    results.update(timer.results(config.batch_size))
+    if last_eval_step != global_step:
+        evaluate_now(epoch)
     results["global_step"] = global_step
     results["position"] = position()
     barrier()
@@ -475,8 +550,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _maybe_graph_mlps(args, ctx, trainable, amp, train_data):
-    if not args.cuda_graphs:
+def _maybe_graph_mlps(cuda_graphs: bool, ctx, trainable, amp, train_data):
+    if not cuda_graphs:
         return None
     if ctx.device.type != "cuda":
         warnings.warn("--cuda_graphs needs CUDA; running without CUDA graphs on the CPU", stacklevel=2)
@@ -492,7 +567,8 @@ def _maybe_graph_mlps(args, ctx, trainable, amp, train_data):
 
 
 # ---------------------------------------------------------------------------------------------- inference benchmark
-def inference_benchmark(args, ctx, trainable, amp: _Amp, info) -> Dict[str, Any]:
+def inference_benchmark(batch_sizes: Sequence[int], steps: int, ctx, trainable, amp: _Amp, info,
+                        synthetic: bool, seed: int, hash_indices: bool) -> Dict[str, Any]:
     """Per batch size: samples/s and mean/p90/p95/p99 latency of forward passes (this process's batches).
 
     ``latencies_ms`` keeps every timed step's latency, so the figures can be checked against them; it goes into the
@@ -503,20 +579,19 @@ def inference_benchmark(args, ctx, trainable, amp: _Amp, info) -> Dict[str, Any]
     from dlrm.data import SplitBinaryBatches, SyntheticBatches
     model = trainable.core
     model.eval()
-    synthetic = args.synthetic_dataset or args.dataset_type == "synthetic_gpu"
     out = {}
-    for batch_size in _ints(args.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"):
+    for batch_size in batch_sizes:
         global_batch = batch_size * ctx.world_size
         if synthetic:
             data = SyntheticBatches(info, global_batch * 4, global_batch, ctx.device, ctx.rank, ctx.world_size,
-                                    seed=args.seed, pool_size=4)
+                                    seed=seed, pool_size=4)
         else:
             data = SplitBinaryBatches(info, "test", global_batch, ctx.device, ctx.rank, ctx.world_size,
-                                      training=True, hash_indices=args.hash_indices)
+                                      training=True, hash_indices=hash_indices)
         batches = [b for _, b in zip(range(4), data)]
         latencies = []
         with torch.no_grad():
-            for step in range(args.inference_benchmark_steps + 10):
+            for step in range(steps + 10):
                 numerical, categorical, _, _ = batches[step % len(batches)]
                 _sync(ctx.device)
                 begin = time.perf_counter()
@@ -596,14 +671,19 @@ def run(args) -> Dict[str, Any]:
                 resumed_from = meta["path"]
                 logger.log(step=(start.get("epoch", 0), start.get("global_step", 0)),
                            data={"resumed_from": resumed_from})
-        saver = _checkpoint_saver(args, ctx, trainable, amp, config.to_dict(), training, resumed_from)
+        saver = None
+        if args.mode == "train":
+            saver = _checkpoint_saver(args.save_checkpoint_path, args.checkpoint_every_steps,
+                                      args.checkpoint_every_minutes, args.keep_checkpoints, ctx, trainable, amp,
+                                      config.to_dict(), training, resumed_from)
         results: Dict[str, Any] = {"mode": args.mode, "embedding_type": embedding_type,
                                    "world_size": ctx.world_size, "device": str(ctx.device),
                                    "amp": amp.dtype_name}
         if args.mode in ("train", "test"):
             test_data()  # open (and so check) the test mapping before spending time on training
         if args.mode == "train":
-            results.update(train(args, ctx, trainable, amp, train_data(), test_data, logger, start, saver))
+            results.update(train(TrainConfig.from_flags(args), ctx, trainable, amp, train_data(), test_data, logger,
+                                 start, saver))
             if results["evaluations"]:
                 last = results["evaluations"][-1]
                 results["auc"], results["test_loss"] = last["auc"], last["loss"]
@@ -617,7 +697,11 @@ def run(args) -> Dict[str, Any]:
             results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"],
                             "test_auc_rows_gathered": metrics["auc_rows_gathered"]})
         else:
-            results["inference"] = inference_benchmark(args, ctx, trainable, amp, info)
+            results["inference"] = inference_benchmark(
+                _ints(args.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
+                args.inference_benchmark_steps, ctx, trainable, amp, info,
+                synthetic=args.synthetic_dataset or args.dataset_type == "synthetic_gpu", seed=args.seed,
+                hash_indices=args.hash_indices)
         summary = {k: v for k, v in results.items() if k not in ("evaluations", "position")}
         if "inference" in summary:  # the per-step latencies stay out of the log
             summary["inference"] = {b: {k: v for k, v in r.items() if k != "latencies_ms"}
@@ -643,16 +727,16 @@ def _drop_frames_of_failed_call() -> None:
         traceback.clear_frames(error.__traceback__.tb_next)
 
 
-def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], training: Dict[str, Any],
+def _checkpoint_saver(root: Optional[str], every_steps: Optional[int], every_minutes: Optional[float], keep: int,
+                      ctx, trainable, amp, config: Dict[str, Any], training: Dict[str, Any],
                       resumed_from: Optional[str]):
-    """The ``CheckpointSaver`` of a training run with --save_checkpoint_path, else None (checking the flags)."""
+    """The ``CheckpointSaver`` of a training run saving under ``root`` (--save_checkpoint_path), else None (checking
+    the flags)."""
     from dlrm.utils import checkpointing
-    periodic = args.checkpoint_every_steps is not None or args.checkpoint_every_minutes is not None
-    if args.mode != "train" or not args.save_checkpoint_path:
-        if periodic and args.mode == "train":
+    if not root:
+        if every_steps is not None or every_minutes is not None:
             raise ValueError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
         return None
-    root = args.save_checkpoint_path
     # First, and on every rank: a multi-node job needs the directory on a shared file system.
     checkpointing.check_shared_root(root, ctx.rank, ctx.world_size, ctx.device)
     existing = checkpointing.list_checkpoints(root)
@@ -663,8 +747,7 @@ def _checkpoint_saver(args, ctx, trainable, amp, config: Dict[str, Any], trainin
             f"{root}: already holds checkpoints of another run (newest: {existing[-1][1]}); pass "
             f"--load_checkpoint_path {root} to resume that run, or choose a new --save_checkpoint_path")
     saver = checkpointing.CheckpointSaver(root, trainable, config, training, ctx.rank, ctx.world_size, ctx.device,
-                                          amp.scaler, args.checkpoint_every_steps, args.checkpoint_every_minutes,
-                                          args.keep_checkpoints)
+                                          amp.scaler, every_steps, every_minutes, keep)
     if existing:  # resumed from the newest checkpoint here: its step is saved already
         saver.last_step, saver.last_path = existing[-1][0], existing[-1][1]
     return saver
