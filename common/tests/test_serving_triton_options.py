@@ -146,3 +146,16 @@ def test_torch_export_writes_the_delay_and_matches_eager(tmp_path):
     with pytest.raises(torch_export.ExportError, match="choose one"):
         torch_export.selected_formats(False, True, True)
     assert torch_export.selected_formats(False, False, False) == ["onnx", "ts-script"]
+
+
+def test_pytorch_export_path_imports_no_tensorflow():
+    """The PyTorch recipes run on GPU machines with torch but without TensorFlow: the shared export modules must not
+    pull it in (a fresh interpreter, so that no other test's import hides it)."""
+    import subprocess
+    import sys
+    code = ("import sys; import recsys_common.serving.torch_export, recsys_common.serving.triton_options, "
+            "recsys_common.serving.rows, recsys_common.serving.latency, recsys_common.flags; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras', "
+            "'torchrec', 'fbgemm_gpu')); print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

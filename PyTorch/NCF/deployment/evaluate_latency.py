@@ -24,8 +24,9 @@ for _path in (HERE, RECIPE, os.path.join(os.path.dirname(os.path.dirname(RECIPE)
 
 import numpy as np  # noqa: E402
 
-from ncf_export import OUTPUT_NAME  # noqa: E402
+from ncf_export import OUTPUT_NAME, sidecar  # noqa: E402
 from recsys_common.serving import latency  # noqa: E402
+from recsys_common.serving.rows import random_row_maker  # noqa: E402
 
 
 def input_maker(data_dir: Optional[str], n_users: Optional[int], n_items: Optional[int],
@@ -44,11 +45,8 @@ def input_maker(data_dir: Optional[str], n_users: Optional[int], n_items: Option
         return make_inputs
     if not n_users or not n_items:
         raise ValueError("give --data, or --n_users and --n_items")
-
-    def make_random(batch_size: int) -> Dict[str, np.ndarray]:
-        return {"user": rng.integers(0, n_users, size=(batch_size, 1), dtype=np.int64),
-                "item": rng.integers(0, n_items, size=(batch_size, 1), dtype=np.int64)}
-    return make_random
+    # the served model's inputs as its sidecar describes them (ids below --n_users / --n_items)
+    return random_row_maker(sidecar({"num_users": n_users, "num_items": n_items}, None)["inputs"], seed)
 
 
 def build_parser() -> argparse.ArgumentParser:

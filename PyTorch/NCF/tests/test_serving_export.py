@@ -131,3 +131,15 @@ def test_out_of_range_ids_are_flagged_inside_every_exported_format(model, tmp_pa
         assert out.shape == (8, 1), name
         assert np.isnan(out[sorted(bad_rows), 0]).all(), (name, out[:, 0])
         np.testing.assert_allclose(out[good, 0], clean, atol=1e-6, err_msg=name)
+
+
+def test_latency_requests_without_data_are_valid_ids():
+    """``evaluate_latency`` without ``--data`` draws the served model's inputs from its sidecar description: int64
+    ``[B, 1]``, every id in range, both ends of each table reached."""
+    import evaluate_latency
+    batch = evaluate_latency.input_maker(None, USERS, ITEMS)(4000)
+    for name, rows in (("user", USERS), ("item", ITEMS)):
+        assert batch[name].shape == (4000, 1) and batch[name].dtype == np.int64
+        assert (batch[name].min(), batch[name].max()) == (0, rows - 1), name
+    with pytest.raises(ValueError, match="give --data, or --n_users and --n_items"):
+        evaluate_latency.input_maker(None, USERS, None)
