@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from recsys_common.horovod_launch import LauncherMismatchError
@@ -504,7 +505,8 @@ def run(args) -> Dict[str, Any]:
                                else _flatten_inference(results["inference"]))
             return results
 
-        return _train(args, ctx, model, evaluator, config, training, logger, policy)
+        return _train(TrainConfig.from_flags(args, policy), ctx, model, evaluator, config, training, logger, policy,
+                      lambda mapping, batch: open_data(args, ctx, model.sparse, mapping, batch))
     finally:
         logger.close()
 
@@ -513,23 +515,136 @@ def _flatten_inference(per_size: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {f"{k}_bs{size}": v for size, r in per_size.items() for k, v in r.items() if k != "latencies_ms"}
 
 
-def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dict[str, Any]:
-    """The training loop of ``--mode train`` (see the module docstring); returns the results."""
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop's settings, read once from the flags (:meth:`from_flags`); the loop sees nothing else."""
+    model: str = "dlrm"
+    epochs: int = 1
+    max_steps: int = -1                  # <= 0: no limit
+    batch_size: int = 65536              # global
+    valid_batch_size: int = 65536
+    learning_rate: float = 24.0
+    warmup_steps: int = 8000
+    decay_start_step: int = 48000
+    decay_steps: int = 24000
+    optimizer: str = "sgd"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    loss_scale: Optional[float] = None   # float16 only
+    xla: bool = False
+    run_eagerly: bool = False
+    print_freq: int = 100
+    evals_per_epoch: int = 1
+    profiler_start_step: Optional[int] = None
+    profiled_rank: int = 0
+    profile_dir: str = "profile"
+    save_checkpoint_path: Optional[str] = None
+    restore_checkpoint_path: Optional[str] = None
+    checkpoint_every_steps: Optional[int] = None
+    checkpoint_every_minutes: Optional[float] = None
+    keep_checkpoints: int = 2
+    overwrite: bool = False
+
+    @classmethod
+    def from_flags(cls, args, policy: str) -> "TrainConfig":
+        return cls(model=args.model, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
+                   valid_batch_size=args.valid_batch_size, learning_rate=args.learning_rate,
+                   warmup_steps=args.warmup_steps, decay_start_step=args.decay_start_step,
+                   decay_steps=args.decay_steps, optimizer=args.optimizer, beta1=args.beta1, beta2=args.beta2,
+                   loss_scale=args.loss_scale if policy == "mixed_float16" else None, xla=args.xla,
+                   run_eagerly=args.run_eagerly, print_freq=args.print_freq, evals_per_epoch=args.evals_per_epoch,
+                   profiler_start_step=args.profiler_start_step, profiled_rank=args.profiled_rank,
+                   profile_dir=os.path.join(os.path.dirname(args.log_path) or ".", "profile"),
+                   save_checkpoint_path=args.save_checkpoint_path,
+                   restore_checkpoint_path=args.restore_checkpoint_path,
+                   checkpoint_every_steps=args.checkpoint_every_steps,
+                   checkpoint_every_minutes=args.checkpoint_every_minutes, keep_checkpoints=args.keep_checkpoints,
+                   overwrite=args.overwrite)
+
+
+class _Profiler:
+    """``--profiler_start_step``: a TensorFlow profile of 10 steps of one rank (``--profiled_rank``)."""
+
+    def __init__(self, start_step: Optional[int], on_this_rank: bool, directory: str):
+        self.start_step = start_step if on_this_rank else None
+        self.directory, self.active = directory, False
+
+    def step(self, global_step: int) -> None:
+        if self.start_step is None:
+            return
+        import tensorflow as tf
+        if global_step == self.start_step:
+            tf.profiler.experimental.start(self.directory)
+            self.active = True
+        elif self.active and global_step == self.start_step + 10:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.active:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            self.active = False
+
+
+class _Throughput:
+    """Training time and samples: whole loop iterations (waiting for the batch + the step), not evaluations or
+    checkpoint saves (:meth:`pause` after those); the run's first step (tracing / XLA compilation) is left out of
+    the totals. The progress line's rate is over the print window (training time only, as the totals)."""
+
+    def __init__(self, first_step: int, total_steps: int, batch_size: int):
+        self.first_step, self.total_samples = first_step, total_steps * batch_size
+        self.train_time, self.samples, self.steps = 0.0, 0, 0
+        self.window_time, self.window_rows = 0.0, 0
+        self.tick = time.perf_counter()
+
+    def pause(self) -> None:
+        self.tick = time.perf_counter()
+
+    def step(self, global_step: int, rows: int) -> None:
+        now = time.perf_counter()
+        elapsed, self.tick = now - self.tick, now
+        if global_step > self.first_step + 1:  # the first step traces/compiles
+            self.train_time += elapsed
+            self.samples += rows
+            self.steps += 1
+        self.window_time += elapsed
+        self.window_rows += rows
+
+    def window_figures(self, global_step: int, batch_size: int):
+        """``(samples/s, seconds left)`` over the window since the last call; starts a new window."""
+        rate = self.window_rows / max(self.window_time, 1e-9)
+        left = (self.total_samples - global_step * batch_size) / max(rate, 1e-9)
+        self.window_time, self.window_rows = 0.0, 0
+        return rate, left
+
+    def results(self) -> Dict[str, float]:
+        return {"throughput": self.samples / self.train_time if self.train_time > 0 else float("nan"),
+                "mean_step_time_ms": 1000.0 * self.train_time / self.steps if self.steps else float("nan")}
+
+
+def _train(cfg: TrainConfig, ctx, model, evaluator, config, training, logger, policy,
+           open_split) -> Dict[str, Any]:
+    """The training loop of ``--mode train`` (see the module docstring); returns the results.
+
+    ``open_split(mapping, global_batch)``: this rank's batches of a split. Each step: train step -> NaN check ->
+    progress every ``print_freq`` -> evaluation at the epoch's evaluation points -> checkpoint when due.
+    """
     import numpy as np
     from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
     from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
     from dlrm_dcnv2.nn.optimizers import create_optimizers
     from dlrm_dcnv2.nn.trainer import Trainer
     from dlrm_dcnv2.utils import checkpointing
+    from recsys_common.logger import check_finite
 
-    schedule = WarmupPolyDecay(args.learning_rate, args.warmup_steps, args.decay_start_step, args.decay_steps)
-    dense_optimizer, embedding_optimizer = create_optimizers(args.optimizer, schedule, beta1=args.beta1,
-                                                             beta2=args.beta2)
+    schedule = WarmupPolyDecay(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
+    dense_optimizer, embedding_optimizer = create_optimizers(cfg.optimizer, schedule, beta1=cfg.beta1,
+                                                             beta2=cfg.beta2)
     optimizers = (dense_optimizer, embedding_optimizer)
 
     start_step, start_epoch, start_batch = 0, 0, 0
-    if args.restore_checkpoint_path:
-        state = checkpointing.restore_checkpoint(args.restore_checkpoint_path, model, optimizers, ctx,
+    if cfg.restore_checkpoint_path:
+        state = checkpointing.restore_checkpoint(cfg.restore_checkpoint_path, model, optimizers, ctx,
                                                  config=config, training=training, load_optimizer=True)
         start_step = int(state.get("global_step", 0))
         start_epoch = int(state.get("epoch") or 0)
@@ -542,119 +657,96 @@ def _train(args, ctx, model, evaluator, config, training, logger, policy) -> Dic
         broadcast_replicated_variables(model.trainable_variables, model.sparse.model_parallel_variables)
 
     manager = None
-    if args.save_checkpoint_path:
+    if cfg.save_checkpoint_path:
         manager = checkpointing.CheckpointManager(
-            args.save_checkpoint_path, model, optimizers, ctx, config, every_steps=args.checkpoint_every_steps,
-            every_minutes=args.checkpoint_every_minutes, keep=args.keep_checkpoints, training=training,
-            overwrite=args.overwrite, resumed_from=args.restore_checkpoint_path)
+            cfg.save_checkpoint_path, model, optimizers, ctx, config, every_steps=cfg.checkpoint_every_steps,
+            every_minutes=cfg.checkpoint_every_minutes, keep=cfg.keep_checkpoints, training=training,
+            overwrite=cfg.overwrite, resumed_from=cfg.restore_checkpoint_path)
 
-    loss_scale = args.loss_scale if policy == "mixed_float16" else None
-    trainer = Trainer(model, dense_optimizer, embedding_optimizer, ctx, loss_scale=loss_scale, xla=args.xla,
-                      run_eagerly=args.run_eagerly)
-    train_data = open_data(args, ctx, model.sparse, "train", args.batch_size)
-    test_data = open_data(args, ctx, model.sparse, "test", args.valid_batch_size)
+    trainer = Trainer(model, dense_optimizer, embedding_optimizer, ctx, loss_scale=cfg.loss_scale, xla=cfg.xla,
+                      run_eagerly=cfg.run_eagerly)
+    train_data = open_split("train", cfg.batch_size)
+    test_data = open_split("test", cfg.valid_batch_size)
     steps_per_epoch = len(train_data)
     if steps_per_epoch == 0:
-        raise UsageError(f"the training split has no full batch of --batch_size {args.batch_size}")
-    total_steps = args.epochs * steps_per_epoch
-    if args.max_steps > 0:
-        total_steps = min(total_steps, args.max_steps)
-    points = set(eval_points(steps_per_epoch, args.evals_per_epoch))
+        raise UsageError(f"the training split has no full batch of --batch_size {cfg.batch_size}")
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps > 0:
+        total_steps = min(total_steps, cfg.max_steps)
+    points = set(eval_points(steps_per_epoch, cfg.evals_per_epoch))
     chief = ctx.is_chief
     if chief:
-        print(f"training {args.model}: {total_steps} steps ({steps_per_epoch} per epoch, global batch "
-              f"{args.batch_size}, {ctx.world_size} rank(s), {policy}{', XLA' if args.xla else ''})", flush=True)
+        print(f"training {cfg.model}: {total_steps} steps ({steps_per_epoch} per epoch, global batch "
+              f"{cfg.batch_size}, {ctx.world_size} rank(s), {policy}{', XLA' if cfg.xla else ''})", flush=True)
 
     evaluations: List[Dict[str, Any]] = []
     global_step = start_step
-    # Throughput counts whole loop iterations (waiting for the batch + the step) but not evaluations or checkpoint
-    # saves; the first step of a run (tracing / XLA compilation) is left out of the totals.
-    train_time, timed_samples, timed_steps, last_loss = 0.0, 0, 0, float("nan")
+    timing = _Throughput(start_step, total_steps, cfg.batch_size)
+    profiler = _Profiler(cfg.profiler_start_step, ctx.rank == cfg.profiled_rank % ctx.world_size, cfg.profile_dir)
+    last_loss = float("nan")
     window_losses: List[float] = []
-    window_time, window_samples = 0.0, 0
-    profiling = False
+
+    def print_progress(epoch: int) -> None:
+        nonlocal window_losses
+        rate, left = timing.window_figures(global_step, cfg.batch_size)
+        mean_loss = float(np.mean(window_losses))
+        lr = float(schedule.learning_rate_at(global_step))
+        if chief:
+            print(f"epoch {epoch} step {global_step}/{total_steps} | loss {mean_loss:.5f} | lr {lr:.6g} | "
+                  f"{rate:,.0f} samples/s | ETA {hms(left)}", flush=True)
+        logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr, "samples_per_s": rate})
+        window_losses = []
+
+    def evaluate_now(epoch: int) -> None:
+        result = evaluator.evaluate(test_data)
+        result.update(step=global_step, epoch=epoch)
+        evaluations.append(result)
+        if chief:
+            print(f"eval at step {global_step}: auc {result['auc']:.5f} | exact auc {result['auc_exact']:.5f} | "
+                  f"loss {result['loss']:.5f} | {result['throughput']:,.0f} samples/s", flush=True)
+        logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
+                                                    ("auc", "auc_exact", "loss", "throughput")})
+
     epoch = start_epoch
     position = (start_epoch, start_batch)
-    while global_step < total_steps and epoch < args.epochs:
+    while global_step < total_steps and epoch < cfg.epochs:
         skip = start_batch if epoch == start_epoch else 0
-        batches = train_data.iterate(skip)
         batch_in_epoch = skip
-        tick = time.perf_counter()
-        for batch in batches:
+        timing.pause()
+        for batch in train_data.iterate(skip):
             if global_step >= total_steps:
                 break
-            if args.profiler_start_step is not None and ctx.rank == args.profiled_rank % ctx.world_size:
-                if global_step == args.profiler_start_step:
-                    import tensorflow as tf
-                    tf.profiler.experimental.start(os.path.join(os.path.dirname(args.log_path) or ".", "profile"))
-                    profiling = True
-                elif profiling and global_step == args.profiler_start_step + 10:
-                    import tensorflow as tf
-                    tf.profiler.experimental.stop()
-                    profiling = False
+            profiler.step(global_step)
             loss = trainer.train_step(*batch)
             # The mean over ranks: every rank sees the same value and stops together. Fetching it every step
             # costs a host sync (small next to a GPU step at NVIDIA's batch sizes) but stops a diverged run at the
             # step it diverged, before a NaN weight reaches a checkpoint or another step.
-            loss_value = float(loss)
             global_step += 1
             batch_in_epoch += 1
             position = (epoch, batch_in_epoch)
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(
-                    f"training diverged: the loss is {loss_value} at step {global_step} (epoch {epoch}, batch "
-                    f"{batch_in_epoch}); lower --learning_rate (now {args.learning_rate}), raise --warmup_steps, "
-                    f"or check the data for NaN/inf")
-            now = time.perf_counter()
-            elapsed, tick = now - tick, now
-            rows = int(batch[2].shape[0]) * ctx.world_size  # this step's global batch (the last may be short)
-            if global_step > start_step + 1:  # the first step traces/compiles
-                train_time += elapsed
-                timed_samples += rows
-                timed_steps += 1
-            window_time += elapsed
-            window_samples += rows
-            last_loss = loss_value
-            window_losses.append(loss_value)
-            if global_step % args.print_freq == 0 or global_step == total_steps:
-                rate = window_samples / max(window_time, 1e-9)
-                eta = (total_steps - global_step) * args.batch_size / max(rate, 1e-9)
-                mean_loss = float(np.mean(window_losses))
-                lr = float(schedule.learning_rate_at(global_step))
-                if chief:
-                    print(f"epoch {epoch} step {global_step}/{total_steps} | loss {mean_loss:.5f} | lr {lr:.6g} | "
-                          f"{rate:,.0f} samples/s | ETA {hms(eta)}", flush=True)
-                logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr,
-                                                            "samples_per_s": rate})
-                window_losses, window_time, window_samples = [], 0.0, 0
+            last_loss = check_finite(
+                float(loss), "training diverged: the loss is {value} at step {step} (epoch {epoch}, batch {batch}); "
+                "lower --learning_rate (now {lr}), raise --warmup_steps, or check the data for NaN/inf",
+                step=global_step, epoch=epoch, batch=batch_in_epoch, lr=cfg.learning_rate)
+            timing.step(global_step, int(batch[2].shape[0]) * ctx.world_size)  # the last batch may be short
+            window_losses.append(last_loss)
+            if global_step % cfg.print_freq == 0 or global_step == total_steps:
+                print_progress(epoch)
             if batch_in_epoch in points or global_step == total_steps:
-                result = evaluator.evaluate(test_data)
-                result.update(step=global_step, epoch=epoch)
-                evaluations.append(result)
-                if chief:
-                    print(f"eval at step {global_step}: auc {result['auc']:.5f} | exact auc "
-                          f"{result['auc_exact']:.5f} | loss {result['loss']:.5f} | "
-                          f"{result['throughput']:,.0f} samples/s", flush=True)
-                logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
-                                                            ("auc", "auc_exact", "loss", "throughput")})
-                tick = time.perf_counter()  # evaluation time is not training time
+                evaluate_now(epoch)
+                timing.pause()  # evaluation time is not training time
             # Saved after the evaluation of the same step: a run killed in between redoes that evaluation on resume
             # instead of skipping it.
             if manager is not None:
                 manager.maybe_save(global_step, epoch, batch_in_epoch)
-                tick = time.perf_counter()  # a save is not training time
+                timing.pause()  # a save is not training time
         epoch += 1
-    if profiling:
-        import tensorflow as tf
-        tf.profiler.experimental.stop()
+    profiler.stop()
     if manager is not None:
         # The position of the next batch: (epoch, batches done in it); a finished epoch resumes at its end.
         manager.save(global_step, position[0], position[1])
     results: Dict[str, Any] = {"mode": "train", "global_step": global_step, "train_loss": last_loss,
-                               "throughput": timed_samples / train_time if train_time > 0 else float("nan"),
-                               "mean_step_time_ms": (1000.0 * train_time / timed_steps if timed_steps
-                                                     else float("nan")),
-                               "precision": policy, "xla_jit_compiled": trainer.jit_compiled,
+                               **timing.results(), "precision": policy, "xla_jit_compiled": trainer.jit_compiled,
                                "world_size": ctx.world_size, "evaluations": evaluations}
     if evaluations:
         last = evaluations[-1]
