@@ -109,7 +109,8 @@ def exit_status(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[S
             print(hint, file=sys.stderr)
         return 2
     except (CheckFailedError,) + tuple(failures) as error:
-        print(error_line(prog, error, with_type), file=sys.stderr)
+        # a failed check's message is a sentence about the result: no class name
+        print(error_line(prog, error, with_type and not isinstance(error, CheckFailedError)), file=sys.stderr)
         return 1
     if report is not None:
         report(result)

@@ -194,18 +194,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: prints the models written; a clear one-line error and exit status 1 (2 for flags)."""
+    from recsys_common.cli import exit_status
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        result = main(argv)
-    except DeployError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    for model, platform in result["models"].items():
-        print(f"deployed {model} ({platform}) in {result['repository']}")
-    return 0
+
+    def report(result: Dict[str, Any]) -> None:
+        for model, platform in result["models"].items():
+            print(f"deployed {model} ({platform}) in {result['repository']}")
+    return exit_status(main, argv, input_errors=(DeployError,), failures=(ValueError, OSError), with_type=True,
+                       report=report)
 
 
 if __name__ == "__main__":

@@ -176,16 +176,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     """Exit status 0 when within tolerance, 1 when not or on an error (printed as one line)."""
-    try:
+    from recsys_common.cli import CheckFailedError, exit_status
+
+    def checked(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
         report = main(argv)
-    except (ValueError, OSError, RuntimeError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    if not report["passed"]:
-        print(f"error: the served AUC differs from the recipe's by more than --tolerance {report['tolerance']}",
-              file=sys.stderr)
-        return 1
-    return 0
+        if not report["passed"]:
+            raise CheckFailedError(f"the served AUC differs from the recipe's by more than --tolerance "
+                                   f"{report['tolerance']}", report)
+        return report
+    return exit_status(checked, argv, failures=(ValueError, OSError, RuntimeError), with_type=True)
 
 
 if __name__ == "__main__":

@@ -65,12 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        main(argv)
-    except (ValueError, OSError, RuntimeError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    return 0
+    from recsys_common.cli import exit_status
+    return exit_status(main, argv, failures=(ValueError, OSError, RuntimeError), with_type=True)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def test_plain_keras_model_matches_our_shapes():
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(SystemExit, match="--models"):
+    with pytest.raises(benchmark.InputError, match="--models"):
         benchmark.main(["--models", "wide_deep", "--in_process"])
     not_json = tmp_path / "notes.txt"
     not_json.write_text("mine")

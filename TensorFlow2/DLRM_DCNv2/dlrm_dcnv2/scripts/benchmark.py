@@ -43,6 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import InputError
+
 SIDES = ("ours", "plain_keras")
 MODELS = ("dlrm", "dcnv2")
 NUM_NUMERICAL = 13
@@ -333,7 +335,7 @@ def _parse_list(text: str, allowed: Sequence[str], flag: str) -> List[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in allowed]
     if bad or not items:
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
+        raise InputError(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
     return items
 
 
@@ -350,7 +352,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     sides = _parse_list(args.sides, SIDES, "--sides")
     for flag in ("train_steps", "inference_steps", "distinct_batches", "repeats"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+            raise InputError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     measure_fn = measure if args.in_process else _measure_in_subprocess
     result: Dict[str, Any] = {
         "machine": machine_info(), "loadavg_start": list(os.getloadavg()),
@@ -406,4 +408,5 @@ def _medians(records: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FileExistsError,))   # InputError: a bad flag; FileExistsError: --output_json

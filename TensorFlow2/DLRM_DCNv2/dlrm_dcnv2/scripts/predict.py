@@ -142,13 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        result = main(argv)
-    except (ValueError, OSError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    print(f"predict: {result['rows']} probabilities written to {result['output']}")
-    return 0
+    """The command line's exit status (recsys_common.cli): 1 with one ``error: <class>: ...`` line."""
+    from recsys_common.cli import exit_status
+    return exit_status(main, argv, prog="predict", failures=(ValueError, OSError), with_type=True,
+                       report=lambda r: print(f"predict: {r['rows']} probabilities written to {r['output']}"))
 
 
 if __name__ == "__main__":
