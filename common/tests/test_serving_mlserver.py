@@ -140,7 +140,7 @@ def test_infer_in_batches_keeps_row_order(server, capsys):
     with InferenceClient(server.grpc_url, "grpc", timeout_s=20) as client:
         out = infer_in_batches(client, MODEL_NAME, inputs, ["probability"], batch_size=5)
     np.testing.assert_allclose(out["probability"], expected_probability(**inputs), rtol=1e-6, atol=1e-7)
-    assert "batch 5/5" in capsys.readouterr().err
+    assert f"[infer] {MODEL_NAME}: 23 of 23 rows (100.0 %)" in capsys.readouterr().err  # done of total, rate, left
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

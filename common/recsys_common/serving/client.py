@@ -17,11 +17,12 @@ batch 512. Never import mlserver in a process that uses this client (protobuf cl
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+
+from recsys_common.logger import Progress, log_to_stderr
 
 
 class ServingError(RuntimeError):
@@ -151,7 +152,7 @@ def infer_in_batches(client: InferenceClient, model: str, inputs: Mapping[str, n
                      output_names: Sequence[str], batch_size: int, progress: bool = True) -> Dict[str, np.ndarray]:
     """Send ``inputs`` (rows = first dimension, equal across inputs) in requests of ``batch_size`` rows; return the
     outputs concatenated in row order. With ``progress`` prints to stderr, at most every 2 s and at the end:
-    batches done of total, rows/s and the estimated time left."""
+    rows done of total, rows/s and the estimated time left (``recsys_common.logger.Progress``)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     sizes = {name: len(a) for name, a in inputs.items()}
@@ -160,18 +161,13 @@ def infer_in_batches(client: InferenceClient, model: str, inputs: Mapping[str, n
     rows = next(iter(sizes.values()))
     steps = (rows + batch_size - 1) // batch_size
     parts: Dict[str, List[np.ndarray]] = {n: [] for n in output_names}
-    start = last_print = time.monotonic()
+    meter = Progress(f"[infer] {model}", rows, every=2.0, out=log_to_stderr if progress else False)
     for step in range(steps):
         lo, hi = step * batch_size, min(rows, (step + 1) * batch_size)
         result = client.infer(model, {n: a[lo:hi] for n, a in inputs.items()}, output_names)
         for n in output_names:
             parts[n].append(result[n])
-        now = time.monotonic()
-        if progress and (now - last_print >= 2.0 or step + 1 == steps):
-            last_print = now
-            rate = hi / max(now - start, 1e-9)
-            print(f"[infer] {model}: batch {step + 1}/{steps}, {rate:,.0f} rows/s, "
-                  f"{(rows - hi) / rate:.0f} s left", file=sys.stderr, flush=True)
+        meter.set(hi)
     if steps == 0:
         return {n: np.zeros((0,)) for n in output_names}
     return {n: np.concatenate(p) for n, p in parts.items()}
