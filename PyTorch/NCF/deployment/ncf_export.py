@@ -21,6 +21,7 @@ No argparse here: the deployer passes explicit values.
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Dict, Optional
 
@@ -69,9 +70,21 @@ def _table_rows(model: nn.Module, suffix: str) -> int:
     return rows.pop()
 
 
+def _without_dropout(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every dropout layer (``nn.Dropout`` or a recipe's own ``*Dropout`` class) replaced by
+    ``nn.Identity``: what dropout is in eval mode, and what ``torch.jit.script`` can always compile (a dropout's
+    training path need not be TorchScript-compatible). The caller's model is left as it is."""
+    model = copy.deepcopy(model)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Dropout) or type(child).__name__.endswith("Dropout"):
+                setattr(parent, name, nn.Identity())
+    return model
+
+
 def serving_module(model: nn.Module) -> ServingNCF:
     """The eval-mode, CPU, gradient-free serving wrapper of ``model`` (export never sees dropout)."""
-    module = ServingNCF(model).cpu().eval()
+    module = ServingNCF(_without_dropout(model)).cpu().eval()
     for p in module.parameters():
         p.requires_grad_(False)
     return module
