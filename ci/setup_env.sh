@@ -15,13 +15,15 @@
 #   6. Horovod 0.28.1 from its PyPI sdist with ci/horovod-0.28.1-tf2.21-torch2.13.patch, gloo,
 #      TensorFlow + PyTorch; the built wheel is cached in $RECSYS_WHEEL_CACHE
 #      (default ~/.cache/recsys-recipes/wheels), so only the first setup compiles (~8 min on 2 cores);
-#   7. pip install -e common (the shared library recsys_common);
+#   7. pip install -e common (the shared library recsys_common) and the four recipes (editable, --no-deps: the
+#      packages dlrm, ncf's modules, dlrm_dcnv2, wide_deep import from anywhere; NVIDIA's python dlrm.py / main.py /
+#      ncf.py keep working from each recipe directory without it);
 #   7b. Triton's perf_analyzer into <venv>/opt/perf_analyzer (ci/install_perf_analyzer.sh: the binary from the
 #      tritonclient 2.35.0 wheel, libcudart from nvidia-cuda-runtime-cu12; libb64-0d comes from step 0);
 #   8. an import check of the whole stack, then a stamp file.
 #
 # A second run is a no-op while the stamp (a hash of this script, the constraints, the
-# requirement lists, the patch and common/pyproject.toml) matches. RECSYS_SETUP_FORCE=1 redoes it.
+# requirement lists, the patch and the pyproject.toml files) matches. RECSYS_SETUP_FORCE=1 redoes it.
 #
 # Environment knobs:
 #   PYTHON              interpreter used to create the venv (default: python3.11, else python3 if it is 3.11)
@@ -40,6 +42,10 @@ CONSTRAINTS="$REPO/ci/constraints.txt"
 REQS="$REPO/ci/requirements.txt"
 REQS_NODEPS="$REPO/ci/requirements-nodeps.txt"
 PATCH="$REPO/ci/horovod-0.28.1-tf2.21-torch2.13.patch"
+# The editable installs of step 7: the shared library, then each recipe (its pyproject.toml names its packages).
+PROJECTS=(common PyTorch/DLRM PyTorch/NCF TensorFlow2/DLRM_DCNv2 TensorFlow2/WideAndDeep)
+PYPROJECTS=()
+for project in "${PROJECTS[@]}"; do PYPROJECTS+=("$REPO/$project/pyproject.toml"); done
 HOROVOD_VERSION="0.28.1"
 STAMP="$VENV/.recsys-setup-stamp"
 read -r -a EXTRA_PIP_ARGS <<< "${RECSYS_PIP_ARGS:-}"
@@ -48,12 +54,12 @@ T0=$SECONDS
 step() { printf '[setup %4ss] %s\n' "$((SECONDS - T0))" "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-for f in "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "$PATCH" "$REPO/common/pyproject.toml"; do
+for f in "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "$PATCH" "${PYPROJECTS[@]}"; do
   [[ -f "$f" ]] || die "missing $f (run this script from a full checkout)"
 done
 
 stamp_hash() {
-  cat "${BASH_SOURCE[0]}" "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "$PATCH" "$REPO/common/pyproject.toml" \
+  cat "${BASH_SOURCE[0]}" "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "$PATCH" "${PYPROJECTS[@]}" \
       "$REPO/ci/install_perf_analyzer.sh" \
     | sha256sum | cut -d' ' -f1
 }
@@ -160,8 +166,10 @@ else
 fi
 
 # --- 7. the shared library --------------------------------------------------------------------
-step "pip install -e common"
-pip_install --no-deps --no-build-isolation -e "$REPO/common"
+step "pip install -e common and the recipes (${PROJECTS[*]})"
+EDITABLE=()
+for project in "${PROJECTS[@]}"; do EDITABLE+=(-e "$REPO/$project"); done
+pip_install --no-deps --no-build-isolation "${EDITABLE[@]}"
 
 # --- 7b. perf_analyzer (never fails the setup; it says what is missing) ------------------------
 step "Triton perf_analyzer (tritonclient 2.35.0 wheel) into $VENV/opt/perf_analyzer"
@@ -190,6 +198,7 @@ if bad:
 import numpy, pandas, pyarrow, torch, tensorflow, tf_keras, nvtabular, merlin.dataloader, pyspark  # noqa: E401,F401
 import torchrec, fbgemm_gpu, onnx, onnxruntime, onnxscript, tf2onnx, tritonclient.grpc, tritonclient.http  # noqa
 import horovod.tensorflow, horovod.torch, recsys_common  # noqa
+import dlrm, dlrm_dcnv2, wide_deep, neumf  # noqa: E401,F401  (the recipes, installed editable)
 print(f"[setup] ok: torch {torch.__version__}, tensorflow {tensorflow.__version__}, numpy {numpy.__version__}, "
       f"pandas {pandas.__version__}, pyarrow {pyarrow.__version__}")
 PYEOF
