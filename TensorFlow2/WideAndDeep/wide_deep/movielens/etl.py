@@ -51,6 +51,7 @@ import pandas as pd
 
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
+from recsys_common.logger import Progress as _Progress
 from recsys_common.movielens_ctr import (MovieLensFormatError, check_rating_range, find_ratings_file,
                                          iter_delimited_columns)
 
@@ -269,25 +270,10 @@ def split_ratings(ratings: pd.DataFrame, valid_fraction: float, seed: int) -> Tu
     return train, valid
 
 
-class Progress:
-    """``[movielens.etl] <what>: <done> of <total> rows (<pct>), <rate> rows/s, <left> s left`` at most every
-    ``interval`` seconds (and at the end)."""
-
-    def __init__(self, what: str, total: int, out: Callable[[str], None], interval: float = 10.0):
-        self.what, self.total, self.out, self.interval = what, max(1, int(total)), out, interval
-        self.start = self.last = time.perf_counter()
-        self.done = 0
-
-    def update(self, rows: int, final: bool = False) -> None:
-        self.done += rows
-        now = time.perf_counter()
-        if not final and now - self.last < self.interval:
-            return
-        self.last = now
-        rate = self.done / max(now - self.start, 1e-9)
-        left = max(self.total - self.done, 0) / rate if rate > 0 else float("inf")
-        self.out(f"[movielens.etl] {self.what}: {self.done:,} of ~{self.total:,} rows "
-                 f"({100.0 * min(self.done / self.total, 1.0):.0f} %), {rate:,.0f} rows/s, {left:,.0f} s left")
+def Progress(what: str, total: int, out: Callable[[str], None], interval: float = 10.0) -> _Progress:
+    """``[movielens.etl] <what>: <done> of ~<total> rows (<pct>), <rate> rows/s, <H:MM:SS> left`` at most every
+    ``interval`` seconds (and at the end): ``recsys_common.logger.Progress``."""
+    return _Progress(f"[movielens.etl] {what}", max(1, int(total)), every=interval, out=out, estimated=True)
 
 
 class _DaskProgress:

@@ -9,10 +9,10 @@ rank 0's initial weights are broadcast, so every rank holds the same weights at 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Horovod's TF bindings need tf-keras (Keras 3 breaks them)
@@ -252,7 +252,7 @@ def make_train_step(model, wide_opt, deep_opt, *, xla: bool, loss_scale: bool, a
 
 def _run(args, dist: Dist) -> int:
     import tensorflow as tf
-    from recsys_common.logger import Logger, hms
+    from recsys_common.logger import Logger
     from .dataloader import ParquetBatches, read_feature_spec
     from .evaluator import MissingClickError
     from .schedulers import DeepLearningRateSchedule
@@ -305,7 +305,6 @@ def _run(args, dist: Dist) -> int:
     if steps_per_epoch < 1:
         raise TrainingError(f"the training set ({train.num_rows} rows) is smaller than one batch per rank "
                             f"(--global_batch_size {args.global_batch_size} over {dist.size} rank(s))")
-    total_steps = steps_per_epoch * args.num_epochs
     schedule = DeepLearningRateSchedule(args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs,
                                         steps_per_epoch)
     step_fn = make_train_step(model, wide_opt, deep_opt, xla=args.xla, loss_scale=loss_scale,
@@ -315,12 +314,54 @@ def _run(args, dist: Dist) -> int:
         return step_fn(features, labels, tf.constant(schedule(step), tf.float32))
 
     if args.benchmark:
-        return _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger)
+        return _benchmark_train(BenchmarkConfig.from_flags(args), train, train_step, steps_per_epoch, dist, logger)
 
+    def evaluate_epoch(epoch: int) -> Dict[str, float]:
+        try:
+            return evaluate(model, valid, dist, predict_fn, with_map)
+        except MissingClickError as e:
+            raise TrainingError(f"evaluation after epoch {epoch + 1}: {e}. The epoch's checkpoint is saved in "
+                                f"{checkpointer.directory}: fix the validation data (or pass "
+                                f"--disable_map_calculation) and go on with --use_checkpoint") from e
+
+    final = train_epochs(LoopConfig.from_flags(args), train, train_step, steps_per_epoch, start_step, dist,
+                         checkpointer, evaluate_epoch, logger)
+    logger.log_summary({f"eval_{k}": v for k, v in final.items()})
+    _print(dist, "[final] " + _metric_text(final))
+    logger.close()
+    return 0
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The training loop's settings, read once from the flags (:meth:`from_flags`)."""
+    num_epochs: int = 20
+    global_batch_size: int = 131072
+    print_freq: int = 100
+    checkpoint_every_steps: int = 0      # 0: only after each epoch
+
+    @classmethod
+    def from_flags(cls, args) -> "LoopConfig":
+        return cls(num_epochs=args.num_epochs, global_batch_size=args.global_batch_size,
+                   print_freq=args.print_freq, checkpoint_every_steps=args.checkpoint_every_steps)
+
+
+def train_epochs(cfg: LoopConfig, train, train_step, steps_per_epoch: int, start_step: int, dist: Dist,
+                 checkpointer: Checkpointer, evaluate_epoch, logger) -> Dict[str, float]:
+    """Train from ``start_step`` to the end of ``--num_epochs``; returns the last evaluation's metrics.
+
+    Each step: train step -> NaN check -> progress every ``print_freq`` -> checkpoint every
+    ``checkpoint_every_steps``; after each epoch: checkpoint, then ``evaluate_epoch(epoch)`` (the checkpoint first:
+    an evaluation that fails on the data, say a display without a click, must not cost the epoch's training).
+    """
+    from recsys_common.logger import Progress, check_finite, hms
+    total_steps = steps_per_epoch * cfg.num_epochs
     step = start_step
     start_epoch = step // steps_per_epoch
-    t0, samples_done, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-    for epoch in range(start_epoch, args.num_epochs):
+    # rate and time left of the progress line: samples since this run started, towards the last step
+    progress = Progress("[train]", (total_steps - start_step) * cfg.global_batch_size, unit="samples", out=False)
+    loss_sum, loss_n, metrics = 0.0, 0, None
+    for epoch in range(start_epoch, cfg.num_epochs):
         train._epoch = epoch  # the shuffle seed of this epoch (the same after a resume)
         skip = step - epoch * steps_per_epoch  # resumed part-way into this epoch: skip the batches already seen
         for i, (features, labels, _) in enumerate(train):
@@ -330,39 +371,25 @@ def _run(args, dist: Dist) -> int:
                 continue
             loss = float(train_step(features, labels, step))
             step += 1
-            if not math.isfinite(loss):
-                raise TrainingError(f"training loss is {loss} at step {step} (epoch {epoch + 1}); lower "
-                                    f"--deep_learning_rate / --linear_learning_rate or check the input data")
-            samples_done += args.global_batch_size
+            check_finite(loss, "training loss is {value} at step {step} (epoch {epoch}); lower --deep_learning_rate "
+                               "/ --linear_learning_rate or check the input data", TrainingError, step=step,
+                         epoch=epoch + 1)
+            progress.update(cfg.global_batch_size)
             loss_sum, loss_n = loss_sum + loss, loss_n + 1
-            if step % args.print_freq == 0 or step == total_steps:
-                elapsed = time.perf_counter() - t0
-                rate = samples_done / elapsed
-                eta = (total_steps - step) * args.global_batch_size / rate
-                if dist.rank == 0:
-                    print(f"[train] epoch {epoch + 1}/{args.num_epochs} step {step}/{total_steps} "
-                          f"loss {loss_sum / loss_n:.5f} {rate:,.0f} samples/s ETA {hms(eta)}", flush=True)
+            if step % cfg.print_freq == 0 or step == total_steps:
+                rate = progress.rate()
+                _print(dist, f"[train] epoch {epoch + 1}/{cfg.num_epochs} step {step}/{total_steps} "
+                             f"loss {loss_sum / loss_n:.5f} {rate:,.0f} samples/s ETA {hms(progress.seconds_left())}")
                 logger.log(step, {"loss": loss_sum / loss_n, "samples_per_s": rate})
                 loss_sum, loss_n = 0.0, 0
-            if args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0:
+            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
                 _save(checkpointer, step, dist)
         train._epoch = epoch + 1
-        # The epoch's checkpoint first: an evaluation that fails on the data (a display without a click) must
-        # not cost the epoch's training.
         _save(checkpointer, step, dist)
-        try:
-            metrics = evaluate(model, valid, dist, predict_fn, with_map)
-        except MissingClickError as e:
-            raise TrainingError(f"evaluation after epoch {epoch + 1}: {e}. The epoch's checkpoint is saved in "
-                                f"{checkpointer.directory}: fix the validation data (or pass "
-                                f"--disable_map_calculation) and go on with --use_checkpoint") from e
+        metrics = evaluate_epoch(epoch)
         logger.log((epoch + 1,), {f"eval_{k}": v for k, v in metrics.items()})
-        _print(dist, f"[eval] epoch {epoch + 1}/{args.num_epochs} " + _metric_text(metrics))
-    final = evaluate(model, valid, dist, predict_fn, with_map) if start_epoch >= args.num_epochs else metrics
-    logger.log_summary({f"eval_{k}": v for k, v in final.items()})
-    _print(dist, "[final] " + _metric_text(final))
-    logger.close()
-    return 0
+        _print(dist, f"[eval] epoch {epoch + 1}/{cfg.num_epochs} " + _metric_text(metrics))
+    return metrics if metrics is not None else evaluate_epoch(cfg.num_epochs - 1)
 
 
 def _save(checkpointer: Checkpointer, step: int, dist: Dist) -> None:
@@ -372,15 +399,29 @@ def _save(checkpointer: Checkpointer, step: int, dist: Dist) -> None:
     dist.barrier()
 
 
-def _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger) -> int:
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """``--benchmark``'s settings, read once from the flags."""
+    warmup_steps: int = 500
+    steps: int = 1000
+    global_batch_size: int = 131072
+    amp: bool = False
+    xla: bool = False
+
+    @classmethod
+    def from_flags(cls, args) -> "BenchmarkConfig":
+        return cls(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size, args.amp, args.xla)
+
+
+def _benchmark_train(cfg: BenchmarkConfig, train, train_step, steps_per_epoch, dist, logger) -> int:
     """Runs warm-up + measured steps (cycling through epochs); prints ``{"samples_per_s": ...}`` as JSON."""
-    total = args.benchmark_warmup_steps + args.benchmark_steps
+    total = cfg.warmup_steps + cfg.steps
     step, start = 0, None
     while step < total:
         for i, (features, labels, _) in enumerate(train):
             if i >= steps_per_epoch or step >= total:
                 break
-            if step == args.benchmark_warmup_steps:
+            if step == cfg.warmup_steps:
                 dist.barrier()
                 start = time.perf_counter()
             loss = train_step(features, labels, step)
@@ -388,9 +429,9 @@ def _benchmark_train(args, train, train_step, steps_per_epoch, dist, logger) -> 
     float(loss)  # wait for the last step
     dist.barrier()
     elapsed = time.perf_counter() - start
-    result = {"mode": "train", "samples_per_s": args.benchmark_steps * args.global_batch_size / elapsed,
-              "global_batch_size": args.global_batch_size, "steps": args.benchmark_steps,
-              "world_size": dist.size, "amp": args.amp, "xla": args.xla}
+    result = {"mode": "train", "samples_per_s": cfg.steps * cfg.global_batch_size / elapsed,
+              "global_batch_size": cfg.global_batch_size, "steps": cfg.steps,
+              "world_size": dist.size, "amp": cfg.amp, "xla": cfg.xla}
     if dist.rank == 0:
         print(json.dumps(result), flush=True)
     logger.log_summary(result)
