@@ -33,13 +33,11 @@ from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
 from recsys_common.logger import Logger
 
-CHECKPOINT_FORMAT = "ncf-checkpoint-v1"
-BEST_CHECKPOINT = "model.pth"     # NVIDIA's name: the weights of the best epoch so far
-RESUME_CHECKPOINT = "last.pth"    # the state after the latest finished epoch, for --resume
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used with this configuration; the message names the file and shapes."""
+# Where and how checkpoints are written and read: checkpointing.py (these names stay importable from here).
+from checkpointing import (BEST_CHECKPOINT, CHECKPOINT_FORMAT, RESUME_CHECKPOINT, CheckpointError,  # noqa: E402,F401
+                           check_checkpoint_dir, kept_checkpoints, load_model_weights, save_checkpoint, save_epoch,
+                           training_state)
+from checkpointing import read_checkpoint as _read_checkpoint  # noqa: E402
 
 
 class ConfigurationError(ValueError):
@@ -273,90 +271,8 @@ def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Op
 
 # ------------------------------------------------------------------------------------------------ checkpoints
 def model_config(args: argparse.Namespace, num_users: int, num_items: int) -> Dict:
-    return {"model": args.model, "num_users": num_users, "num_items": num_items, "factors": args.factors,
-            "layers": list(args.layers), "dropout": args.dropout}
-
-
-def _read_checkpoint(path: str) -> Dict:
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: checkpoint not found")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(f"{path}: not a readable checkpoint: {err}") from err
-    if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
-        return obj
-    if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return {"model": obj}  # a bare state_dict, as NVIDIA's recipe saves
-    raise CheckpointError(f"{path}: neither an NCF checkpoint nor a model state_dict")
-
-
-def load_model_weights(model: nn.Module, state: Dict[str, torch.Tensor], path: str) -> None:
-    """Copy ``state`` into ``model`` after checking every name and shape; the error lists the mismatches.
-
-    ``state`` may be ours, saved from DDP (``module.`` prefixes), or NVIDIA's NeuMF naming (a bare ``model.pth`` of
-    NVIDIA's recipe: ``mf_user_embed``, ``mlp.N``, ``final``; mapped by :func:`neumf.from_nvidia_state_dict`).
-    """
-    expected = model.state_dict()
-    state = strip_ddp_prefix(state)
-    if is_nvidia_state_dict(state):
-        try:
-            state = from_nvidia_state_dict(state, model)
-        except ValueError as err:
-            raise CheckpointError(f"{path}: {err}") from err
-    problems = []
-    for name in sorted(set(expected) | set(state)):
-        if name not in state:
-            problems.append(f"{name}: missing from the checkpoint (expected shape {list(expected[name].shape)})")
-        elif name not in expected:
-            problems.append(f"{name}: in the checkpoint (shape {list(state[name].shape)}) but not in this model")
-        elif state[name].shape != expected[name].shape:
-            problems.append(f"{name}: shape {list(state[name].shape)} in the checkpoint, "
-                            f"{list(expected[name].shape)} for this configuration")
-    if problems:
-        raise CheckpointError(f"{path}: checkpoint does not match this configuration (--model, --factors, --layers "
-                              f"or the dataset's users/items differ):\n  " + "\n  ".join(problems))
-    model.load_state_dict(state)
-
-
-def _written_by_ncf(path: str) -> bool:
-    """Whether ``path`` is a checkpoint this recipe wrote (an ``ncf-checkpoint-v1`` dict), read without pickle."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        try:  # mmap needs the zipfile format; any older file still loads the plain way
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            return False
-    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
-
-
-def check_checkpoint_dir(checkpoint_dir: str, rank: int, device: torch.device) -> None:
-    """Refuse, before training, a --checkpoint_dir whose model.pth / last.pth this recipe did not write.
-
-    A user's own file there (NVIDIA's bare ``model.pth``, another tool's output) would otherwise be replaced by the
-    first improved epoch. Checkpoints of an earlier ncf.py run are ours and are replaced as the new run improves
-    (NVIDIA's behaviour; ``--resume`` continues that run instead). Rank 0 decides; every rank raises together.
-    """
-    if not checkpoint_dir:
-        return
-    foreign = []
-    if rank == 0:
-        for name in (BEST_CHECKPOINT, RESUME_CHECKPOINT):
-            path = os.path.join(checkpoint_dir, name)
-            if os.path.lexists(path) and not (os.path.isfile(path) and _written_by_ncf(path)):
-                foreign.append(path)
-    if all_reduce_sum([float(len(foreign))], device)[0] > 0:
-        where = ", ".join(foreign) if foreign else f"{checkpoint_dir} (checked on rank 0)"
-        raise CheckpointError(f"{where}: exists and was not written by ncf.py (not an {CHECKPOINT_FORMAT} "
-                              f"checkpoint); refusing to overwrite it: move it away or choose another "
-                              f"--checkpoint_dir (to start from its weights, pass it as --load_checkpoint_path)")
-
-
-def save_checkpoint(path: str, payload: Dict) -> None:
-    """torch.save under a temporary name, then rename: a crash never leaves a half-written checkpoint."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    import checkpointing
+    return checkpointing.model_config(args.model, num_users, num_items, args.factors, args.layers, args.dropout)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -507,17 +423,6 @@ def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_ac
     return float(loss_sum) / max(rows, 1)
 
 
-def _kept_checkpoints(checkpoint_dir: str, best: Dict, epoch: int) -> str:
-    """What a diverged run leaves behind, for its error message."""
-    if not checkpoint_dir:
-        return "Nothing was saved (no --checkpoint_dir)."
-    if epoch == 0 or best["epoch"] < 0:
-        return f"No checkpoint of this run was written to {checkpoint_dir}."
-    return (f"The last good checkpoints are kept: {os.path.join(checkpoint_dir, RESUME_CHECKPOINT)} (after epoch "
-            f"{epoch - 1}) and {os.path.join(checkpoint_dir, BEST_CHECKPOINT)} (best, epoch {best['epoch']}, "
-            f"HR {best['hr']:.5f}).")
-
-
 def run(args: argparse.Namespace) -> Dict:
     """Everything :func:`main` does; returns the summary (also logged). Raises on bad input."""
     rank, world_size, device = init_distributed(args)
@@ -615,7 +520,7 @@ def run(args: argparse.Namespace) -> Dict:
                                args.grads_accumulated, world_size, epoch=epoch, steps=steps_per_epoch,
                                batch_loss=batch_loss)
         except TrainingDivergedError as err:
-            message = f"{err}; stopped before applying it. {_kept_checkpoints(args.checkpoint_dir, best, epoch)} " \
+            message = f"{err}; stopped before applying it. {kept_checkpoints(args.checkpoint_dir, best, epoch)} " \
                       f"Lower the learning rate (-l), or check the data and --amp settings."
             logger.log(step=(epoch,), data={"error": message})
             logger.close()
@@ -639,15 +544,9 @@ def run(args: argparse.Namespace) -> Dict:
             best = {"hr": metrics["hr"], "ndcg": metrics["ndcg"], "epoch": epoch}
         if time_to_target is None and metrics["hr"] >= args.threshold:
             time_to_target = elapsed
-        if args.checkpoint_dir and rank == 0:
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-            state = {"format": CHECKPOINT_FORMAT, "config": config, "model": model.state_dict(),
-                     "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None,
-                     "epoch": epoch, "seed": seed, "best_hr": best["hr"], "best_ndcg": best["ndcg"],
-                     "best_epoch": best["epoch"], "elapsed": elapsed, "time_to_target": time_to_target}
-            if improved:
-                save_checkpoint(os.path.join(args.checkpoint_dir, BEST_CHECKPOINT), state)
-            save_checkpoint(os.path.join(args.checkpoint_dir, RESUME_CHECKPOINT), state)
+        if args.checkpoint_dir and rank == 0:  # last.pth, and model.pth when HR improved (checkpointing.py)
+            save_epoch(args.checkpoint_dir, training_state(config, model, optimizer, scaler, epoch, seed, best,
+                                                           elapsed, time_to_target), improved)
         if metrics["hr"] >= args.threshold:
             break
     summary = {f"best_hr@{args.topk}": best["hr"], f"best_ndcg@{args.topk}": best["ndcg"],
