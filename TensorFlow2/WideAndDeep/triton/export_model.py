@@ -1,12 +1,7 @@
-"""`python triton/export_model.py -h`: see :mod:`wide_deep.serving.export` (run from TensorFlow2/WideAndDeep, or anywhere)."""
-import os
+"""`python triton/export_model.py -h`: see :mod:`wide_deep.serving.export`."""
 import sys
 
-RECIPE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [RECIPE, os.path.join(os.path.dirname(os.path.dirname(RECIPE)), "common")]
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-from wide_deep.serving.export import main  # noqa: E402
+from wide_deep.serving.export import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
