@@ -628,7 +628,11 @@ def run(args) -> Dict[str, Any]:
                     append=bool(args.load_checkpoint_path and args.mode == "train"))
     try:
         torch.manual_seed(args.seed)
-        info, train_data, test_data = _build_data(args, ctx)
+        info, train_data, test_data = _build_data(args, ctx)  # the batch flags are read when data is opened
+        from dlrm.utils.cpu_defaults import apply_cpu_defaults  # issue 18: NVIDIA's GPU batch is not a CPU default
+        cpu_line = apply_cpu_defaults(args, ctx.device.type, ctx.world_size, info)
+        if cpu_line and ctx.rank == 0:
+            print(cpu_line, flush=True)
         table_sizes = _table_sizes(info, args)
         config = ModelConfig(info.num_numerical_features, table_sizes, info.categorical_features,
                              args.embedding_dim, _ints(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
@@ -757,7 +761,8 @@ def parse(argv: Optional[Sequence[str]]) -> SimpleNamespace:
     """Parse ``argv`` (without the program name) into a fresh namespace; flags not given take their defaults."""
     FLAGS.unparse_flags()
     FLAGS(["dlrm.scripts.main"] + list(argv if argv is not None else sys.argv[1:]))
-    return SimpleNamespace(**FLAGS.flag_values_dict())
+    # flags_given: what the command line set (even to the default value); the CPU defaults never replace those
+    return SimpleNamespace(**FLAGS.flag_values_dict(), flags_given=sorted(n for n in FLAGS if FLAGS[n].present))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
