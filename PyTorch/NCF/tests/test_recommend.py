@@ -9,7 +9,7 @@ import torch
 
 import ncf
 import recommend
-from conftest import make_tiny_dataset
+from conftest import make_tiny_dataset, train_tiny_neumf
 from dataloading import load_dataset
 from recsys_common.cli import run_main
 
@@ -23,11 +23,8 @@ def cli(argv):
 def trained(tmp_path_factory):
     """A tiny dataset and a 4-epoch NeuMF checkpoint (HR@10 0.46) (ncf.py's format) trained on it."""
     root = tmp_path_factory.mktemp("recommend")
-    data = make_tiny_dataset(str(root), users=200, items=300, mean_per_user=25)
-    ncf.main(["--data", data, "-e", "4", "-b", "512", "-f", "8", "--layers", "16", "8", "--dropout", "0.5",
-              "--seed", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "--checkpoint_dir", str(root / "ck"),
-              "--log_path", str(root / "log.json")])
-    return {"data": data, "checkpoint": str(root / "ck" / "model.pth"), "root": root}
+    data, checkpoint = train_tiny_neumf(str(root))
+    return {"data": data, "checkpoint": checkpoint, "root": root}
 
 
 def brute_force(checkpoint, data_dir, user, k):

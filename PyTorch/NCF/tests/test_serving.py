@@ -24,7 +24,7 @@ import deployer  # noqa: E402
 import evaluate_accuracy  # noqa: E402
 import evaluate_latency  # noqa: E402
 import ncf  # noqa: E402
-from conftest import make_tiny_dataset  # noqa: E402
+from conftest import train_tiny_neumf  # noqa: E402
 from recommend import load_model  # noqa: E402
 from recsys_common.serving.client import InferenceClient, ServingError  # noqa: E402
 from recsys_common.serving.mlserver_launcher import serve_repository  # noqa: E402
@@ -36,11 +36,7 @@ from recsys_common.testing import free_port  # noqa: E402
 def deployed(tmp_path_factory):
     """Tiny dataset, a 4-epoch NeuMF checkpoint (HR@10 0.46), its repository (ncf-onnx + ncf-ts), and MLServer serving it."""
     root = tmp_path_factory.mktemp("serving")
-    data = make_tiny_dataset(str(root), users=200, items=300, mean_per_user=25)
-    ncf.main(["--data", data, "-e", "4", "-b", "512", "-f", "8", "--layers", "16", "8", "--dropout", "0.5",
-              "--seed", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "--checkpoint_dir", str(root / "ck"),
-              "--log_path", str(root / "log.json")])
-    checkpoint = str(root / "ck" / "model.pth")
+    data, checkpoint = train_tiny_neumf(str(root))
     repo = str(root / "repo")
     result = deployer.main(["--load_checkpoint_path", checkpoint, "--save-dir", repo, "--deploy_cpu",
                             "--triton-max-batch-size", "8192", "--triton-dyn-batching-delay", "0.5",
