@@ -140,3 +140,19 @@ def test_readme_deployment_flags_exist():
                    predict.build_parser(), mlserver_launcher.build_parser(), recipe_parser("dlrm")):
         known |= {s for action in parser._actions for s in action.option_strings}
     assert len(named) > 20 and named - known == set(), named - known
+
+
+@pytest.mark.parametrize("spelling", ["--server_url", "--server-url", "--grpc-url"])
+def test_server_address_flags_take_both_spellings(spelling):
+    """The seed spells the address ``--server_url`` in evaluate_accuracy and ``--server-url`` in evaluate_latency:
+    both tools take either (``recsys_common.flags``), and the delay flags of deploy hold one unit (microseconds)."""
+    from deployment import deploy, evaluate_accuracy, evaluate_latency
+    accuracy = evaluate_accuracy.build_parser().parse_args(["--dataset_path", "d", "--checkpoint", "c",
+                                                            "--model-name", "m", spelling, "h:1"])
+    assert (accuracy.server_url, accuracy.model_name) == ("h:1", "m")
+    if spelling != "--grpc-url":
+        assert evaluate_latency.build_parser().parse_args([spelling, "h:2", "--model_name", "m"]).server_url == "h:2"
+    base = ["--checkpoint-dir", "c", "--model-repository-path", "r"]
+    assert deploy.parse_args(base + ["--dynamic-batching-delay-us", "200"]).dynamic_batching_delay_us == 200
+    assert deploy.parse_args(base + ["--triton-dyn-batching-delay", "0.2"]).dynamic_batching_delay_us == 200
+    assert deploy.parse_args(base).dynamic_batching_delay_us is None
