@@ -215,12 +215,12 @@ class Progress:
         self.set(self.done + increment, final)
 
     def set(self, done: float, final: bool = False) -> None:
-        """``done`` so far; prints when due (``final``, or ``done`` reached ``total``: always)."""
+        """``done`` so far; prints when due (``final``, or ``done`` reached an exact ``total``: always)."""
         self.done = done
         if self.out is False:
             return
         now = self.clock()
-        if not final and done < self.total and now - self.last < self.every:
+        if not final and (done < self.total or self.estimated) and now - self.last < self.every:
             return
         self.last = now
         self.out(self.line())

@@ -30,6 +30,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from recsys_common.io import OutputDirectoryError, atomic_directory
+from recsys_common.logger import Progress
 
 TOOL = "wide_deep.movielens.generate"
 ML25M_RATINGS, ML25M_USERS, ML25M_MOVIES = 25_000_095, 162_541, 62_423
@@ -104,7 +105,8 @@ def generate(output_dir: str, rows: int = ML25M_RATINGS, users: Optional[int] = 
     options = pacsv.WriteOptions(include_header=False, quoting_style="none")
     with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker="ratings.csv") as staging:
         write_movies_csv(os.path.join(staging, "movies.csv"), film, rng)
-        done, last_report = 0, time.perf_counter()
+        done = 0
+        progress = Progress("[movielens.generate] ratings", rows, every=10.0, out=out, estimated=True)
         with open(os.path.join(staging, "ratings.csv"), "wb") as f:
             f.write(b"userId,movieId,rating,timestamp\n")
             for lo in range(0, users, USERS_PER_BLOCK):
@@ -137,11 +139,7 @@ def generate(output_dir: str, rows: int = ML25M_RATINGS, users: Optional[int] = 
                                   "timestamp": rng.integers(FIRST_TIME, LAST_TIME, n)})
                 pacsv.write_csv(table, f, options)
                 done += n
-                if time.perf_counter() - last_report > 10:
-                    rate = done / (time.perf_counter() - start)
-                    out(f"[movielens.generate] {done:,} of ~{rows:,} ratings, {rate:,.0f} rows/s, "
-                        f"{(rows - done) / rate:,.0f} s left")
-                    last_report = time.perf_counter()
+                progress.set(done)
     size = sum(os.path.getsize(os.path.join(output_dir, name)) for name in ("ratings.csv", "movies.csv"))
     result = {"ratings": done, "movies": movies, "users": users, "bytes": size,
               "seconds": time.perf_counter() - start}
