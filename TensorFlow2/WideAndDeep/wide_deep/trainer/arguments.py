@@ -31,8 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Name of the file to store dlloger output")
 
     tr = p.add_argument_group("training parameters")
-    tr.add_argument("--global_batch_size", type=int, default=131072, help="Total size of training batch")
-    tr.add_argument("--eval_batch_size", type=int, default=131072, help="Total size of evaluation batch")
+    tr.add_argument("--global_batch_size", type=int, default=131072,
+                    help="Total size of training batch; on a CPU, when not given, chosen from the data and RAM with "
+                         "both learning rates (first line of output)")
+    tr.add_argument("--eval_batch_size", type=int, default=131072,
+                    help="Total size of evaluation batch; on a CPU, when not given, chosen from the RAM")
     tr.add_argument("--num_epochs", type=int, default=20, help="Number of training epochs")
     tr.add_argument("--cpu", action="store_true", default=False, help="Run computations on the CPU")
     tr.add_argument("--amp", action="store_true", default=False,

@@ -161,7 +161,10 @@ def _metric_text(metrics: Dict[str, float]) -> str:
 
 # --------------------------------------------------------------------------------------------------- main
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from recsys_common.cpu_defaults import explicit_flags
+    args.flags_given = sorted(explicit_flags(parser, argv))  # flags the CPU defaults must not replace
     for flag in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
         if getattr(args, flag) < 1:
             print(f"error: --{flag} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
@@ -261,6 +264,10 @@ def _run(args, dist: Dist) -> int:
         raise TrainingError(f"--global_batch_size ({args.global_batch_size}) and --eval_batch_size "
                             f"({args.eval_batch_size}) must be divisible by the number of ranks ({dist.size})")
     cpu = args.cpu or not tf.config.list_physical_devices("GPU")
+    from .cpu_defaults import apply_cpu_defaults  # issue 18: NVIDIA's GPU batch is not a CPU default
+    cpu_line = apply_cpu_defaults(args, cpu, dist.size, read_feature_spec(args.dataset_path, args.fspec_file))
+    if cpu_line:
+        _print(dist, cpu_line)
     tf.keras.utils.set_random_seed(args.seed)
     configure_precision(args.amp, cpu)
     log_path = os.path.join(args.results_dir, args.log_filename)
