@@ -30,6 +30,31 @@ def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def recipe_env(recipe_dir: str, tensorflow: bool = False) -> Dict[str, str]:
+    """Environment for a recipe test's child processes (``python -m ...``, torchrun, horovodrun): the recipe and
+    ``common`` first on ``PYTHONPATH`` (a child imports this checkout's code even where the recipes are not
+    installed), one OpenMP thread unless set; ``tensorflow``: Keras 2 (tf-keras, for Horovod) and quiet TF logs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([recipe_dir, os.path.join(repo_root(), "common"), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if tensorflow:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def make_criteo_like_dataset(directory: str, train_rows: int = 8192, test_rows: int = 2048,
+                             table_sizes: Sequence[int] = (1000, 500, 200, 100, 50, 20, 10, 5),
+                             seed: int = 7) -> str:
+    """A tiny split-binary dataset in NVIDIA's DLRM layout (13 numericals, ``table_sizes`` categoricals, learnable
+    labels) in ``directory``, for the DLRM recipes' tests; returns the directory."""
+    from .feature_spec import FeatureSpec
+    from .synthetic import generate_dataset
+    spec = FeatureSpec.get_default_feature_spec(13, list(table_sizes))
+    generate_dataset(spec, str(directory), {"train": train_rows, "test": test_rows}, seed=seed)
+    return str(directory)
+
+
 def shared_data_dir() -> str:
     return os.path.abspath(os.environ.get(DATA_DIR_ENV) or os.path.join(repo_root(), os.pardir, "shared", "data"))
 

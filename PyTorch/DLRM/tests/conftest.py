@@ -1,14 +1,12 @@
 """Shared fixtures: tiny Criteo-shaped datasets generated per session (never real data committed to the repo)."""
 import os
-import sys
 
 import pytest
 
+from recsys_common.testing import make_criteo_like_dataset, recipe_env
+
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))
-for path in (RECIPE_DIR, os.path.join(REPO_ROOT, "common")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
 TABLE_SIZES = [1000, 500, 200, 100, 50, 20, 10, 5]
 SMALL_MODEL = ["--embedding_dim", "16", "--bottom_mlp_sizes", "32,16", "--top_mlp_sizes", "64,32,1",
@@ -16,11 +14,7 @@ SMALL_MODEL = ["--embedding_dim", "16", "--bottom_mlp_sizes", "32,16", "--top_ml
 
 
 def make_dataset(directory, train_rows=8192, test_rows=2048, table_sizes=TABLE_SIZES, seed=7):
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.synthetic import generate_dataset
-    spec = FeatureSpec.get_default_feature_spec(13, table_sizes)
-    generate_dataset(spec, str(directory), {"train": train_rows, "test": test_rows}, seed=seed)
-    return str(directory)
+    return make_criteo_like_dataset(directory, train_rows, test_rows, table_sizes, seed)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +29,4 @@ def train_args(dataset, log_path, *extra):
 
 
 def subprocess_env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([RECIPE_DIR, os.path.join(REPO_ROOT, "common"), env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    return recipe_env(RECIPE_DIR)

@@ -1,17 +1,14 @@
-"""Shared fixtures: the recipe directory on sys.path, tiny generated datasets."""
+"""Shared fixtures: tiny generated datasets (the recipe's modules import from the recipe directory, or installed)."""
 import os
-import sys
 
 import pytest
 
+import convert
+import synthetic
+from recsys_common.testing import recipe_env
+
 NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(NCF_DIR))
-for path in (NCF_DIR, os.path.join(REPO_ROOT, "common")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-import convert  # noqa: E402
-import synthetic  # noqa: E402
 
 
 def make_tiny_dataset(directory, users=500, items=1000, mean_per_user=30, seed=0, valid_negative=100):
@@ -42,7 +39,4 @@ def tiny_data(tmp_path_factory):
 
 @pytest.fixture
 def env_with_pythonpath():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([NCF_DIR, os.path.join(REPO_ROOT, "common"), env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    return recipe_env(NCF_DIR)

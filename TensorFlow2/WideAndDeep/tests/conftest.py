@@ -1,27 +1,20 @@
 """Shared fixtures of the Wide & Deep tests: tiny generated Outbrain data (never real data in the repository)."""
 import os
-import sys
 
 import pytest
+
+from recsys_common.testing import recipe_env
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))
-for path in (RECIPE_DIR, os.path.join(REPO_ROOT, "common")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
 
 def subprocess_env():
     """Environment for child processes (python -m ...): the recipe and common on PYTHONPATH."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([RECIPE_DIR, os.path.join(REPO_ROOT, "common"), env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["TF_USE_LEGACY_KERAS"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env
+    return recipe_env(RECIPE_DIR, tensorflow=True)
 
 
 @pytest.fixture(scope="session")
