@@ -514,19 +514,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Optional[Sequence[str]] = None):
+    """Parse ``argv`` and run the ETL; returns :func:`run_etl`'s result. Raises ``RawInputError``,
+    ``OutputDirectoryError``, ``ValueError`` (``ResumeError``) on bad input."""
     args = parse_args(argv)
-    try:
-        run_etl(args.input_dir, args.output_dir, use_dask=args.use_dask, dask_workers=args.dask_workers,
-                dask_scheduler=args.dask_scheduler, cpu=True if args.cpu else None, seed=args.seed,
-                num_partitions=args.num_partitions, partition_rows=args.partition_rows,
-                num_train_files=args.num_train_files,
-                num_valid_files=args.num_valid_files, overwrite=args.overwrite, work_dir=args.work_dir,
-                restart=args.restart)
-    except (RawInputError, OutputDirectoryError, ValueError) as e:   # ResumeError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_etl(args.input_dir, args.output_dir, use_dask=args.use_dask, dask_workers=args.dask_workers,
+                   dask_scheduler=args.dask_scheduler, cpu=True if args.cpu else None, seed=args.seed,
+                   num_partitions=args.num_partitions, partition_rows=args.partition_rows,
+                   num_train_files=args.num_train_files,
+                   num_valid_files=args.num_valid_files, overwrite=args.overwrite, work_dir=args.work_dir,
+                   restart=args.restart)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line for bad input."""
+    from recsys_common.cli import exit_status
+    return exit_status(run, argv, input_errors=(RawInputError, OutputDirectoryError, ValueError))
 
 
 if __name__ == "__main__":
