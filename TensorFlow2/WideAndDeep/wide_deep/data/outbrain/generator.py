@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -282,16 +281,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
+    """Writes the seven raw CSVs; returns the rows written per file."""
     args = parse_args(argv)
-    try:
-        counts = generate(args.output_dir, args.num_displays, args.seed, args.overwrite)
-    except (OutputDirectoryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    counts = generate(args.output_dir, args.num_displays, args.seed, args.overwrite)
     print(" ".join(f"{name}={n}" for name, n in counts.items()) + f" -> {os.path.abspath(args.output_dir)}")
-    return 0
+    return counts
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(OutputDirectoryError, ValueError))
