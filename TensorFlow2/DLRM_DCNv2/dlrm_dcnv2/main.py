@@ -411,12 +411,6 @@ def model_config(args, table_sizes, embedding_dims, hotness, num_numerical) -> D
             "cross_layer_projection_dim": args.cross_layer_projection_dim if args.interaction == "cross" else None}
 
 
-def training_settings(args, ctx) -> Dict[str, Any]:
-    return {"batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps,
-            "decay_start_step": args.decay_start_step, "decay_steps": args.decay_steps,
-            "world_size": ctx.world_size}
-
-
 def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
     """Steps within an epoch (1-based, after the step) after which to evaluate: evenly spaced, the last at the end."""
     evals = min(evals_per_epoch, steps_per_epoch)
@@ -471,7 +465,8 @@ def run(args) -> Dict[str, Any]:
                             embedding_zeros_initializer=args.embedding_zeros_initializer,
                             embedding_trainable=args.embedding_trainable)
         config = model_config(args, table_sizes, embedding_dims, hotness, num_numerical)
-        training = training_settings(args, ctx)
+        train_config = TrainConfig.from_flags(args, policy)
+        training = train_config.resume_settings(ctx.world_size)
         evaluator = Evaluator(model, ctx, auc_thresholds=args.auc_thresholds, xla=args.xla,
                               run_eagerly=args.run_eagerly)
 
@@ -505,7 +500,7 @@ def run(args) -> Dict[str, Any]:
                                else _flatten_inference(results["inference"]))
             return results
 
-        return _train(TrainConfig.from_flags(args, policy), ctx, model, evaluator, config, training, logger, policy,
+        return _train(train_config, ctx, model, evaluator, config, training, logger, policy,
                       lambda mapping, batch: open_data(args, ctx, model.sparse, mapping, batch))
     finally:
         logger.close()
@@ -554,12 +549,18 @@ class TrainConfig:
                    loss_scale=args.loss_scale if policy == "mixed_float16" else None, xla=args.xla,
                    run_eagerly=args.run_eagerly, print_freq=args.print_freq, evals_per_epoch=args.evals_per_epoch,
                    profiler_start_step=args.profiler_start_step, profiled_rank=args.profiled_rank,
-                   profile_dir=os.path.join(os.path.dirname(args.log_path) or ".", "profile"),
+                   profile_dir=os.path.join(os.path.dirname(args.log_path or "") or ".", "profile"),
                    save_checkpoint_path=args.save_checkpoint_path,
                    restore_checkpoint_path=args.restore_checkpoint_path,
                    checkpoint_every_steps=args.checkpoint_every_steps,
                    checkpoint_every_minutes=args.checkpoint_every_minutes, keep_checkpoints=args.keep_checkpoints,
                    overwrite=args.overwrite)
+
+    def resume_settings(self, world_size: int) -> Dict[str, Any]:
+        """The settings a resumed run may change, with a warning (checkpointing.TRAINING_FIELDS)."""
+        return {"batch_size": self.batch_size, "learning_rate": self.learning_rate,
+                "warmup_steps": self.warmup_steps, "decay_start_step": self.decay_start_step,
+                "decay_steps": self.decay_steps, "world_size": world_size}
 
 
 class _Profiler:
