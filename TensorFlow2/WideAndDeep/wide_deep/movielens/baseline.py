@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -71,5 +70,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FileNotFoundError, ValueError))   # a missing or malformed --dataset_path

@@ -525,15 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None):
+    """Parse ``argv`` and run the ETL; returns :func:`run_etl`'s result."""
     args = build_parser().parse_args(argv)
-    try:
-        run_etl(args.input_dir, args.output_dir, ratings_file=args.ratings_file, valid_fraction=args.valid_fraction,
-                seed=args.seed, overwrite=args.overwrite, part_rows=args.part_rows)
-    except (MovieLensInputError, OutputDirectoryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_etl(args.input_dir, args.output_dir, ratings_file=args.ratings_file, valid_fraction=args.valid_fraction,
+                   seed=args.seed, overwrite=args.overwrite, part_rows=args.part_rows)
 
 
 if __name__ == "__main__":
@@ -543,4 +539,5 @@ if __name__ == "__main__":
         sys.modules.setdefault(_name, None)
     warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
     warnings.filterwarnings("ignore", message=r".*NVTabular Dataset (in|to) CPU mode")
-    sys.exit(main())
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(MovieLensInputError, OutputDirectoryError, ValueError))

@@ -23,7 +23,6 @@ import argparse
 import csv
 import json
 import os
-import sys
 import time
 from typing import Dict, Optional, Sequence
 
@@ -162,14 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = build_parser().parse_args(argv)
-    try:
-        result = generate(args.output_dir, args.rows, args.users, args.movies, args.seed, args.overwrite)
-    except (OutputDirectoryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+    result = generate(args.output_dir, args.rows, args.users, args.movies, args.seed, args.overwrite)
     print(json.dumps(result))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(OutputDirectoryError, ValueError))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -393,19 +392,16 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = build_parser().parse_args(argv)
-    try:
-        summary = train(args.dataset_path, model_dir=args.model_dir, export_dir=args.export_dir,
-                        log_json=args.log_json, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                        max_eval_batches=args.max_eval_batches, max_iter=args.max_iter, display=args.display,
-                        eval_interval=args.eval_interval, snapshot=args.snapshot, learning_rate=args.learning_rate,
-                        embedding_dim=args.embedding_dim, hidden_units=args.hidden_units, combiner=args.combiner,
-                        seed=args.seed, overwrite=args.overwrite)
-    except (OutputDirectoryError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+    summary = train(args.dataset_path, model_dir=args.model_dir, export_dir=args.export_dir,
+                    log_json=args.log_json, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                    max_eval_batches=args.max_eval_batches, max_iter=args.max_iter, display=args.display,
+                    eval_interval=args.eval_interval, snapshot=args.snapshot, learning_rate=args.learning_rate,
+                    embedding_dim=args.embedding_dim, hidden_units=args.hidden_units, combiner=args.combiner,
+                    seed=args.seed, overwrite=args.overwrite)
     print(f"[movielens.train] AUC {summary['final_auc']:.4f} after {summary['steps']} steps")
     return summary
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(OutputDirectoryError, FileNotFoundError, ValueError))
