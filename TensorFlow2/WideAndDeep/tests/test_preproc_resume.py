@@ -70,6 +70,14 @@ def test_killed_run_resumes_without_redoing_the_join(raw_outbrain, etl_single, t
     assert [line.split()[2] for line in lines if line.startswith("[preproc] step ")] == \
         [f"{i}/7" for i in range(1, 8)]
     assert not os.path.exists(work_dir)
+    # The benchmark reads each step's time and peak memory back from these lines.
+    from wide_deep.data.outbrain.benchmark import step_figures
+    log = tmp_path / "log.txt"
+    log.write_text("\n".join(lines) + "\n")
+    steps = step_figures(str(log))
+    assert [s["step"] for s in steps] == list(range(1, 8))
+    peaks = [s["peak_rss_gib_so_far"] for s in steps]
+    assert peaks == sorted(peaks) and peaks[0] > 0.01
     for mapping in ("train", "test"):
         resumed_rows, resumed_spec = _rows(out, mapping)
         single_rows, single_spec = _rows(etl_single, mapping)

@@ -26,6 +26,11 @@ a time), and NVTabular fits and applies the workflow partition by partition (``-
 (ads, documents), not by the click log. Every step prints its rows and rows/s; long steps print rows done of the
 total, rows/s and time left every few seconds.
 
+Resume: the stages (join and split; fit; transform train; transform valid) write into ``--work_dir`` (default
+``<output_dir>.preproc.work``) and record each finished stage in its ``state.json``; after an error, Ctrl-C or a
+kill, the same command skips the finished stages (``--restart`` starts over; other inputs or settings are refused).
+The work directory is removed when the output is in place.
+
 Runs with NVTabular on CPU (``nvtabular``/``merlin.io.Dataset(..., cpu=True)``, pandas) where there is no GPU or
 with ``--cpu``, and on GPU (cuDF) otherwise. The workflow's fit and transform run on Dask: the local threaded
 scheduler by default, ``--use_dask`` a
