@@ -13,8 +13,14 @@ file system every executor and this driver see). The steps, each one pass over t
    Values seen at least ``--frequency_limit`` times get ids ``2, 3, ...`` by decreasing frequency: the dictionaries,
    written to ``OUTPUT/models`` (parquet: ``column, value, count, id``).
 3. *Transform*: join every row with the dictionaries (0 = missing, 1 = rare or unseen), ``log(x + 3)`` the integer
-   features (missing -> 0), and write ``OUTPUT/{train,test,validation}/part-*.parquet``, ``train`` rows in random
-   order (``--train_ordering``), ``test`` and ``validation`` in line order. Part files sort by name in row order.
+   features (missing -> 0), and write ``OUTPUT/{train,test,validation}/part-*.parquet`` in line order. Part files
+   sort by name in row order. With the dictionaries broadcast (the usual case) rows never leave the task that read
+   them: no shuffle and no sort.
+4. *Train shuffle* (``--train_ordering random``, the default): the train parquet files read back and written in a
+   pseudo-random order fixed by ``--seed`` (``shuffle_train``); ``test`` and ``validation`` stay in line order.
+
+Speed: every step is Spark SQL (no Python UDF, nothing collected to the driver but counts and the few malformed
+examples). On a 2-core machine most of the time goes to parsing the text, which passes 2 and 3 each do once.
 
 Outputs also ``OUTPUT/model_size.json`` (NVIDIA's: largest id per categorical column ``_c14 .. _c39``, so cardinality
 = value + 1), ``OUTPUT/cardinalities.json`` and ``OUTPUT/preprocess_report.json`` (row counts per split, malformed
@@ -252,7 +258,7 @@ def read_raw_with_splits(spark, layout: InputLayout, split_offsets: Dict[int, in
 
 
 # ----------------------------------------------------------------------------------------------------- parsing
-def parse_rows(raw, seed: int = 0):
+def parse_rows(raw):
     """Raw rows -> ``label``, ``num_raw_<i>`` (long or null), ``cat_raw_<i>`` (string or null), ``_reason``, ``_padded``.
 
     ``_reason`` is null for a good row, else the first problem found (see module docstring).
@@ -261,9 +267,10 @@ def parse_rows(raw, seed: int = 0):
     # Split once, in its own projection: the optimizer keeps a projection apart when merging it would evaluate an
     # expensive expression (the split) once per use; referenced 40 times, it made parsing ~5x slower.
     keep = ["_file", "_block", "_row", "_line", "split"]
-    text = F.regexp_replace(F.col("value"), "\r$", "")
+    # One trailing CR (CRLF files) is dropped; endswith + substring, not a regex scanning every line.
+    value = F.col("value")
+    text = F.when(value.endswith("\r"), F.expr("substring(value, 1, length(value) - 1)")).otherwise(value)
     stage = raw.select(F.col("value").alias("_text"), *keep,
-                       F.rand(seed).alias("_rand"),   # drawn while reading, so the shuffle is reproducible
                        F.when(F.col("_sep") == ",", F.split(text, ",", -1))
                        .otherwise(F.split(text, "\t", -1)).alias("_fields"))
     fields = F.col("_fields")
@@ -272,8 +279,11 @@ def parse_rows(raw, seed: int = 0):
         return F.get(fields, i)
 
     # The numbers are parsed once, in their own projection too: each is used by the checks and by the output.
-    numbers = stage.select(*[F.col(c) for c in ["_text", "_fields"] + keep + ["_rand"]],
-                           integral_value(field(0)).alias("_label_value"),
+    # The label is almost always "0" or "1": compared as text first, the float spellings parsed only otherwise.
+    label_text = field(0)
+    numbers = stage.select(*[F.col(c) for c in ["_text", "_fields"] + keep],
+                           F.when(label_text == "0", F.lit(0).cast("long")).when(label_text == "1", F.lit(1).cast("long"))
+                           .otherwise(integral_value(label_text)).alias("_label_value"),
                            *[F.when(field(1 + i) != "", integral_value(field(1 + i))).alias(f"num_raw_{i}")
                              for i in range(NUM_NUMERICAL)])
     count = F.size(fields)
@@ -286,7 +296,7 @@ def parse_rows(raw, seed: int = 0):
               .when(count > NUM_FIELDS, F.lit(REASON_TOO_MANY_FIELDS))
               .when(~F.coalesce(good_label, F.lit(False)), F.lit(REASON_BAD_LABEL))
               .otherwise(F.coalesce(*bad_numerical)))
-    columns = [F.col(c) for c in ["_text"] + keep + ["_rand"]]
+    columns = [F.col(c) for c in ["_text"] + keep]
     columns.append(reason.alias("_reason"))
     columns.append((count < NUM_FIELDS).alias("_padded"))
     columns.append(F.when(good_label, label_value.cast("int")).alias(LABEL_COLUMN))
@@ -294,7 +304,8 @@ def parse_rows(raw, seed: int = 0):
     for i in range(NUM_CATEGORICAL):
         t = field(1 + NUM_NUMERICAL + i)
         columns.append(F.when(t != "", t).alias(f"cat_raw_{i}"))
-    return numbers.select(*columns)
+    # The text is kept for the malformed rows only (quoted in the report); good rows do not carry it further.
+    return numbers.select(*columns).withColumn("_text", F.when(F.col("_reason").isNotNull(), F.col("_text")))
 
 
 def integral_value(text):
@@ -343,19 +354,30 @@ def build_dictionaries(counts, frequency_limit: int):
     return frequent.withColumn("id", (F.row_number().over(order) + (FIRST_FREQUENT_ID - 1)).cast("int"))
 
 
-def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
-    """Good rows -> ``split, label, num_0..12 (float), cat_0..25 (int)`` plus the ordering key."""
-    from pyspark.sql import functions as F
-    df = parsed.where(F.col("_reason").isNull())
-    # Small dictionaries go into one broadcast table that every join reuses (one broadcast, not 26); the large
-    # ones are joined column by column (sort-merge), as NVIDIA's job does.
-    small, budget = [], args.broadcast_max_rows
+def broadcast_columns(sizes: List[int], budget: int) -> List[int]:
+    """Categorical columns whose dictionaries are broadcast to the join: the smallest first, while their values
+    add up to at most ``budget`` (``--broadcast_max_rows``); the others are sort-merge joined."""
+    small = []
     for i in sorted(range(NUM_CATEGORICAL), key=lambda c: sizes[c]):
         if sizes[i] <= budget:
             small.append(i)
             budget -= sizes[i]
-    # The shared table is keyed by "<column>:<value>", so that no join condition refers to the table alone (the
-    # optimizer would push such a filter into it and every join would broadcast its own copy).
+    return sorted(small)
+
+
+def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
+    """Good rows -> ``split, label, num_0..12 (float), cat_0..25 (int)`` plus ``_file, _block, _row`` (input order).
+
+    A broadcast hash join streams the rows in their order, in the partition they were read in, so with every
+    dictionary broadcast the rows stay where they were read and no shuffle happens; a dictionary over the budget is
+    sort-merge joined (as NVIDIA's job does), which shuffles.
+    """
+    from pyspark.sql import functions as F
+    df = parsed.where(F.col("_reason").isNull())
+    small = broadcast_columns(sizes, args.broadcast_max_rows)
+    # The small dictionaries go into one broadcast table that every join reuses (one broadcast job, not 26), keyed
+    # by "<column>:<value>" so that no join condition refers to the table alone (the optimizer would push such a
+    # filter into it, and every join would then broadcast its own table).
     shared = (F.broadcast(dictionaries.where(F.col("column").isin(small))
                           .select(F.concat_ws(":", F.col("column"), F.col("value")).alias("key"), F.col("id")))
               if small else None)
@@ -366,8 +388,7 @@ def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
         else:
             d = dictionaries.where(F.col("column") == i).alias(f"d{i}")
             condition = F.col(f"cat_raw_{i}") == F.col(f"d{i}.value")
-        df = df.join(d, on=condition, how="left").select(
-            *[c for c in df.columns], F.col(f"d{i}.id").alias(f"_id{i}"))
+        df = df.join(d, on=condition, how="left").select(*[c for c in df.columns], F.col(f"d{i}.id").alias(f"_id{i}"))
     out = [F.col("split"), F.col(LABEL_COLUMN).cast("byte").alias(LABEL_COLUMN)]
     for i in range(NUM_NUMERICAL):
         x = F.col(f"num_raw_{i}")
@@ -378,14 +399,45 @@ def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
         out.append(F.when(F.col(f"cat_raw_{i}").isNull(), F.lit(MISSING_ID))
                    .when(F.col(f"_id{i}").isNull(), F.lit(RARE_ID))
                    .otherwise(F.col(f"_id{i}")).cast("int").alias(CATEGORICAL_COLUMNS[i]))
-    if args.train_ordering == "random":
-        # train: shuffled; test/validation: line order.
-        out += [F.when(F.col("split") == "train", F.col("_rand")).otherwise(F.col("_line").cast("double")).alias("_k1"),
-                F.lit(0).cast("long").alias("_k2"), F.lit(0).cast("long").alias("_k3")]
-    else:
-        # every split in input order: file, then block, then row within the block (= line order).
-        out += [F.col("_file").cast("double").alias("_k1"), F.col("_block").alias("_k2"), F.col("_row").alias("_k3")]
+    out += [F.col("_file"), F.col("_block"), F.col("_row")]
     return df.select(*out)
+
+
+def _write_splits(spark, data, path: str, sort: bool) -> None:
+    """``data`` partitioned by ``split`` into ``path/split=<name>``, each task's rows in the order they come.
+
+    Spark's partitioned writer sorts each task's rows by the partition column first, unless the rows are sorted
+    by it already (``sort``: a global sort by split) or concurrent writers are allowed; here one writer per split
+    (``spark.sql.maxConcurrentOutputFileWriters``, for this write only) keeps each task's rows in their order
+    without a sort.
+    """
+    key = "spark.sql.maxConcurrentOutputFileWriters"
+    previous = spark.conf.get(key)
+    if not sort:
+        spark.conf.set(key, str(len(SPLITS)))
+    try:
+        data.write.partitionBy("split").parquet(path)
+    finally:
+        spark.conf.set(key, previous)
+
+
+def shuffle_train(spark, source: str, target: str, seed: int, partitions: int) -> None:
+    """``--train_ordering random``: the train parquet files at ``source`` (input order) -> ``target``, rows in a
+    pseudo-random order fixed by ``seed``.
+
+    Each row's key is a 64-bit hash of the seed and the row's place in ``source`` (part file number, row within the
+    file), so the order does not depend on how Spark splits the files into tasks; rows are hash-partitioned by the
+    key into ``partitions`` tasks (a fixed count, which adaptive execution keeps) and sorted by it within each, so
+    part files sorted by name give the shuffled order. Reading the compact parquet back costs far less than a
+    global sort of the rows while they are parsed from text.
+    """
+    from pyspark.sql import functions as F
+    rows = spark.read.parquet(source)
+    part = F.regexp_extract(F.col("_metadata.file_name"), r"^part-([0-9]+)", 1).cast("long")
+    key = F.xxhash64(F.lit(seed), part, F.col("_metadata.row_index"))
+    columns = [LABEL_COLUMN] + NUMERICAL_COLUMNS + CATEGORICAL_COLUMNS
+    (rows.select(*columns, key.alias("_key")).repartition(partitions, "_key").sortWithinPartitions("_key")
+     .drop("_key").write.parquet(target))
 
 
 # ----------------------------------------------------------------------------------------------------- the job
@@ -422,7 +474,7 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
         _progress(started, f"pass 1: {offsets[-1]} lines in {os.path.basename(layout.split_file)}")
         raw, split_info = read_raw_with_splits(spark, layout, offsets, formats)
         report["split"] = split_info
-        parsed = parse_rows(raw, args.seed)
+        parsed = parse_rows(raw)
 
         # Pass 2: counts for dictionaries and the report, written once and read twice.
         value_counts(parsed, args.dictionary_source).write.parquet(os.path.join(work, "counts"))
@@ -482,18 +534,30 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
         _progress(started, f"dictionaries: cardinalities {cardinalities}")
         report["cardinalities"] = cardinalities
 
-        # Pass 3: transform and write the splits, one job, sorted by (split, ordering key).
-        data = transform(parsed, dictionaries, sizes, args).orderBy("split", "_k1", "_k2", "_k3").drop("_k1", "_k2", "_k3")
-        data.write.partitionBy("split").parquet(os.path.join(work, "splits"))
+        # Pass 3: transform and write the splits in input order, one job. With every dictionary broadcast the rows
+        # stay in the tasks that read them (one input block each, in file then block order), so sorting each task's
+        # rows by (split, row) is enough: its part file per split holds them in line order, and part files sorted by
+        # name follow the input. A sort-merge-joined dictionary moves rows between tasks: then a global sort.
+        data = transform(parsed, dictionaries, sizes, args)
+        in_place = len(broadcast_columns(sizes, args.broadcast_max_rows)) == NUM_CATEGORICAL
+        if not in_place:
+            data = data.orderBy("split", "_file", "_block", "_row")
+        _write_splits(spark, data.drop("_file", "_block", "_row"), os.path.join(work, "splits"), sort=not in_place)
+        _progress(started, "pass 3: splits written")
         for split in SPLITS:
             source = os.path.join(work, "splits", f"split={split}")
             target = os.path.join(out, split)
-            if os.path.isdir(source):
-                os.replace(source, target)
-            else:
+            if not os.path.isdir(source):
                 os.makedirs(target)   # an empty split (e.g. no validation rows in a tiny input)
+            elif split == "train" and args.train_ordering == "random":
+                # Pass 4: the train rows in random order, from the compact parquet just written.
+                partitions = args.shuffle_partitions or max(spark.sparkContext.defaultParallelism,
+                                                            -(-report["rows_written"]["train"] // 2_000_000))
+                shuffle_train(spark, source, target, args.seed, partitions)
+                _progress(started, f"pass 4: train rows shuffled ({partitions} part files)")
+            else:
+                os.replace(source, target)
         _remove_tree(work)
-        _progress(started, "pass 3: splits written")
 
         atomic_write_text(os.path.join(out, "model_size.json"),
                           json.dumps({f"_c{1 + NUM_NUMERICAL + i}": c - 1 for i, c in enumerate(cardinalities)},

@@ -71,8 +71,25 @@ def iter_blocks(files: Sequence[str], block_rows: int):
                 column = batch.column(batch.schema.get_field_index(name))
                 if column.null_count:
                     raise ConversionError(f"{path}: column {name} has {column.null_count} null value(s)")
-                block[name] = column.to_numpy(zero_copy_only=False)
+                block[name] = _as_numpy(column)
             yield block
+
+
+def _as_numpy(column) -> np.ndarray:
+    """A null-free pyarrow array of a fixed-width number type as a numpy view of its data buffer.
+
+    ``Array.to_numpy`` imports pandas on first use (about half a second on a 2-core machine, for a job of a few
+    seconds); the Spark job writes byte / float / int columns, which are read here without it.
+    """
+    import pyarrow as pa
+    dtype = _NUMPY_TYPES.get(str(column.type))
+    if dtype is None or pa.types.is_boolean(column.type):
+        return column.to_numpy(zero_copy_only=False)
+    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
+
+
+_NUMPY_TYPES = {name: np.dtype(name.replace("float", "float32").replace("double", "float64"))
+                for name in ("int8", "int16", "int32", "int64", "float", "double")}
 
 
 def convert_split(spec: FeatureSpec, split: str, files: Sequence[str], block_rows: int) -> int:
