@@ -18,7 +18,14 @@ def test_benchmark_json_fields(tmp_path):
     assert written == json.loads(json.dumps(result))
     for key in ("ours_samples_per_s", "keras_samples_per_s", "speedup", "ours_seconds", "keras_seconds"):
         assert math.isfinite(written[key]) and written[key] > 0, key
-    assert written["speedup"] == pytest.approx(written["ours_samples_per_s"] / written["keras_samples_per_s"])
+    # the speedup pairs the two sides of each round (run back to back), then takes the median over rounds
+    pairs = [o / k for o, k in zip(written["ours_rounds_samples_per_s"], written["keras_rounds_samples_per_s"])]
+    assert written["speedup_rounds"] == pytest.approx(pairs)
+    assert written["speedup"] == pytest.approx(float(np.median(pairs)))
+    spread = written["speedup_spread"]
+    assert spread["min"] <= spread["q1"] <= written["speedup"] <= spread["q3"] <= spread["max"]
+    of_medians = written["ours_samples_per_s"] / written["keras_samples_per_s"]
+    assert written["speedup_of_medians"] == pytest.approx(of_medians)
     assert len(written["ours_rounds_samples_per_s"]) == len(written["keras_rounds_samples_per_s"]) == 2
     assert written["ours_samples_per_s"] == pytest.approx(float(np.median(written["ours_rounds_samples_per_s"])))
     for side in ("ours", "keras"):   # each round's rate is its 3 steps of 64 over its time; the times add up

@@ -20,9 +20,10 @@ input pipelines; the Merlin parquet loader is timed by ``main.py --benchmark``):
 The batches: ``--dataset_path`` (an Outbrain ETL output; its first ``--num_batches`` batches of train/) or, by
 default, ``--num_batches`` synthetic batches drawn per feature (Zipf-skewed ids, 1 to 3 ids per multi-hot row,
 normal numericals, 20 % positives), cycled. After ``--benchmark_warmup_steps`` untimed steps per side, ``--rounds``
-rounds alternate ours and keras, ``--benchmark_steps`` timed steps each. Prints and writes (``--output_json``) one
-JSON object: the median samples/s of each side (and each round's), ``speedup`` = ours / keras, the settings, the
-CPU model and the load average. ``main(argv)`` returns that dict.
+rounds alternate ours and keras (the order flipped every round), ``--benchmark_steps`` timed steps each. Prints and
+writes (``--output_json``) one JSON object: the median samples/s of each side (and each round's), ``speedup`` = the
+median over rounds of ours / keras within the round (``speedup_rounds``, and ``speedup_spread``: min, max, quartiles,
+IQR / median), the settings, the CPU model and the load average. ``main(argv)`` returns that dict.
 """
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global_batch_size", type=int, default=4096, help="training batch of both sides")
     p.add_argument("--benchmark_warmup_steps", type=int, default=10, help="untimed steps first (tracing, caches)")
     p.add_argument("--benchmark_steps", type=int, default=20, help="timed steps per round and side")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="timed rounds, alternating the two sides; the figures are the medians over rounds")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="timed rounds, alternating the two sides (order flipped every round); the figures are the "
+                        "medians over rounds, the speedup the median of the rounds' ratios")
     p.add_argument("--num_batches", type=int, default=8, help="distinct batches, cycled")
     p.add_argument("--deep_hidden_units", type=int, nargs="+", default=[1024, 1024, 1024, 1024, 1024],
                    help="hidden units of the deep part")
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deep_learning_rate", type=float, default=0.00012, help="RMSprop learning rate (deep part)")
     p.add_argument("--combiner", choices=["sum", "mean"], default="sum", help="multi-hot pooling")
     p.add_argument("--xla", action="store_true", help="jit_compile the training step on both sides")
+    p.add_argument("--amp", action="store_true",
+                   help="ours in mixed_bfloat16 (main.py --amp on a CPU; fast where the CPU has AVX512-BF16 or AMX); "
+                        "the Keras side stays float32 as a user writes it")
     p.add_argument("--cardinality_scale", type=float, default=1.0,
                    help="multiply every hash-bucket size (tests use a small value to keep the tables tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches and of the weights")
@@ -125,7 +130,7 @@ def make_dataset(data: Dict[str, np.ndarray], batch_size: int):
 
 
 # ----------------------------------------------------------------------------------------------------------- sides
-def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla, seed):
+def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla, seed, amp=False):
     """The recipe's model, optimizers and training step (``wide_deep.trainer.run``'s); returns ``step(x, y) -> loss``."""
     import tensorflow as tf
     from wide_deep.trainer.model import ModelConfig, WideDeepModel
@@ -133,7 +138,13 @@ def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla,
     config = ModelConfig(onehot=layout["onehot"], multihot=layout["multihot"], max_hotness=layout["max_hotness"],
                          numerical=layout["numerical"], embedding_dims=layout["embedding_dims"],
                          hidden_units=tuple(hidden_units), dropout=dropout, combiner=combiner)
-    model = WideDeepModel(config, seed=seed).build_from_config()
+    previous = tf.keras.mixed_precision.global_policy().name
+    if amp:   # bfloat16 compute, float32 weights (main.py --amp on a CPU); the Keras side stays float32
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = WideDeepModel(config, seed=seed).build_from_config()
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous)
     wide_opt, deep_opt = create_optimizers(model, linear_lr, deep_lr, loss_scale=False)
     train_step = make_train_step(model, wide_opt, deep_opt, xla=xla, loss_scale=False)
     deep_lr_tensor = tf.constant(deep_lr, tf.float32)
@@ -179,6 +190,16 @@ def build_keras(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla
     return model
 
 
+def _cpu_bfloat16() -> str:
+    """Which bfloat16 instructions the CPU has ("amx", "avx512_bf16" or "none"), from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+
+
 def ours_runner(step, dataset):
     """``run(steps) -> seconds`` of ``steps`` training steps (the last loss is fetched before the clock stops)."""
     it = iter(dataset)
@@ -204,7 +225,8 @@ def keras_runner(model, dataset):
 def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int = 4096, warmup_steps: int = 10,
                   steps: int = 20, num_batches: int = 8, hidden_units: Sequence[int] = (1024,) * 5,
                   dropout: float = 0.1, linear_lr: float = 0.02, deep_lr: float = 0.00012, combiner: str = "sum",
-                  xla: bool = False, cardinality_scale: float = 1.0, seed: int = 0, rounds: int = 3) -> Dict[str, object]:
+                  xla: bool = False, cardinality_scale: float = 1.0, seed: int = 0, rounds: int = 7,
+                  amp: bool = False) -> Dict[str, object]:
     """Time both sides on the same batches; returns the result dict (see the module docstring)."""
     for flag, value in (("--global_batch_size", global_batch_size), ("--benchmark_warmup_steps", warmup_steps),
                         ("--benchmark_steps", steps), ("--num_batches", num_batches), ("--rounds", rounds)):
@@ -218,24 +240,34 @@ def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int 
         data = synthetic_batches(layout, global_batch_size, num_batches, seed)
     dataset = make_dataset(data, global_batch_size)
     args = (layout, list(hidden_units), dropout, combiner, linear_lr, deep_lr, xla, seed)
-    _, ours_step = build_ours(*args)
+    _, ours_step = build_ours(*args, amp=amp)
     runners = {"ours": ours_runner(ours_step, dataset), "keras": keras_runner(build_keras(*args), dataset)}
     for run in runners.values():
         run(warmup_steps)
-    # Rounds alternate the two sides, so that a change of load on a shared machine hits both alike.
     seconds = {side: [] for side in runners}
-    for _ in range(rounds):
-        for side, run in runners.items():
-            seconds[side].append(run(steps))
+    for r in range(rounds):
+        # Interleaved rounds, the order flipped every round (ours-keras, keras-ours, ...): a change of load on a
+        # shared machine, or a cost paid by whichever side runs second, hits both sides alike.
+        for side in (("ours", "keras") if r % 2 == 0 else ("keras", "ours")):
+            seconds[side].append(runners[side](steps))
     rates = {side: [steps * global_batch_size / s for s in secs] for side, secs in seconds.items()}
     ours, keras = float(np.median(rates["ours"])), float(np.median(rates["keras"]))
-    return {"mode": "train", "ours_samples_per_s": ours, "keras_samples_per_s": keras, "speedup": ours / keras,
+    # The speedup is the median of each round's ratio: the two sides of a round ran back to back under the same
+    # load, so a load change between rounds cancels in the ratio where it would not in a ratio of medians.
+    ratios = [o / k for o, k in zip(rates["ours"], rates["keras"])]
+    q1, q3 = np.percentile(ratios, [25, 75])
+    return {"mode": "train", "ours_samples_per_s": ours, "keras_samples_per_s": keras,
+            "speedup": float(np.median(ratios)), "speedup_rounds": ratios,
+            "speedup_spread": {"min": float(min(ratios)), "max": float(max(ratios)), "q1": float(q1),
+                               "q3": float(q3), "iqr_over_median": float((q3 - q1) / np.median(ratios))},
+            "speedup_of_medians": ours / keras,
             "ours_rounds_samples_per_s": rates["ours"], "keras_rounds_samples_per_s": rates["keras"],
             "ours_seconds": float(sum(seconds["ours"])), "keras_seconds": float(sum(seconds["keras"])),
             "rounds": rounds, "global_batch_size": global_batch_size,
             "warmup_steps": warmup_steps, "steps": steps, "num_batches": num_batches,
             "data": dataset_path or "synthetic", "deep_hidden_units": list(hidden_units), "combiner": combiner,
-            "xla": xla, "cardinality_scale": cardinality_scale,
+            "xla": xla, "amp": amp, "ours_precision": "mixed_bfloat16" if amp else "float32",
+            "keras_precision": "float32", "cpu_bfloat16": _cpu_bfloat16(), "cardinality_scale": cardinality_scale,
             "input": "identical in-memory tf.data batches for both sides",
             "device": "CPU", "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "load_average_1m": os.getloadavg()[0], "tensorflow": tf.__version__}
@@ -249,7 +281,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                            num_batches=args.num_batches, hidden_units=args.deep_hidden_units,
                            dropout=args.deep_dropout, linear_lr=args.linear_learning_rate,
                            deep_lr=args.deep_learning_rate, combiner=args.combiner, xla=args.xla,
-                           cardinality_scale=args.cardinality_scale, seed=args.seed, rounds=args.rounds)
+                           cardinality_scale=args.cardinality_scale, seed=args.seed, rounds=args.rounds,
+                           amp=args.amp)
     import json
     print(json.dumps(result), flush=True)
     if args.output_json:
