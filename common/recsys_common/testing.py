@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,38 @@ def recipe_env(recipe_dir: str, tensorflow: bool = False) -> Dict[str, str]:
         env["TF_USE_LEGACY_KERAS"] = "1"
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def ci_pins() -> Dict[str, str]:
+    """``{package: version}`` of ``ci/constraints.txt`` (names lower-case, ``_`` as ``-``): what CI tests, which
+    the recipes' Dockerfiles and requirements must agree with (their ``tests/test_packaging.py``)."""
+    pins = {}
+    with open(os.path.join(repo_root(), "ci", "constraints.txt")) as f:
+        for line in f:
+            m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line)
+            if m:
+                pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return pins
+
+
+def requirement_specs(path: str) -> Dict[str, str]:
+    """``{package: version specifier}`` of a requirements file (``""`` for an unpinned line; comments dropped)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                m = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", line)
+                out[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return out
+
+
+def read_dockerfile(path: str):
+    """``(text, {ARG name: default}, [RUN commands, continuation lines joined])`` of a Dockerfile."""
+    with open(path) as f:
+        text = f.read()
+    runs = [line[4:] for line in re.sub(r"\\\n", " ", text).splitlines() if line.startswith("RUN ")]
+    return text, dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M)), runs
 
 
 def make_criteo_like_dataset(directory: str, train_rows: int = 8192, test_rows: int = 2048,

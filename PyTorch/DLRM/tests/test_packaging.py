@@ -2,28 +2,19 @@
 import os
 import re
 
-from conftest import RECIPE_DIR, REPO_ROOT
+from conftest import RECIPE_DIR
+from recsys_common.testing import ci_pins, read_dockerfile
 
 DOCKERFILE = os.path.join(RECIPE_DIR, "Dockerfile")
 
 
-def _constraints():
-    pins = {}
-    with open(os.path.join(REPO_ROOT, "ci", "constraints.txt")) as f:
-        for line in f:
-            m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line)
-            if m:
-                pins[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return pins
-
-
 def _docker_args():
-    text = open(DOCKERFILE).read()
-    return dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M)), text
+    text, args, _ = read_dockerfile(DOCKERFILE)
+    return args, text
 
 
 def test_dockerfile_pins_the_tested_torch_torchrec_and_fbgemm():
-    pins = _constraints()
+    pins = ci_pins()
     args, _ = _docker_args()
     assert args["TORCH_VERSION"] == pins["torch"]
     assert args["TORCHREC_VERSION"] == pins["torchrec"]

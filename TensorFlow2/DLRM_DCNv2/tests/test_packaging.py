@@ -5,42 +5,16 @@ import re
 import subprocess
 
 from conftest import RECIPE_DIR, REPO_ROOT
+from recsys_common.testing import ci_pins, read_dockerfile, requirement_specs
 
 DOCKERFILE = os.path.join(RECIPE_DIR, "Dockerfile")
 REQUIREMENTS = os.path.join(RECIPE_DIR, "requirements.txt")
 
 
-def _constraints():
-    pins = {}
-    with open(os.path.join(REPO_ROOT, "ci", "constraints.txt")) as f:
-        for line in f:
-            m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line)
-            if m:
-                pins[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return pins
-
-
-def _requirements():
-    out = {}
-    for line in open(REQUIREMENTS):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            m = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", line)
-            out[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return out
-
-
-def _docker():
-    text = open(DOCKERFILE).read()
-    logical = re.sub(r"\\\n", " ", text)          # continuation lines joined
-    runs = [line[4:] for line in logical.splitlines() if line.startswith("RUN ")]
-    return text, dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M)), runs
-
-
 def test_requirements_never_replace_the_images_tensorflow_or_horovod():
-    reqs = _requirements()
+    reqs = requirement_specs(REQUIREMENTS)
     assert not {"tensorflow", "tensorflow-cpu", "horovod", "tf-keras", "keras", "torch"} & set(reqs), reqs
-    pins = _constraints()
+    pins = ci_pins()
     for name, spec in reqs.items():   # an exact pin here is the version CI tests
         if spec.startswith("=="):
             assert spec[2:] == pins[name], f"{name}{spec} but ci/constraints.txt has {pins.get(name)}"
@@ -48,14 +22,14 @@ def test_requirements_never_replace_the_images_tensorflow_or_horovod():
 
 
 def test_dockerfile_base_is_an_ngc_tensorflow_image_and_is_checked():
-    _, args, runs = _docker()
+    _, args, runs = read_dockerfile(DOCKERFILE)
     assert re.fullmatch(r"nvcr\.io/nvidia/tensorflow:\d\d\.\d\d-tf2-py3", args["BASE_IMAGE"]), args["BASE_IMAGE"]
     check = [r for r in runs if "is_built_with_cuda" in r]
     assert len(check) == 1 and "import sys, tensorflow as tf, horovod.tensorflow" in check[0]
 
 
 def test_dockerfile_installs_tf_keras_for_the_images_tensorflow_without_dependencies():
-    _, _, runs = _docker()
+    _, _, runs = read_dockerfile(DOCKERFILE)
     keras = [r for r in runs if "tf-keras" in r]
     assert len(keras) == 1 and keras[0].lstrip().startswith("set -e")
     assert "--no-deps" in keras[0] and '"tf-keras~=${TF_MINOR}.0"' in keras[0]
@@ -63,7 +37,7 @@ def test_dockerfile_installs_tf_keras_for_the_images_tensorflow_without_dependen
 
 
 def test_dockerfile_mde_build_is_optional_but_never_silent():
-    _, args, runs = _docker()
+    _, args, runs = read_dockerfile(DOCKERFILE)
     assert args["WITH_MDE"] == "0"
     mde = [r for r in runs if "distributed-embeddings" in r]
     assert len(mde) == 1 and mde[0].lstrip().startswith("set -e")
@@ -75,7 +49,7 @@ def test_dockerfile_mde_build_is_optional_but_never_silent():
 
 
 def test_dockerfile_copies_existing_paths_from_the_repository_root():
-    text, _, _ = _docker()
+    text, _, _ = read_dockerfile(DOCKERFILE)
     sources = re.findall(r"^COPY (\S+) ", text, flags=re.M)
     assert "common/" in sources and "TensorFlow2/DLRM_DCNv2/" in sources
     for source in sources:

@@ -4,41 +4,17 @@ import os
 import re
 
 from conftest import RECIPE_DIR, REPO_ROOT
+from recsys_common.testing import ci_pins, read_dockerfile, requirement_specs
 
 DOCKERFILE = os.path.join(RECIPE_DIR, "Dockerfile")
 
 
-def _requirements():
-    out = {}
-    for line in open(os.path.join(RECIPE_DIR, "requirements.txt")):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            m = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", line)
-            out[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return out
-
-
-def _constraints():
-    pins = {}
-    for line in open(os.path.join(REPO_ROOT, "ci", "constraints.txt")):
-        m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line)
-        if m:
-            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return pins
-
-
-def _docker():
-    text = open(DOCKERFILE).read()
-    runs = [line[4:] for line in re.sub(r"\\\n", " ", text).splitlines() if line.startswith("RUN ")]
-    return text, dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M)), runs
-
-
 def test_requirements_keep_the_images_framework_packages_and_agree_with_ci():
-    reqs = _requirements()
+    reqs = requirement_specs(os.path.join(RECIPE_DIR, "requirements.txt"))
     image_owned = {"tensorflow", "tensorflow-cpu", "tf-keras", "keras", "horovod", "nvtabular", "merlin-core",
                    "merlin-dataloader", "dask", "distributed", "dask-cuda", "cudf", "torch"}
     assert not image_owned & set(reqs), image_owned & set(reqs)
-    pins = _constraints()
+    pins = ci_pins()
     for name, spec in reqs.items():
         if spec.startswith("=="):
             assert spec[2:] == pins[name], f"{name}{spec} but ci/constraints.txt has {pins.get(name)}"
@@ -52,10 +28,10 @@ def test_requirements_keep_the_images_framework_packages_and_agree_with_ci():
 
 
 def test_dockerfile_base_is_an_ngc_merlin_tensorflow_image_matching_ci_nvtabular():
-    _, args, runs = _docker()
+    _, args, runs = read_dockerfile(DOCKERFILE)
     m = re.fullmatch(r"nvcr\.io/nvidia/merlin/merlin-tensorflow:(\d\d)\.(\d\d)", args["BASE_IMAGE"])
     assert m, args["BASE_IMAGE"]
-    assert f"{int(m.group(1))}.{int(m.group(2))}.0" == _constraints()["nvtabular"]   # 23.08 <-> nvtabular 23.8.0
+    assert f"{int(m.group(1))}.{int(m.group(2))}.0" == ci_pins()["nvtabular"]   # 23.08 <-> nvtabular 23.8.0
     check = [r for r in runs if "is_built_with_cuda" in r]
     assert len(check) == 1
     for module in ("horovod.tensorflow", "nvtabular", "merlin.dataloader.tensorflow"):
@@ -63,7 +39,7 @@ def test_dockerfile_base_is_an_ngc_merlin_tensorflow_image_matching_ci_nvtabular
 
 
 def test_dockerfile_installs_keras_2_without_replacing_tensorflow():
-    _, _, runs = _docker()
+    _, _, runs = read_dockerfile(DOCKERFILE)
     keras = [r for r in runs if "tf-keras" in r]
     assert len(keras) == 1 and keras[0].lstrip().startswith("set -e") and "||" not in keras[0]
     assert "--no-deps" in keras[0] and '"tf-keras~=${TF_MINOR}.0"' in keras[0]
@@ -72,7 +48,7 @@ def test_dockerfile_installs_keras_2_without_replacing_tensorflow():
 
 
 def test_dockerfile_copies_existing_paths_from_the_repository_root():
-    text, _, _ = _docker()
+    text, _, _ = read_dockerfile(DOCKERFILE)
     sources = re.findall(r"^COPY (\S+) ", text, flags=re.M)
     assert sources == ["common/", "TensorFlow2/WideAndDeep/requirements.txt", "TensorFlow2/WideAndDeep/"]
     for src in sources:
@@ -80,7 +56,7 @@ def test_dockerfile_copies_existing_paths_from_the_repository_root():
 
 
 def test_recipe_tools_named_in_the_dockerfile_exist():
-    text, _, _ = _docker()
+    text, _, _ = read_dockerfile(DOCKERFILE)
     for path in ("scripts/preproc.sh", "hvd_wrapper.sh", "main.py", "quickstart.sh"):
         assert path in text, path
         assert os.path.exists(os.path.join(RECIPE_DIR, path)), path
