@@ -44,6 +44,30 @@ def recipe_env(recipe_dir: str, tensorflow: bool = False) -> Dict[str, str]:
     return env
 
 
+# The 999-row Avazu sample as both DLRM recipes' tests prepare it (tests/test_prepare_clicks_avazu.py): 18
+# categorical columns (ids by frequency, values seen once -> the rare id), C15/C16 (banner width/height) as
+# numericals, three random 70/30 splits (one 291-row test set is too noisy to compare models on).
+AVAZU_CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
+                     "app_category", "device_id", "device_model", "device_type", "device_conn_type", "C14", "C17",
+                     "C18", "C19", "C20", "C21"]
+AVAZU_SPLIT_SEEDS = (0, 1, 2)
+
+
+def prepare_avazu_splits(tmp_path_factory, seeds: Sequence[int] = AVAZU_SPLIT_SEEDS) -> List[str]:
+    """The shared Avazu sample through ``recsys_common.prepare_clicks`` once per split seed; returns the dataset
+    directories (skips, or fails under ``RECSYS_REQUIRE_DATA=1``, without the sample)."""
+    from .prepare_clicks import main as prepare_clicks
+    raw = shared_data_path("avazu", "avazu-train-head999.csv")
+    out = []
+    for seed in seeds:
+        directory = str(tmp_path_factory.mktemp("avazu") / f"split{seed}")
+        prepare_clicks(["--input", raw, "--output", directory, "--label", "click", "--categorical",
+                        *AVAZU_CATEGORICAL, "--numerical", "C15", "C16", "--frequency_limit", "2",
+                        "--split_fractions", "0.7", "0", "0.3", "--seed", str(seed)])
+        out.append(directory)
+    return out
+
+
 def ci_pins() -> Dict[str, str]:
     """``{package: version}`` of ``ci/constraints.txt`` (names lower-case, ``_`` as ``-``): what CI tests, which
     the recipes' Dockerfiles and requirements must agree with (their ``tests/test_packaging.py``)."""

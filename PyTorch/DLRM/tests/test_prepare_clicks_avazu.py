@@ -11,14 +11,9 @@ import statistics
 
 import pytest
 
-from conftest import RECIPE_DIR  # noqa: F401  (puts the recipe and common/ on sys.path)
 from dlrm.scripts.main import main
-from recsys_common.testing import shared_data_path
+from recsys_common.testing import prepare_avazu_splits
 
-CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category",
-               "device_id", "device_model", "device_type", "device_conn_type", "C14", "C17", "C18", "C19", "C20",
-               "C21"]
-SPLIT_SEEDS = (0, 1, 2)
 DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_table", "--Adam_embedding_optimizer",
              "--Adam_MLP_optimizer", "--lr", "0.005", "--warmup_steps", "0", "--decay_steps", "0", "--epochs", "2",
              "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "16,1", "--batch_size", "32",
@@ -36,16 +31,7 @@ MARGIN = -0.053
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
-    from preproc import prepare_clicks
-    raw = shared_data_path("avazu", "avazu-train-head999.csv")
-    out = []
-    for seed in SPLIT_SEEDS:
-        directory = str(tmp_path_factory.mktemp("avazu") / f"split{seed}")
-        prepare_clicks.main(["--input", raw, "--output", directory, "--label", "click", "--categorical", *CATEGORICAL,
-                             "--numerical", "C15", "C16", "--frequency_limit", "2", "--split_fractions", "0.7", "0",
-                             "0.3", "--seed", str(seed)])
-        out.append(directory)
-    return out
+    return prepare_avazu_splits(tmp_path_factory)   # the recipe's prepare_clicks is this same tool
 
 
 def test_margin_follows_the_seed_study():

@@ -12,14 +12,10 @@ import statistics
 
 import pytest
 
-from recsys_common.testing import shared_data_path
+from recsys_common.testing import prepare_avazu_splits
 
 from dlrm_dcnv2.main import main
 
-CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category",
-               "device_id", "device_model", "device_type", "device_conn_type", "C14", "C17", "C18", "C19", "C20",
-               "C21"]
-SPLIT_SEEDS = (0, 1, 2)
 FLAGS = ["--optimizer", "adam", "--learning_rate", "0.005", "--warmup_steps", "0", "--epochs", "2",
          "--embedding_dim", "4", "--bottom_mlp_dims", "8,4", "--top_mlp_dims", "16,1", "--batch_size", "32",
          "--valid_batch_size", "1024", "--print_freq", "1000", "--log_path", "", "--seed", "1"]
@@ -35,16 +31,7 @@ MARGIN = -0.071
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
-    from dlrm_dcnv2.dataloading import prepare_clicks
-    raw = shared_data_path("avazu", "avazu-train-head999.csv")
-    out = []
-    for seed in SPLIT_SEEDS:
-        directory = str(tmp_path_factory.mktemp("avazu") / f"split{seed}")
-        prepare_clicks.main(["--input", raw, "--output", directory, "--label", "click", "--categorical", *CATEGORICAL,
-                             "--numerical", "C15", "C16", "--frequency_limit", "2", "--split_fractions", "0.7", "0",
-                             "0.3", "--seed", str(seed)])
-        out.append(directory)
-    return out
+    return prepare_avazu_splits(tmp_path_factory)   # the recipe's prepare_clicks is this same tool
 
 
 def test_margin_follows_the_seed_study():
