@@ -262,6 +262,22 @@ class BatchPipeline:
         return self.name
 
 
+
+class SpecPipeline(BatchPipeline):
+    """A pipeline over one split (``mapping``) of a dataset described by a FeatureSpec: checks the split exists and
+    the spec is valid for it, and sets ``spec``, ``mapping``, ``metadata`` and ``label`` (the base of the
+    split-binary and split_tfrecords datasets)."""
+
+    def __init__(self, spec, mapping: str, **kwargs):
+        if mapping not in spec.source_spec:
+            raise DataError(f"{spec.origin}: source_spec has no split {mapping!r} (has: "
+                            f"{', '.join(spec.source_spec)})")
+        super().__init__(name=os.path.join(spec.base_directory, mapping), **kwargs)
+        spec.validate(mappings=[mapping])
+        self.spec, self.mapping = spec, mapping
+        self.metadata = metadata_from_spec(spec)
+        self.label = label_feature(spec)
+
 _END = object()
 
 

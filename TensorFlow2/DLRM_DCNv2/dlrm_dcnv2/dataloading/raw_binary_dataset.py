@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .pipeline import BatchPipeline, DataError, label_feature, metadata_from_spec
+from .pipeline import DataError, SpecPipeline
 
 # Indirection so tests can count which files a rank opens.
 _open_fd = os.open
@@ -123,18 +123,11 @@ def split_binary_chunks(spec, mapping: str) -> Tuple[Dict[str, Tuple[int, int]],
     return where, chunks, (chunks[0]["rows"] if chunks else 0)
 
 
-class RawBinaryDataset(BatchPipeline):
+class RawBinaryDataset(SpecPipeline):
     """One split of a split-binary (or csv/parquet) dataset; see the module docstring."""
 
     def __init__(self, spec, mapping: str, **kwargs):
-        if mapping not in spec.source_spec:
-            raise DataError(f"{spec.origin}: source_spec has no split {mapping!r} (has: "
-                            f"{', '.join(spec.source_spec)})")
-        super().__init__(name=os.path.join(spec.base_directory, mapping), **kwargs)
-        spec.validate(mappings=[mapping])
-        self.spec, self.mapping = spec, mapping
-        self.metadata = metadata_from_spec(spec)
-        self.label = label_feature(spec)
+        super().__init__(spec, mapping, **kwargs)
         types = {c["type"] for c in spec.source_spec[mapping]}
         stored = set(spec.features_of_mapping(mapping))
         missing = [f for f in self.metadata.categorical_features + self.metadata.numerical_features + [self.label]

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .pipeline import PAD, BatchPipeline, DataError, label_feature, metadata_from_spec
+from .pipeline import PAD, DataError, SpecPipeline, label_feature, metadata_from_spec
 
 LENGTH_FILE = "length.json"
 CHUNK_TYPE = "split_tfrecords"
@@ -341,18 +341,11 @@ def _padded(splits: np.ndarray, ids: np.ndarray, width: int, path: str, feature:
     return out
 
 
-class SplitTFRecordsDataset(BatchPipeline):
+class SplitTFRecordsDataset(SpecPipeline):
     """One split of a split_tfrecords dataset; see the module docstring."""
 
     def __init__(self, spec, mapping: str, **kwargs):
-        if mapping not in spec.source_spec:
-            raise DataError(f"{spec.origin}: source_spec has no split {mapping!r} (has: "
-                            f"{', '.join(spec.source_spec)})")
-        super().__init__(name=os.path.join(spec.base_directory, mapping), **kwargs)
-        spec.validate(mappings=[mapping])
-        self.spec, self.mapping = spec, mapping
-        self.metadata = metadata_from_spec(spec)
-        self.label = label_feature(spec)
+        super().__init__(spec, mapping, **kwargs)
         groups: Dict[str, RecordGroup] = {}
         owner: Dict[str, tuple] = {}
         for i, chunk in enumerate(spec.source_spec[mapping]):
