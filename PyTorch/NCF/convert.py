@@ -324,6 +324,18 @@ def _time_order(timestamps: np.ndarray) -> np.ndarray:
     return packed
 
 
+def _check_two_interactions_per_user(per_user: np.ndarray, raw_users: np.ndarray, path: str) -> None:
+    """Leave-one-out needs two distinct interactions per user: raise :class:`ConversionError` naming the first five
+    users with fewer (``per_user``: distinct interactions per dense user id; ``raw_users``: their ids in the file)."""
+    lonely = np.flatnonzero(per_user < 2)
+    if lonely.size:
+        examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
+        raise ConversionError(f"{path}: {lonely.size} user(s) have a single distinct interaction (user id(s) "
+                              f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
+                              f"per user (one for training, one for the test). Drop them with --min_interactions 2 "
+                              f"(or more), or add interactions.")
+
+
 def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> LeaveOneOut:
     """Factorise ids, sort by time, drop repeated pairs, hold out each user's latest row.
 
@@ -388,13 +400,7 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
         chunk <<= pair_bits
         chunk |= pair
     del chunk, pair
-    lonely = np.flatnonzero(per_user < 2)
-    if lonely.size:
-        examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
-        raise ConversionError(f"{path}: {lonely.size} user(s) have a single distinct interaction (user id(s) "
-                              f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
-                              f"per user (one for training, one for the test). Drop them with --min_interactions 2 "
-                              f"(or more), or add interactions.")
+    _check_two_interactions_per_user(per_user, raw_users, path)
     starts = np.concatenate([[0], np.cumsum(per_user)[:-1]])
     latest = np.maximum.reduceat(kept, starts)          # [num_users], ordered by user
     test_items = (latest & pair_mask) % num_items
@@ -443,13 +449,7 @@ def _leave_one_out_general(ratings, path: str = "<ratings>", raw_user_ids=None) 
     users, items = users[keep], items[keep]
     del keep
     per_user = np.bincount(users, minlength=num_users)
-    lonely = np.flatnonzero(per_user < 2)
-    if lonely.size:
-        examples = ", ".join(str(raw_users[u]) for u in lonely[:5])
-        raise ConversionError(f"{path}: {lonely.size} user(s) have a single distinct interaction (user id(s) "
-                              f"{examples}{', ...' if lonely.size > 5 else ''}); leave-one-out needs at least two "
-                              f"per user (one for training, one for the test). Drop them with --min_interactions 2 "
-                              f"(or more), or add interactions.")
+    _check_two_interactions_per_user(per_user, raw_users, path)
     # Each user's latest row: its first occurrence when reading the time-ordered rows backwards. np.unique sorts
     # the users (stable, with return_index), so the test rows come out ordered by user, every user once.
     test_users, from_end = np.unique(users[::-1], return_index=True)
