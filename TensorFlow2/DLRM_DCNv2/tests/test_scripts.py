@@ -157,11 +157,9 @@ def test_prepare_dataset_rejects_bad_arguments(tmp_path, args, message):
     assert not (tmp_path / "spark").exists() and not (tmp_path / "binary").exists()
 
 
-def test_prepare_dataset_calls_the_shared_job_then_the_conversion(tmp_path):
-    """The script's two steps, with the arguments and environment it was given: a stand-in interpreter records
-    each call (the Spark job and the conversion themselves are tested in common/tests: test_criteo_spark.py,
-    test_spark_cluster.py)."""
-    (tmp_path / "criteo").mkdir()
+def _recording_python(tmp_path):
+    """A stand-in interpreter: ``python -m MODULE ARGS`` appends its argv and ``----`` to calls.txt and exits 0
+    (anything else runs the real python). Returns ``(shim path, calls.txt path)``."""
     calls = tmp_path / "calls.txt"
     shim = tmp_path / "python"
     shim.write_text(f"""#!/usr/bin/env bash
@@ -169,6 +167,15 @@ if [[ "${{1:-}}" == -m ]]; then {{ printf '%s\\n' "$@"; echo ----; }} >> {calls}
 exec {sys.executable} "$@"
 """)
     shim.chmod(0o755)
+    return shim, calls
+
+
+def test_prepare_dataset_calls_the_shared_job_then_the_conversion(tmp_path):
+    """The script's two steps, with the arguments and environment it was given: a stand-in interpreter records
+    each call (the Spark job and the conversion themselves are tested in common/tests: test_criteo_spark.py,
+    test_spark_cluster.py)."""
+    (tmp_path / "criteo").mkdir()
+    shim, calls = _recording_python(tmp_path)
     result = _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), OVERWRITE="1", SPARK_MASTER="spark://head:7077",
                           SPARK_PREPROCESS_ARGS="--header yes --delimiter comma")
     assert result.returncode == 0, result.stderr
@@ -193,13 +200,7 @@ def test_prepare_dataset_default_engine_is_polars_and_spark_on_request(tmp_path)
     """Without SPARK_MASTER the single-machine engine runs (one step, straight to the split-binary dataset);
     PREPROC_ENGINE=spark picks the Spark job. A stand-in interpreter records the calls."""
     (tmp_path / "criteo").mkdir()
-    calls = tmp_path / "calls.txt"
-    shim = tmp_path / "python"
-    shim.write_text(f"""#!/usr/bin/env bash
-if [[ "${{1:-}}" == -m ]]; then {{ printf '%s\\n' "$@"; echo ----; }} >> {calls}; exit 0; fi
-exec {sys.executable} "$@"
-""")
-    shim.chmod(0o755)
+    shim, calls = _recording_python(tmp_path)
     result = _run_prepare(["CPU", "3"], tmp_path, PYTHON=str(shim), PREPROC_ARGS="--train_ordering input")
     assert result.returncode == 0, result.stderr
     (polars,) = [c.strip("\n").split("\n") for c in calls.read_text().split("----") if c.strip()]
