@@ -40,6 +40,13 @@ def test_marker_is_checked(tmp_path):
         checkpoints.read_marker(path, "state.json", 2, version_hints={1: "too old"})
     with pytest.raises(CheckpointError, match=r"no 'global_step' field"):
         checkpoints.read_marker(path, "state.json", 1, required=("global_step",))
+    old = os.path.join(str(tmp_path), "wide_deep_checkpoint")  # Wide & Deep's marker before format_version
+    os.makedirs(old)
+    with open(os.path.join(old, "meta.json"), "w") as f:
+        json.dump({"step": 30}, f)
+    assert checkpoints.read_marker(old, "meta.json", 1, required=("step",), unversioned=1)["step"] == 30
+    with pytest.raises(CheckpointError, match="checkpoint format None; this code reads format 1"):
+        checkpoints.read_marker(old, "meta.json", 1)
     with open(os.path.join(path, "state.json"), "w") as f:
         f.write("[1, 2]")
     with pytest.raises(CheckpointError, match="expected a JSON object, found list"):
