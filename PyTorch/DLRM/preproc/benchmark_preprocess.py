@@ -43,6 +43,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import InputError
+
 KAGGLE_ROWS = 45_840_617
 TERABYTE_ROWS = 4_373_472_329
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -277,21 +279,21 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = sorted(set(engines) - {"ours", "ours_input", "peer", "spark"})
     if unknown or not engines:
-        raise SystemExit(f"--engines: unknown {unknown or 'none given'}; choose from ours, ours_input, peer, spark")
+        raise InputError(f"--engines: unknown {unknown or 'none given'}; choose from ours, ours_input, peer, spark")
     args.peer_script = args.peer_script or default_peer_script()
     if args.days == 1 or args.days < 0:
-        raise SystemExit(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
+        raise InputError(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
                          f"0 writes a Kaggle train.txt")
     if args.memory_interval <= 0:
-        raise SystemExit(f"--memory_interval must be > 0, got {args.memory_interval}")
+        raise InputError(f"--memory_interval must be > 0, got {args.memory_interval}")
     if args.rounds < 1:
-        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+        raise InputError(f"--rounds must be >= 1, got {args.rounds}")
     if args.memory_days < 2:
-        raise SystemExit(f"--memory_days {args.memory_days}: the Terabyte layout needs at least 2 days")
+        raise InputError(f"--memory_days {args.memory_days}: the Terabyte layout needs at least 2 days")
     if "peer" in engines and args.days:
-        raise SystemExit("--engines peer: the peer script reads one Kaggle train.txt; use --days 0")
+        raise InputError("--engines peer: the peer script reads one Kaggle train.txt; use --days 0")
     if "peer" in engines and not os.path.isfile(args.peer_script):
-        raise SystemExit(f"--peer_script {args.peer_script}: not found")
+        raise InputError(f"--peer_script {args.peer_script}: not found")
     work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
     started = time.perf_counter()
     names, raw_bytes, reuse = generate_input(os.path.join(work, "in"), args.rows, args.days, args.seed)
@@ -382,4 +384,5 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FileExistsError,))   # InputError: a bad flag; FileExistsError: --output_json

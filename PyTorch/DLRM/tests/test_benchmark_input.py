@@ -65,5 +65,5 @@ def test_benchmark_preprocess_reports_rows_per_s_and_peak_memory(tmp_path, capsy
 
 
 def test_benchmark_preprocess_refuses_a_single_day(tmp_path):
-    with pytest.raises(SystemExit, match="at least 2 days"):
+    with pytest.raises(benchmark_preprocess.InputError, match="at least 2 days"):
         benchmark_preprocess.main(["--rows", "10", "--days", "1", "--work_dir", str(tmp_path)])

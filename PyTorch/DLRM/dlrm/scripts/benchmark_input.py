@@ -208,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)
     if args.steps < 1 or args.warmup_steps < 1 or args.repeats < 1:
-        raise SystemExit("--steps, --warmup_steps and --repeats must be >= 1")
+        from recsys_common.cli import InputError
+        raise InputError("--steps, --warmup_steps and --repeats must be >= 1")
     table_sizes = [int(x) for x in args.table_sizes.split(",") if x]
     work = args.work_dir or tempfile.mkdtemp(prefix="dlrm_bench_input_")
     dataset = os.path.join(work, "dataset")
@@ -256,4 +257,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FileExistsError, ValueError))   # --output_json not a result file; a bad flag

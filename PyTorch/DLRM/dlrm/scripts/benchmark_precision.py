@@ -107,4 +107,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, input_errors=(FileExistsError,))   # --output_json names a file that is not a result
