@@ -145,6 +145,15 @@ def write_json_output(path: str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+def report_json(result, path: Optional[str] = None):
+    """A benchmark's result: printed as indented JSON, and written to ``path`` (its ``--output_json``) when given;
+    returns ``result``."""
+    print(json.dumps(result, indent=2))
+    if path:
+        write_json_output(path, result)
+    return result
+
+
 # ------------------------------------------------------------------------------------------------ predictions
 PREDICTION_FORMATS = (".csv", ".npy", ".parquet")
 

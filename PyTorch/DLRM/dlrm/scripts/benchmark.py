@@ -110,7 +110,7 @@ def _run_main(args, embedding_type: str, mode: str) -> Dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
-    from recsys_common.io import check_json_output, write_json_output
+    from recsys_common.io import check_json_output, report_json
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)   # before minutes of runs, not after
     if args.compare == "torchrec_peer":
@@ -120,10 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
                                        peer_variants=[v for v in args.peer_variants.split(",") if v],
                                        rounds=args.rounds, steps=args.steps, warmup_steps=args.warmup_steps,
                                        precision=args.precision, compile_dense=args.compile, threads=args.threads)
-        print(json.dumps(result, indent=2))
-        if args.output_json:
-            write_json_output(args.output_json, result)
-        return result
+        return report_json(result, args.output_json)
     types = [t for t in args.embedding_types.split(",") if t]
     runs: List[Dict] = []
     for repeat in range(args.repeats):
@@ -150,11 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
             if pairs:
                 ratios[key] = statistics.median(a / b for a, b in pairs)
         result["ratio_fused_over_multi_table"] = ratios
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    return result
+    return report_json(result, args.output_json)
 
 
 if __name__ == "__main__":

@@ -204,7 +204,7 @@ def interleaved(args, dataset: str, table_sizes: List[int], variants: List[str])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
-    from recsys_common.io import check_json_output, write_json_output
+    from recsys_common.io import check_json_output, report_json
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)
     if args.steps < 1 or args.warmup_steps < 1 or args.repeats < 1:
@@ -250,10 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2))
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    return result
+    return report_json(result, args.output_json)
 
 
 if __name__ == "__main__":

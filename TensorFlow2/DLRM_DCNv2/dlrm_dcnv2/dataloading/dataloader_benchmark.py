@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Iterable[str]] = None) -> dict:
     args = build_parser().parse_args(None if argv is None else list(argv))
-    from recsys_common.io import check_json_output, write_json_output
+    from recsys_common.io import check_json_output, report_json
     check_json_output(args.output_json)
     kw = synthetic_options(args)
     input_tables = None
@@ -71,10 +71,7 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
               "local_samples_per_s": round(samples / max(elapsed, 1e-9), 1),
               "global_samples_per_s": round(samples * args.world_size / max(elapsed, 1e-9), 1),
               "cpu": cpu_model()}
-    print(json.dumps(result, indent=2))
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    return result
+    return report_json(result, args.output_json)
 
 
 if __name__ == "__main__":

@@ -345,7 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args._measure:
         print(json.dumps(measure(json.loads(args._measure))), flush=True)
         return {}
-    from recsys_common.io import check_json_output, write_json_output
+    from recsys_common.io import check_json_output, report_json
     check_json_output(args.output_json)  # before minutes of runs, not after
     models = _parse_list(args.models, MODELS, "--models")
     shapes = _parse_list(args.shapes, tuple(SHAPES), "--shapes")
@@ -390,10 +390,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                       file=sys.stderr, flush=True)
             result["results"].append(entry)
     result["loadavg_end"] = list(os.getloadavg())
-    print(json.dumps(result, indent=2))
-    if args.output_json:
-        write_json_output(args.output_json, result)
-    return result
+    return report_json(result, args.output_json)
 
 
 def _describe_tables(sizes: Sequence[int]) -> str:
