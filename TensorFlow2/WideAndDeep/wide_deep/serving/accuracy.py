@@ -15,7 +15,6 @@ unreachable server (every call has ``--timeout``).
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -100,32 +99,31 @@ def compare(framework: Dict[str, float], served: Dict[str, float], tolerance: fl
     return {k: float(served[k] - framework[k]) for k in framework}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Framework vs served metrics; returns the report (also ``--output_json``). Raises ``InputError`` (flags),
+    ``ServingError``, ``FileNotFoundError``, ``ValueError``; ``CheckFailedError`` (with the report) when a metric
+    differs by more than ``--tolerance``."""
+    from recsys_common.cli import CheckFailedError, InputError
     from recsys_common.io import check_json_output, write_json_output
-    from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches
+    from recsys_common.serving.client import InferenceClient, infer_in_batches
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.timeout <= 0 or args.tolerance < 0:
-        print("error: --batch-size must be >= 1, --timeout > 0 and --tolerance >= 0", file=sys.stderr)
-        return 2
+        raise InputError("--batch-size must be >= 1, --timeout > 0 and --tolerance >= 0")
     model_name = args.model_name or ("movielens-onnx" if args.model == MOVIELENS else "widedeep-onnx")
-    try:
-        check_json_output(args.output_json)
-        # Fail fast on an unreachable server, before the (slower) framework evaluation.
-        client = InferenceClient(args.server_url, args.protocol, timeout_s=args.timeout)
-        with client:
-            client.wait_until_ready(model_name, timeout_s=args.timeout)
-            model, config, spec = model_from_args(args)
-            if args.model == MOVIELENS:
-                framework, requests, labels, fw_probs = framework_movielens(model, config, spec, args.batch_size)
-                display_ids, with_map = None, False
-            else:
-                framework, requests, display_ids, labels, fw_probs, with_map = framework_wide_deep(
-                    model, config, spec, args.batch_size)
-            served_probs = infer_in_batches(client, model_name, requests, [OUTPUT_NAME],
-                                            args.batch_size)[OUTPUT_NAME].reshape(-1).astype(np.float64)
-    except (ServingError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    check_json_output(args.output_json)
+    # Fail fast on an unreachable server, before the (slower) framework evaluation.
+    client = InferenceClient(args.server_url, args.protocol, timeout_s=args.timeout)
+    with client:
+        client.wait_until_ready(model_name, timeout_s=args.timeout)
+        model, config, spec = model_from_args(args)
+        if args.model == MOVIELENS:
+            framework, requests, labels, fw_probs = framework_movielens(model, config, spec, args.batch_size)
+            display_ids, with_map = None, False
+        else:
+            framework, requests, display_ids, labels, fw_probs, with_map = framework_wide_deep(
+                model, config, spec, args.batch_size)
+        served_probs = infer_in_batches(client, model_name, requests, [OUTPUT_NAME],
+                                        args.batch_size)[OUTPUT_NAME].reshape(-1).astype(np.float64)
     if args.model == MOVIELENS:
         from recsys_common.metrics import roc_auc_score
         served = {"auc": float(roc_auc_score(labels, served_probs))}
@@ -147,4 +145,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{'PASSED' if passed else 'FAILED'}")
     if args.output_json:
         write_json_output(args.output_json, result)
-    return 0 if passed else 1
+    if not passed:
+        raise CheckFailedError(f"a served metric differs from the framework's by more than --tolerance "
+                               f"{args.tolerance:g}", result)
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line's exit status (recsys_common.cli): 0 within tolerance, 1 beyond it, 2 for bad input or an
+    unreachable server."""
+    from recsys_common.cli import exit_status
+    from recsys_common.serving.client import ServingError
+    return exit_status(evaluate_served, argv, prog="evaluate_accuracy.py",
+                       input_errors=(ServingError, FileNotFoundError, ValueError))

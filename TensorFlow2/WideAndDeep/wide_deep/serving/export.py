@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -300,29 +299,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Export; returns 0, or prints ``error: ...`` and returns 2 (bad flags, mismatch, existing repository)."""
-    from recsys_common.io import OutputDirectoryError, check_output_directory
+def export(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
+    """Export; returns ``{format: model directory}``. Raises ``InputError`` (flags), ``OutputDirectoryError``,
+    ``FileNotFoundError`` or ``ValueError`` (a checkpoint that does not match the flags)."""
+    from recsys_common.cli import InputError
+    from recsys_common.io import check_output_directory
     args = build_parser().parse_args(argv)
     for flag in ("max_batch_size", "engine_count_per_device", "model_version"):
         if getattr(args, flag) < 1:
-            print(f"error: --{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
-            return 2
-    try:
-        check_output_directory(args.model_repository, args.overwrite)  # refuse before the (slow) model load
-        model, config, spec = model_from_args(args)
-        written = export_repository(
-            model, config, spec, args.model_repository, recipe=args.model,
-            model_name=args.model_name or ("movielens" if args.model == MOVIELENS else "widedeep"),
-            formats=args.output_types, version=args.model_version, max_batch_size=args.max_batch_size,
-            dynamic_batching=args.batching == "dynamic" and args.dynamic_batching_delay_us is not None,
-            max_queue_delay_us=args.dynamic_batching_delay_us or 0,
-            preferred_batch_sizes=args.preferred_batch_sizes, instance_count=args.engine_count_per_device,
-            instance_kind="KIND_GPU" if args.device_kind == "gpu" else "KIND_CPU", opset=args.onnx_opset,
-            overwrite=args.overwrite)
-    except (OutputDirectoryError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    check_output_directory(args.model_repository, args.overwrite)  # refuse before the (slow) model load
+    model, config, spec = model_from_args(args)
+    written = export_repository(
+        model, config, spec, args.model_repository, recipe=args.model,
+        model_name=args.model_name or ("movielens" if args.model == MOVIELENS else "widedeep"),
+        formats=args.output_types, version=args.model_version, max_batch_size=args.max_batch_size,
+        dynamic_batching=args.batching == "dynamic" and args.dynamic_batching_delay_us is not None,
+        max_queue_delay_us=args.dynamic_batching_delay_us or 0,
+        preferred_batch_sizes=args.preferred_batch_sizes, instance_count=args.engine_count_per_device,
+        instance_kind="KIND_GPU" if args.device_kind == "gpu" else "KIND_CPU", opset=args.onnx_opset,
+        overwrite=args.overwrite)
     for fmt, path in written.items():
         print(f"[export_model] {fmt}: {path}")
-    return 0
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line (bad flags, a
+    checkpoint that does not match them, an existing repository)."""
+    from recsys_common.cli import exit_status
+    from recsys_common.io import OutputDirectoryError
+    return exit_status(export, argv, prog="export_model.py",
+                       input_errors=(OutputDirectoryError, FileNotFoundError, ValueError))

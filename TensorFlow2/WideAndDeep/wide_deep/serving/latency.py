@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -50,22 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from recsys_common.serving.client import ServingError
+def measure(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
+    """Measure and write the report; returns the records (``recsys_common.serving.latency.run_latency``)."""
     from recsys_common.serving.latency import perf_analyzer_options, run_latency
-    from recsys_common.serving.repository import SidecarError, read_sidecar
+    from recsys_common.serving.repository import read_sidecar
     from recsys_common.serving.rows import random_row_maker
     args = build_parser().parse_args(argv)
-    try:
-        entries = read_sidecar(os.path.join(args.model_repository, args.model_name))["inputs"]
-        make_inputs = (dataset_rows(entries, args.dataset_path, args.fspec_file) if args.dataset_path
-                       else random_row_maker(entries, args.seed))
-        run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
-                    batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
-                    warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
-                    output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME],
-                    **perf_analyzer_options(args))
-    except (SidecarError, ServingError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    entries = read_sidecar(os.path.join(args.model_repository, args.model_name))["inputs"]
+    make_inputs = (dataset_rows(entries, args.dataset_path, args.fspec_file) if args.dataset_path
+                   else random_row_maker(entries, args.seed))
+    return run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
+                       batch_sizes=args.batch_sizes, concurrency=args.concurrency, num_requests=args.num_requests,
+                       warmup_requests=args.warmup_requests, timeout_s=args.timeout, output_json=args.output_json,
+                       output_png=args.output_png, make_inputs=make_inputs, output_names=[OUTPUT_NAME],
+                       **perf_analyzer_options(args))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line (a missing sidecar, an
+    unreachable server, a bad flag)."""
+    from recsys_common.cli import exit_status
+    from recsys_common.serving.client import ServingError
+    from recsys_common.serving.repository import SidecarError
+    return exit_status(measure, argv, prog="evaluate_latency.py",
+                       input_errors=(SidecarError, ServingError, FileNotFoundError, ValueError))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -141,28 +140,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Score ``--input``; returns 0, or prints ``error: ...`` and returns 2."""
+def score(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Score ``--input``; returns ``{"rows", "output", "mean_probability"}``. Raises ``InputError`` (flags),
+    ``InputRowError``, ``FileNotFoundError`` or ``ValueError`` on bad input."""
+    from recsys_common.cli import InputError
     from recsys_common.io import write_predictions
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
-        print(f"error: --batch_size must be at least 1, got {args.batch_size}", file=sys.stderr)
-        return 2
+        raise InputError(f"--batch_size must be at least 1, got {args.batch_size}")
     if not args.output.endswith((".csv", ".npy")):
-        print(f"error: --output {args.output}: expected a .csv or .npy file name", file=sys.stderr)
-        return 2
+        raise InputError(f"--output {args.output}: expected a .csv or .npy file name")
     if os.path.exists(args.output) and not args.overwrite:
-        print(f"error: --output {args.output} exists; pass --overwrite to replace it", file=sys.stderr)
-        return 2
-    try:
-        table = _read_table(args.input)  # checked before the model is loaded: bad rows fail fast
-        model, config, spec = model_from_args(args)
-        inputs = serving_inputs(config, spec)
-        arrays = rows_to_arrays(table, inputs, args.input)
-        probabilities = predict_probabilities(model, inputs, arrays, args.batch_size)
-        write_predictions(args.output, probabilities, table.get(DISPLAY_ID), DISPLAY_ID)
-    except (InputRowError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"--output {args.output} exists; pass --overwrite to replace it")
+    table = _read_table(args.input)  # checked before the model is loaded: bad rows fail fast
+    model, config, spec = model_from_args(args)
+    inputs = serving_inputs(config, spec)
+    arrays = rows_to_arrays(table, inputs, args.input)
+    probabilities = predict_probabilities(model, inputs, arrays, args.batch_size)
+    write_predictions(args.output, probabilities, table.get(DISPLAY_ID), DISPLAY_ID)
     print(f"[predict] {len(probabilities)} rows -> {args.output} (mean probability {probabilities.mean():.4f})")
-    return 0
+    return {"rows": int(len(probabilities)), "output": args.output, "mean_probability": float(probabilities.mean())}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line for bad input."""
+    from recsys_common.cli import exit_status
+    return exit_status(score, argv, prog="predict.py", input_errors=(InputRowError, FileNotFoundError, ValueError))
