@@ -116,21 +116,16 @@ def _binary_dataset(tmp_path, rows=50, seed=0):
     return spec, cols
 
 
-def test_truncated_binary_file_is_named(tmp_path):
+@pytest.mark.parametrize("name, cut, message", [
+    ("cat_1.bin", 1, r"cat_1\.bin: file is truncated .* record size 2"),      # int16: half a record
+    ("cat_2.bin", 4, r"disagree on the number of rows .*cat_2\.bin=49"),      # int32: one whole record fewer
+])
+def test_a_truncated_or_short_binary_file_is_named(tmp_path, name, cut, message):
     spec, _ = _binary_dataset(tmp_path)
-    path = spec.resolve_file("train/cat_1.bin")  # int16: 2 bytes per row
+    path = spec.resolve_file(f"train/{name}")
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 1)
-    with pytest.raises(DatasetError, match=r"cat_1\.bin: file is truncated .* record size 2"):
-        open_reader(spec, "train", batch_size=8)
-
-
-def test_chunks_with_different_row_counts_are_refused(tmp_path):
-    spec, _ = _binary_dataset(tmp_path)
-    path = spec.resolve_file("train/cat_2.bin")  # int32
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 4)
-    with pytest.raises(DatasetError, match=r"disagree on the number of rows .*cat_2\.bin=49"):
+        f.truncate(os.path.getsize(path) - cut)
+    with pytest.raises(DatasetError, match=message):
         open_reader(spec, "train", batch_size=8)
 
 
