@@ -92,7 +92,7 @@ def run_recipe(args, data: NCFData, device: torch.device) -> Dict:
     autocast, scaler = ncf.autocast_for(run_args, device)
     optimizer = ncf.make_optimizer(run_args, model)
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
-                        args.batch_size, 0, 1, device)
+                        args.batch_size, 0, 1, device, exclude_positives=args.exclude_positives)
     test = EvalSet(data, 0, 1, device)
     batch_loss = ncf.compiled_batch_loss(model, autocast) if args.compile else None
     return _loop(args, device, lambda epoch: ncf.train_epoch(model, optimizer, scaler, autocast,
@@ -202,6 +202,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--amp", action="store_true", help="recipe only: fp16 (CUDA) / bf16 (CPU) autocast")
     p.add_argument("--compile", action="store_true", help="recipe only: torch.compile the training step "
                                                           "(ncf.py --compile)")
+    p.add_argument("--exclude_positives", action="store_true",
+                   help="recipe only: negatives exclude the user's training positives (ncf.py --exclude_positives; "
+                        "the peer always samples this way)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--no_naive", action="store_true", help="skip the naive implementation")
     p.add_argument("--output_json", "--output", dest="output",
@@ -223,6 +226,26 @@ def paper_ml1m_data(data_dir: str, workdir: str) -> NCFData:
     out = os.path.join(workdir, "ml-1m-paper")
     convert.write_split(split, out)
     return load_dataset(out)
+
+
+def _cpuinfo_field(name: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(name):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _cpu_model() -> str:
+    return _cpuinfo_field("model name") or "unknown"
+
+
+def _cpu_flags() -> set:
+    """/proc/cpuinfo flags: avx512_bf16 (bf16 dot products) and amx_tile decide how fast bf16 GEMMs run."""
+    return set(_cpuinfo_field("flags").split())
 
 
 def run_peer(args) -> Dict:
@@ -263,6 +286,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         data = load_dataset(args.data) if args.data else synthetic_data(args.shape, seed=args.seed)
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("output",)},
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "cpu_model": _cpu_model(), "loadavg_before": os.getloadavg(),
+              "cpu_bf16": "avx512_bf16" in _cpu_flags(), "cpu_amx": "amx_tile" in _cpu_flags(),
               "threads": torch.get_num_threads(), "torch": torch.__version__,
               "users": data.num_users, "items": data.num_items, "train_positives": int(len(data.train_users)),
               "recipe": run_recipe(args, data, device)}
@@ -274,6 +299,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         result["peer"] = run_peer(args)
         result.update(compare_with_peer(result["recipe"], result["peer"], args.topk))
     workdir.cleanup()
+    result["loadavg_after"] = os.getloadavg()  # other processes' load skews both sides: compare the ratio
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

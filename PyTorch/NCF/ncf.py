@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dataloading import DatasetError, EvalSet, TrainEpochs, load_dataset
-from neumf import MODEL_NAMES, build_model, from_nvidia_state_dict, is_nvidia_state_dict, strip_ddp_prefix
+from neumf import (MODEL_NAMES, build_model, from_nvidia_state_dict, is_nvidia_state_dict, neumf_state_from_pretrained,
+                   strip_ddp_prefix)
 from recsys_common import cpu_defaults
 from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
@@ -98,6 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (forward + loss + backward: fused ReLU/dropout/bf16 casts); "
                         "the first steps pay the compilation")
+    p.add_argument("--exclude_positives", action="store_true",
+                   help="Draw training negatives among the items each user has no training interaction with (the NCF "
+                        "paper's sampling); default: NVIDIA's approximate sampling, uniform over all items")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="adam: Adam with -l/-b1/-b2/--eps (NVIDIA's); sgd: plain SGD with -l (the NCF paper's choice for "
+                        "NeuMF initialised from --pretrained_gmf/--pretrained_mlp)")
+    p.add_argument("--l2_embedding", type=float, default=0.0,
+                   help="L2 regularisation of the embeddings: adds this times each row's squared norm of the "
+                        "user and item vectors it looks up to the loss (0: none, NVIDIA's)")
+    p.add_argument("--pretrained_gmf", type=str, default=None,
+                   help="With --model neumf: initialise from this --model gmf checkpoint and --pretrained_mlp's, as "
+                        "the NCF paper does (predictor = [alpha * h_GMF ; (1 - alpha) * h_MLP])")
+    p.add_argument("--pretrained_mlp", type=str, default=None,
+                   help="With --model neumf: the --model mlp checkpoint paired with --pretrained_gmf")
+    p.add_argument("--alpha", type=float, default=0.5,
+                   help="Weight of the GMF branch when fusing --pretrained_gmf and --pretrained_mlp (the paper's 0.5)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
     return p
@@ -121,6 +138,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error(message)
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint_dir")
+    if bool(args.pretrained_gmf) != bool(args.pretrained_mlp):
+        p.error("--pretrained_gmf and --pretrained_mlp go together")
+    if args.pretrained_gmf and args.model != "neumf":
+        p.error("--pretrained_gmf/--pretrained_mlp initialise --model neumf")
+    if args.pretrained_gmf and args.load_checkpoint_path:
+        p.error("--pretrained_gmf/--pretrained_mlp and --load_checkpoint_path both set the initial weights: give one")
+    if not 0 <= args.alpha <= 1:
+        p.error("--alpha must be in [0, 1]")
+    if args.l2_embedding < 0:
+        p.error("--l2_embedding must be >= 0")
     return args
 
 
@@ -266,6 +293,8 @@ def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Op
             raise RuntimeError("--apex_fused_adam: NVIDIA apex is not installed (use the default fused torch Adam)") \
                 from err
         return FusedAdam(model.parameters(), lr=args.learning_rate, betas=betas, eps=args.eps)
+    if getattr(args, "optimizer", "adam") == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=args.learning_rate, foreach=True)
     return torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=betas, eps=args.eps, fused=True)
 
 
@@ -358,21 +387,36 @@ def check_finite_loss(step_loss: torch.Tensor, epoch: int, step: int, steps: int
                                     f"{' on at least one rank' if world_size > 1 else ''}")
 
 
-def batch_loss_fn(model: nn.Module, autocast):
-    """``loss(users, items, labels)``: the summed BCE-with-logits of ``model`` on one batch (float32 loss).
+def embedding_tables(model: nn.Module):
+    """``[(embedding, "user" | "item")]`` of ``model`` (a DDP wrapper is looked through)."""
+    module = getattr(model, "module", model)
+    return [(m, "user" if name.endswith("user_embedding") else "item") for name, m in module.named_modules()
+            if isinstance(m, nn.Embedding) and name.endswith(("user_embedding", "item_embedding"))]
 
-    The forward pass runs under ``autocast()``; the logits are cast to float32 before the loss.
+
+def batch_loss_fn(model: nn.Module, autocast, l2_embedding: float = 0.0):
+    """``loss(users, items, labels)``: the summed BCE-with-logits of ``model`` on one batch (float32 loss), plus
+    ``l2_embedding`` times the summed squared norms of the embedding rows the batch looks up (each row's user and
+    item vectors of every branch; the caller's division by the rows makes it a per-row mean).
+
+    The forward pass runs under ``autocast()``; the logits are cast to float32 before the loss. The penalty covers
+    only the rows in the batch (as the NCF paper's per-batch regulariser and Rendle et al.'s MF do), so an item
+    is pulled toward zero in proportion to how often it is sampled.
     """
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    tables = embedding_tables(model) if l2_embedding else []
 
     def loss(users: torch.Tensor, items: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast():
             logits = model(users, items)
-        return loss_fn(logits.float(), labels)
+        total = loss_fn(logits.float(), labels)
+        for table, kind in tables:
+            total = total + l2_embedding * table(users if kind == "user" else items).float().pow(2).sum()
+        return total
     return loss
 
 
-def compiled_batch_loss(model: nn.Module, autocast):
+def compiled_batch_loss(model: nn.Module, autocast, l2_embedding: float = 0.0):
     """:func:`batch_loss_fn` through ``torch.compile``: one graph for embedding lookups, MLP (ReLU, dropout and the
     bf16 casts fused into the matmuls' neighbours), predictor and loss, and its backward.
 
@@ -380,11 +424,12 @@ def compiled_batch_loss(model: nn.Module, autocast):
     eval-mode forward for TorchScript/ONNX export, are unchanged). ``dynamic=False``: a run has two batch sizes
     (full and the last, partial one), each compiled once.
     """
-    return torch.compile(batch_loss_fn(model, autocast), dynamic=False)
+    return torch.compile(batch_loss_fn(model, autocast, l2_embedding), dynamic=False)
 
 
 def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_accumulated: int,
-                world_size: int, epoch: int = 0, steps: Optional[int] = None, batch_loss=None) -> float:
+                world_size: int, epoch: int = 0, steps: Optional[int] = None, batch_loss=None,
+                l2_embedding: float = 0.0) -> float:
     """One pass; returns the mean training loss of this rank.
 
     Each optimizer step accumulates the gradients of ``grads_accumulated`` consecutive batches (NVIDIA's semantics:
@@ -394,7 +439,7 @@ def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_ac
     (default: :func:`batch_loss_fn` of ``model``) computes a batch's summed loss, e.g. a compiled one.
     """
     model.train()
-    batch_loss = batch_loss or batch_loss_fn(model, autocast)
+    batch_loss = batch_loss or batch_loss_fn(model, autocast, l2_embedding)
     device = next(model.parameters()).device
     loss_sum, rows = torch.zeros((), dtype=torch.float64, device=device), 0
     batches = iter(batches)
@@ -459,6 +504,14 @@ def run(args: argparse.Namespace) -> Dict:
                                   f"{BEST_CHECKPOINT}")
     if weights_path:
         load_model_weights(model, _read_checkpoint(weights_path)["model"], weights_path)
+    if args.pretrained_gmf and resume_state is None:
+        try:
+            fused = neumf_state_from_pretrained(_read_checkpoint(args.pretrained_gmf)["model"],
+                                                _read_checkpoint(args.pretrained_mlp)["model"], args.alpha)
+        except ValueError as err:
+            raise CheckpointError(f"--pretrained_gmf {args.pretrained_gmf} / --pretrained_mlp "
+                                  f"{args.pretrained_mlp}: {err}") from err
+        load_model_weights(model, fused, f"{args.pretrained_gmf} + {args.pretrained_mlp}")
     autocast, scaler = autocast_for(args, device)
     optimizer = make_optimizer(args, model)
     start_epoch, best = 0, {"hr": -1.0, "ndcg": 0.0, "epoch": -1}
@@ -508,8 +561,8 @@ def run(args: argparse.Namespace) -> Dict:
         return summary
 
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
-                        args.batch_size, rank, world_size, device)
-    batch_loss = compiled_batch_loss(ddp_model, autocast) if args.compile else None
+                        args.batch_size, rank, world_size, device, exclude_positives=args.exclude_positives)
+    batch_loss = (compiled_batch_loss if args.compile else batch_loss_fn)(ddp_model, autocast, args.l2_embedding)
     best_train_tp, best_eval_tp, last = 0.0, 0.0, {}
     steps_per_epoch = -(-train.steps_per_epoch // args.grads_accumulated)  # optimizer steps
     for epoch in range(start_epoch, args.epochs):

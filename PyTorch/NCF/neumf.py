@@ -49,6 +49,49 @@ def _lecun_uniform_(layer: nn.Linear) -> None:
     nn.init.zeros_(layer.bias)
 
 
+@torch.compiler.disable  # inductor's own CPU dropout draws one Philox number per element: slower than this
+def _cpu_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """``keep / (1 - p)`` in ``x``'s dtype and shape, drawn 16 bits per element (see :class:`Dropout`)."""
+    threshold = round(p * 65536)
+    # 64 random bits per draw, read as four int16; int16 + 32768 is uniform on [0, 65536)
+    bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (x.numel() // 4,), dtype=torch.int64, device=x.device)
+    keep = bits.view(torch.int16).view(x.shape) >= threshold - 32768
+    return keep.to(x.dtype).mul_(65536.0 / (65536 - threshold))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout(p)`` whose CPU training mask is drawn 16 bits at a time: about 5x faster on CPU than ATen's
+    ``bernoulli_`` (one Mersenne-twister float per element), which was the largest item of an eager CPU training
+    step with NVIDIA's MLP and dropout 0.5 (a third of the step, measured with torch.profiler on an AMD EPYC).
+
+    Each element is kept when a uniform 16-bit integer is at least ``round(p * 65536)``, so the drop probability is
+    ``p`` to within 1/65536 (exact for 0.5), and kept elements are scaled by the exact inverse keep rate. Under
+    ``torch.compile`` the mask is still drawn this way (outside the graph) and the product is compiled. On CUDA and
+    in eval mode it is ``nn.functional.dropout`` / the identity. No parameters: state dicts are those of ``nn.Dropout``.
+
+    >>> d = Dropout(0.5).train()
+    >>> y = d(torch.ones(4, 1000))
+    >>> sorted(set(y.flatten().tolist())), abs(float((y == 0).float().mean()) - 0.5) < 0.05
+    ([0.0, 2.0], True)
+    """
+
+    def __init__(self, p: float):  # a subclass of nn.Dropout: the same state dicts and isinstance checks
+        if not 0 <= p < 1:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return self._train_forward(x)
+
+    @torch.jit.unused
+    def _train_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.numel() % 4:
+            return nn.functional.dropout(x, self.p, training=True)
+        return x * _cpu_dropout_mask(x, self.p)
+
+
 class GMFBranch(nn.Module):
     """Generalized matrix factorisation: ``p_u * q_i``.
 
@@ -97,7 +140,7 @@ class MLPBranch(nn.Module):
             _glorot_uniform_(linear)
             blocks += [linear, nn.ReLU()]
             if dropout > 0:  # NVIDIA: "if equal to 0 will not use dropout at all"
-                blocks.append(nn.Dropout(dropout))
+                blocks.append(Dropout(dropout))
         self.mlp = nn.Sequential(*blocks)
         self.output_width = layers[-1]
 
@@ -163,6 +206,33 @@ def build_model(name: str, num_users: int, num_items: int, factors: int, layers:
         raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
     return classes[name](num_users=num_users, num_items=num_items, factors=factors,
                          layers=list(layers), dropout=dropout)
+
+
+def neumf_state_from_pretrained(gmf_state: dict, mlp_state: dict, alpha: float = 0.5) -> dict:
+    """A :class:`NeuMF` state dict initialised from a trained :class:`GMF` and :class:`MLP`, as the NCF paper does
+    (section 3.4.1): each branch's embeddings and MLP layers are copied, and the predictor is the concatenation
+    ``h = [alpha * h_GMF ; (1 - alpha) * h_MLP]`` with bias ``alpha * b_GMF + (1 - alpha) * b_MLP``, so that the
+    initial NeuMF logit is the ``alpha``-weighted sum of the two pretrained logits.
+
+    >>> g, m = GMF(3, 4, factors=2), MLP(3, 4, layers=[4, 2], dropout=0.0)
+    >>> n = NeuMF(3, 4, factors=2, layers=[4, 2], dropout=0.0)
+    >>> _ = n.load_state_dict(neumf_state_from_pretrained(g.state_dict(), m.state_dict()))
+    >>> u, i = torch.tensor([0, 2]), torch.tensor([1, 3])
+    >>> torch.allclose(n(u, i), 0.5 * g(u, i) + 0.5 * m(u, i))
+    True
+    """
+    gmf_state, mlp_state = strip_ddp_prefix(gmf_state), strip_ddp_prefix(mlp_state)
+    if "gmf.user_embedding.weight" not in gmf_state or any(k.startswith("mlp.") for k in gmf_state):
+        raise ValueError("the GMF checkpoint does not hold a GMF model (train it with --model gmf)")
+    if "mlp.user_embedding.weight" not in mlp_state or any(k.startswith("gmf.") for k in mlp_state):
+        raise ValueError("the MLP checkpoint does not hold an MLP model (train it with --model mlp)")
+    state = {k: v for k, v in gmf_state.items() if k.startswith("gmf.")}
+    state.update({k: v for k, v in mlp_state.items() if k.startswith("mlp.")})
+    state["predictor.linear.weight"] = torch.cat([alpha * gmf_state["predictor.linear.weight"],
+                                                  (1 - alpha) * mlp_state["predictor.linear.weight"]], dim=1)
+    state["predictor.linear.bias"] = (alpha * gmf_state["predictor.linear.bias"]
+                                      + (1 - alpha) * mlp_state["predictor.linear.bias"])
+    return state
 
 
 class Popularity(nn.Module):
