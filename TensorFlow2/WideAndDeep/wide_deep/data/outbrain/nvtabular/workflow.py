@@ -338,6 +338,13 @@ class CompactColumnSimilarity(ops.ColumnSimilarity):
         super().__init__(features, metric="inner", on_device=False)
         self.documents = documents
 
+    def _initialize_features(self):
+        # NVTabular converts the matrix again and keeps a second copy as the right-hand side (176 MB each at 20M
+        # generated clicks rows); the matrix is CSR with sorted indices already, and both sides are the same.
+        if not self._initialized:
+            self.left_features = self.right_features = self.left_features.tocsr()
+            self._initialized = True
+
     def transform(self, col_selector, df):
         rows = type(df)({c: similarity_row(self.documents, df[c]) for c in col_selector.names}, index=df.index)
         return super().transform(col_selector, rows)
