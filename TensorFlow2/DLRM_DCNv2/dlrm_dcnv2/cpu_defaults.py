@@ -49,26 +49,18 @@ def apply_cpu_defaults(args, on_gpu: bool, world_size: int, embedding_dims: List
     """On a CPU, set ``args.batch_size`` / ``valid_batch_size`` / ``learning_rate`` / the schedule steps that the
     command line left at NVIDIA's defaults (``args.flags_given``, from ``parse_args``); returns the line to print
     (None when nothing changed). ``gpu_learning_rate`` is the model's NVIDIA default (DLRM 24, DCNv2 0.0001)."""
-    given = set(getattr(args, "flags_given", None) or ())
     if on_gpu or getattr(args, "flags_given", None) is None:
         return None
-    bytes_per_row = BYTES_PER_ROW_NVIDIA_DLRM * model_width(args, embedding_dims) / NVIDIA_DLRM_WIDTH
-    parts = []
-    if "valid_batch_size" not in given:
-        valid = cpu_defaults.choose_cpu_batch(None, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=1.0,
-                                              bytes_per_row=bytes_per_row, memory_bytes=memory_bytes,
-                                              multiple_of=world_size)
-        args.valid_batch_size = valid.batch
-        parts.append(f"--valid_batch_size {valid.batch}")
-    if args.mode == "train" and "batch_size" not in given:
-        rows = train_rows(args)
-        choice = cpu_defaults.choose_cpu_batch(
-            rows, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=gpu_learning_rate, bytes_per_row=bytes_per_row,
-            memory_bytes=memory_bytes, lr_scaling="linear" if args.optimizer == "sgd" else "sqrt",
-            batch_flag="--batch_size", lr_flag="--learning_rate",
-            given_learning_rate=args.learning_rate if "learning_rate" in given else None, multiple_of=world_size)
-        args.batch_size, args.learning_rate = choice.batch, choice.learning_rate
-        parts.insert(0, choice.reason)
+    given = set(args.flags_given)
+    recipe = cpu_defaults.RecipeBatch(NVIDIA_BATCH_SIZE, gpu_learning_rate,
+                                      "linear" if args.optimizer == "sgd" else "sqrt", "batch_size", "learning_rate",
+                                      "valid_batch_size")
+    training = args.mode == "train"
+    rows = train_rows(args) if cpu_defaults.training_batch_wanted(given, recipe, training) else None
+    parts, choice = cpu_defaults.apply_batch_defaults(
+        args, given, recipe, world_size=world_size, training=training, train_rows=rows, memory_bytes=memory_bytes,
+        bytes_per_row=BYTES_PER_ROW_NVIDIA_DLRM * model_width(args, embedding_dims) / NVIDIA_DLRM_WIDTH)
+    if choice is not None:
         if args.dataset_type == "synthetic":
             steps_per_epoch = args.synthetic_dataset_train_batches
         else:
@@ -79,17 +71,8 @@ def apply_cpu_defaults(args, on_gpu: bool, world_size: int, embedding_dims: List
             run_steps = steps_per_epoch * args.epochs
             if args.max_steps > 0:
                 run_steps = min(run_steps, args.max_steps)
-        schedule = []
-        for flag in SCHEDULE_FLAGS:
-            if flag not in given:
-                value = cpu_defaults.scale_schedule_steps(getattr(args, flag), choice.batch, NVIDIA_BATCH_SIZE,
-                                                          NVIDIA_RUN_STEPS, run_steps)
-                setattr(args, flag, value)
-                schedule.append(f"--{flag} {value}")
+        schedule = cpu_defaults.apply_schedule_defaults(args, given, SCHEDULE_FLAGS, choice.batch, NVIDIA_BATCH_SIZE,
+                                                        NVIDIA_RUN_STEPS, run_steps)
         if schedule:
-            how = (f"NVIDIA's schedule over {run_steps} steps as over its {NVIDIA_RUN_STEPS}" if run_steps is not None
-                   else f"NVIDIA's schedule x {NVIDIA_BATCH_SIZE}/{choice.batch}")
-            parts.append(f"{' '.join(schedule)} ({how})")
-    if not parts:
-        return None
-    return f"{args.model}.py: CPU defaults: {'; '.join(parts)}. Pass --batch_size (and the rest) to choose."
+            parts.append(schedule)
+    return cpu_defaults.defaults_line(f"{args.model}.py", parts, "--batch_size")

@@ -51,36 +51,20 @@ def apply_cpu_defaults(args, device_type: str, world_size: int, info,
     if device_type != "cpu" or getattr(args, "flags_given", None) is None:
         return None
     given = set(args.flags_given)
-    bytes_per_row = BYTES_PER_ROW_NVIDIA_DLRM * model_width(args, len(info.cardinalities)) / NVIDIA_DLRM_WIDTH
-    parts = []
-    if "test_batch_size" not in given:
-        test = cpu_defaults.choose_cpu_batch(None, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=1.0,
-                                             bytes_per_row=bytes_per_row, memory_bytes=memory_bytes,
-                                             multiple_of=world_size)
-        args.test_batch_size = test.batch
-        parts.append(f"--test_batch_size {test.batch}")
-    if args.mode == "train" and "batch_size" not in given:
-        rows = train_rows(args, info)
-        adam = args.Adam_MLP_optimizer or args.Adam_embedding_optimizer
-        choice = cpu_defaults.choose_cpu_batch(
-            rows, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=NVIDIA_LR, bytes_per_row=bytes_per_row,
-            memory_bytes=memory_bytes, lr_scaling="sqrt" if adam else "linear", batch_flag="--batch_size",
-            lr_flag="--lr", given_learning_rate=args.lr if "lr" in given else None, multiple_of=world_size)
-        args.batch_size, args.lr = choice.batch, choice.learning_rate
-        parts.insert(0, choice.reason)
+    adam = args.Adam_MLP_optimizer or args.Adam_embedding_optimizer
+    recipe = cpu_defaults.RecipeBatch(NVIDIA_BATCH_SIZE, NVIDIA_LR, "sqrt" if adam else "linear", "batch_size", "lr",
+                                      "test_batch_size")
+    training = args.mode == "train"
+    rows = train_rows(args, info) if cpu_defaults.training_batch_wanted(given, recipe, training) else None
+    parts, choice = cpu_defaults.apply_batch_defaults(
+        args, given, recipe, world_size=world_size, training=training, train_rows=rows, memory_bytes=memory_bytes,
+        bytes_per_row=BYTES_PER_ROW_NVIDIA_DLRM * model_width(args, len(info.cardinalities)) / NVIDIA_DLRM_WIDTH)
+    if choice is not None:
         run_steps = (rows // choice.batch) * args.epochs   # training drops the last partial batch
         if args.max_steps:
             run_steps = min(run_steps, args.max_steps)
-        schedule = []
-        for flag in SCHEDULE_FLAGS:
-            if flag not in given:
-                value = cpu_defaults.scale_schedule_steps(getattr(args, flag), choice.batch, NVIDIA_BATCH_SIZE,
-                                                          NVIDIA_RUN_STEPS, run_steps)
-                setattr(args, flag, value)
-                schedule.append(f"--{flag} {value}")
+        schedule = cpu_defaults.apply_schedule_defaults(args, given, SCHEDULE_FLAGS, choice.batch, NVIDIA_BATCH_SIZE,
+                                                        NVIDIA_RUN_STEPS, run_steps)
         if schedule:
-            parts.append(f"{' '.join(schedule)} (NVIDIA's schedule over {run_steps} steps as over its "
-                         f"{NVIDIA_RUN_STEPS})")
-    if not parts:
-        return None
-    return f"dlrm.scripts.main: CPU defaults: {'; '.join(parts)}. Pass --batch_size (and the rest) to choose."
+            parts.append(schedule)
+    return cpu_defaults.defaults_line("dlrm.scripts.main", parts, "--batch_size")

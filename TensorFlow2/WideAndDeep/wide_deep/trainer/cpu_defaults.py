@@ -20,6 +20,9 @@ NVIDIA_LINEAR_LR, NVIDIA_DEEP_LR = 0.02, 0.00012
 # TF2 DLRM_DCNv2's measurement (196 KB per row at width 7041, same TensorFlow and Keras): 27.8 B. Checked here on the
 # 105k-row run of the README (its peak at the chosen batch is below the estimate).
 BYTES_PER_ROW_PER_WIDTH = 196e3 / 7041
+# The deep learning rate is the one scaled with the batch; the wide one follows it below.
+RECIPE = cpu_defaults.RecipeBatch(NVIDIA_BATCH_SIZE, NVIDIA_DEEP_LR, "sqrt", "global_batch_size",
+                                  "deep_learning_rate", "eval_batch_size")
 
 
 def model_width(spec, embedding_sizes_file: str, hidden_units) -> int:
@@ -39,31 +42,17 @@ def apply_cpu_defaults(args, on_cpu: bool, world_size: int, spec, memory_bytes: 
     if not on_cpu or getattr(args, "flags_given", None) is None:
         return None
     given = set(args.flags_given)
-    bytes_per_row = BYTES_PER_ROW_PER_WIDTH * model_width(spec, args.embedding_sizes_file, args.deep_hidden_units)
-    parts = []
-    if "eval_batch_size" not in given:
-        ev = cpu_defaults.choose_cpu_batch(None, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=1.0,
-                                           bytes_per_row=bytes_per_row, memory_bytes=memory_bytes,
-                                           multiple_of=world_size)
-        args.eval_batch_size = ev.batch
-        parts.append(f"--eval_batch_size {ev.batch}")
-    if not args.evaluate and "global_batch_size" not in given:
-        if train_rows is None:
-            from recsys_common.datasets import count_rows
-            train_rows = count_rows(spec, "train")
-        choice = cpu_defaults.choose_cpu_batch(
-            train_rows, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=NVIDIA_DEEP_LR, bytes_per_row=bytes_per_row,
-            memory_bytes=memory_bytes, lr_scaling="sqrt", batch_flag="--global_batch_size",
-            lr_flag="--deep_learning_rate",
-            given_learning_rate=args.deep_learning_rate if "deep_learning_rate" in given else None,
-            multiple_of=world_size)
-        args.global_batch_size, args.deep_learning_rate = choice.batch, choice.learning_rate
-        parts.insert(0, choice.reason)
-        if "linear_learning_rate" not in given:
-            args.linear_learning_rate = cpu_defaults.scale_learning_rate(NVIDIA_LINEAR_LR, choice.batch,
-                                                                         NVIDIA_BATCH_SIZE, "sqrt")
-            parts.insert(1, f"--linear_learning_rate {args.linear_learning_rate:g} (NVIDIA's {NVIDIA_LINEAR_LR} x "
-                            f"sqrt({choice.batch}/{NVIDIA_BATCH_SIZE}))")
-    if not parts:
-        return None
-    return f"main.py: CPU defaults: {'; '.join(parts)}. Pass --global_batch_size (and the rest) to choose."
+    training = not args.evaluate
+    if train_rows is None and cpu_defaults.training_batch_wanted(given, RECIPE, training):
+        from recsys_common.datasets import count_rows
+        train_rows = count_rows(spec, "train")
+    parts, choice = cpu_defaults.apply_batch_defaults(
+        args, given, RECIPE, world_size=world_size, training=training, train_rows=train_rows,
+        memory_bytes=memory_bytes,
+        bytes_per_row=BYTES_PER_ROW_PER_WIDTH * model_width(spec, args.embedding_sizes_file, args.deep_hidden_units))
+    if choice is not None and "linear_learning_rate" not in given:
+        args.linear_learning_rate = cpu_defaults.scale_learning_rate(NVIDIA_LINEAR_LR, choice.batch,
+                                                                     NVIDIA_BATCH_SIZE, "sqrt")
+        parts.insert(1, f"--linear_learning_rate {args.linear_learning_rate:g} (NVIDIA's {NVIDIA_LINEAR_LR} x "
+                        f"sqrt({choice.batch}/{NVIDIA_BATCH_SIZE}))")
+    return cpu_defaults.defaults_line("main.py", parts, "--global_batch_size")
