@@ -35,8 +35,8 @@ fi
 
 FREQUENCY_LIMIT="${1:-${FREQUENCY_LIMIT:-15}}"
 DEVICE="${2:-CPU}"
-if [[ -n "${SPARK_MASTER:-}" ]]; then default_engine=spark; else default_engine=polars; fi
-ENGINE="${3:-${PREPROC_ENGINE:-$default_engine}}"
+ENGINE="${3:-${PREPROC_ENGINE:-}}"   # empty: the shared steps pick polars, or spark when SPARK_MASTER is set
+ENGINE_ERROR="third argument (or PREPROC_ENGINE) must be Polars or Spark (NVIDIA's NVTabular path is not part of this recipe)"
 
 die() { echo "prepare_dataset.sh: error: $*" >&2; exit 2; }
 
@@ -46,11 +46,6 @@ case "$DEVICE" in
     GPU) die "GPU Spark (RAPIDS Accelerator) is not packaged by this recipe. Run with CPU, or add the RAPIDS jar to
     Spark and pass SPARK_PREPROCESS_ARGS='--spark_conf spark.plugins=com.nvidia.spark.SQLPlugin' with CPU." ;;
     *) die "second argument must be CPU (or GPU), got '$DEVICE'" ;;
-esac
-case "${ENGINE,,}" in
-    polars) ENGINE=polars ;;
-    spark) ENGINE=spark ;;
-    *) die "third argument (or PREPROC_ENGINE) must be Polars or Spark (NVIDIA's NVTabular path is not part of this recipe), got '$ENGINE'" ;;
 esac
 
 PYTHON="${PYTHON:-python3}"

@@ -43,13 +43,8 @@ esac
 [[ "$FREQUENCY_THRESHOLD" =~ ^[0-9]+$ ]] || die "FREQUENCY_THRESHOLD (second argument) must be a non-negative integer, got '$FREQUENCY_THRESHOLD'"
 [[ $# -le 2 ]] || die "at most two arguments (CPU FREQUENCY_THRESHOLD), got $#"
 
-if [[ -n "${SPARK_MASTER:-}" ]]; then default_engine=spark; else default_engine=polars; fi
-ENGINE="${PREPROC_ENGINE:-$default_engine}"
-case "${ENGINE,,}" in
-    polars) ENGINE=polars ;;
-    spark) ENGINE=spark ;;
-    *) die "PREPROC_ENGINE must be polars or spark, got '$ENGINE'" ;;
-esac
+ENGINE="${PREPROC_ENGINE:-}"   # empty: the shared steps pick polars, or spark when SPARK_MASTER is set
+ENGINE_ERROR="PREPROC_ENGINE must be polars or spark"
 
 PYTHON="${PYTHON:-python3}"
 # recsys_common is installed by the setup (pip install -e common); fall back to the checkout.

@@ -2,11 +2,21 @@
 # [FREQUENCY_LIMIT] [CPU] [Polars|Spark]; TensorFlow2: [CPU] [FREQUENCY_THRESHOLD], NVIDIA's orders): sourced, not
 # run, so one copy serves both and the users' commands stay as they were.
 #
-# The sourcing script sets: ENGINE (polars|spark), FREQUENCY (the frequency limit), FREQUENCY_NAME (its name in the
+# The sourcing script sets: ENGINE (polars or spark in any case; empty: spark when SPARK_MASTER is set, else polars),
+# ENGINE_ERROR (the message for any other ENGINE, naming where the recipe reads it from), FREQUENCY (the frequency limit), FREQUENCY_NAME (its name in the
 # progress lines), TRAIN_HINT (the command printed at the end), VERIFY_INPUT (a script checking INPUT_PATH first, or
 # empty), REUSE_SPARK_OUTPUT (1: a finished Spark run with the same limit is not redone), PYTHON, with recsys_common
 # importable, and a die() function. The environment (INPUT_PATH, BINARY_PATH, OVERWRITE, WORK_DIR, PREPROC_ARGS,
 # OUTPUT_PATH, SPARK_*, TOTAL_CORES, TOTAL_MEMORY) is documented in each recipe's script.
+
+if [[ -z "$ENGINE" ]]; then
+    if [[ -n "${SPARK_MASTER:-}" ]]; then ENGINE=spark; else ENGINE=polars; fi
+fi
+case "${ENGINE,,}" in
+    polars) ENGINE=polars ;;
+    spark) ENGINE=spark ;;
+    *) die "$ENGINE_ERROR, got '$ENGINE'" ;;
+esac
 
 INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
 OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
