@@ -18,6 +18,7 @@ import pytest
 from recsys_common.criteo import polars_preprocess, spark_preprocess, to_split_binary
 from recsys_common.criteo.dictionaries import DictionaryLookup, build_dictionary, merge_counts
 from recsys_common.datasets import read_columns
+from recsys_common.testing import local_spark_session
 
 pl = pytest.importorskip("polars", reason="polars is needed for the single-machine engine (ci/requirements.txt)")
 
@@ -83,16 +84,8 @@ def tree_bytes(root):
 @pytest.fixture(scope="module")
 def spark():
     pytest.importorskip("pyspark", reason="pyspark is needed for the comparison with the Spark job")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("test-criteo-engine")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    with local_spark_session("test-criteo-engine") as session:
+        yield session
 
 
 def run_spark(spark, input_path, work, *flags):

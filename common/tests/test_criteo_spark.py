@@ -15,7 +15,7 @@ import pytest
 from recsys_common.criteo import layout as criteo_layout
 from recsys_common.criteo import spark_preprocess, to_split_binary
 from recsys_common.datasets import open_reader, read_columns
-from recsys_common.testing import shared_data_path
+from recsys_common.testing import local_spark_session, shared_data_path
 
 pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job (ci/requirements.txt)")
 
@@ -74,17 +74,8 @@ def binary_rows(spec, split):
 # ------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("test-criteo")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-               # C1-only JIT: these jobs are tiny, so JVM warm-up dominates (1.6-2.4x faster measured here)
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    with local_spark_session("test-criteo") as session:
+        yield session
 
 
 def run_pipeline(spark, input_path, work, *extra):

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from recsys_common.testing import shared_data_path
+from recsys_common.testing import local_spark_session, shared_data_path
 
 pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job")
 
@@ -40,24 +40,13 @@ THRESHOLD = {"dlrm": 0.56, "dcnv2": 0.66}
 def criteo_binary(tmp_path_factory):
     """Spark job (local[2]) + split-binary conversion of the 1999 real rows; returns (report, Spark out, binary)."""
     raw = shared_data_path("criteo", "kaggle-train-head1999.tsv")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
     from recsys_common.criteo import spark_preprocess, to_split_binary
     work = tmp_path_factory.mktemp("criteo")
     (work / "in").mkdir()
     os.symlink(raw, work / "in" / "train.txt")
-    spark = (SparkSession.builder.master("local[2]").appName("tf2-dlrm-criteo-samples")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-             # C1-only JIT: the job is tiny, so JVM warm-up dominates
-             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-             .getOrCreate())
-    try:
-        spark.sparkContext.setLogLevel("ERROR")
+    with local_spark_session("tf2-dlrm-criteo-samples") as spark:
         report = spark_preprocess.main(["--input_path", str(work / "in"), "--output_path", str(work / "spark"),
                                         "--frequency_limit", "2"], spark=spark)
-    finally:
-        spark.stop()
     to_split_binary.main(["--input", str(work / "spark"), "--output", str(work / "binary")])
     return report, str(work / "spark"), str(work / "binary")
 
