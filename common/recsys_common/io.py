@@ -158,6 +158,15 @@ def report_json(result, path: Optional[str] = None):
 PREDICTION_FORMATS = (".csv", ".npy", ".parquet")
 
 
+def add_prediction_flags(parser, formats=PREDICTION_FORMATS, batch_size: int = 65536) -> None:
+    """``--output``, ``--batch_size`` and ``--overwrite``, as every ``predict`` tool spells them (``parser``: a parser
+    or an argument group; ``formats``: the extensions the tool offers, a subset of :data:`PREDICTION_FORMATS`)."""
+    parser.add_argument("--output", required=True,
+                        help=f"probabilities file: {', '.join(formats)} (see recsys_common.io.write_predictions)")
+    parser.add_argument("--batch_size", type=int, default=batch_size, help="rows scored per model call")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+
+
 def write_predictions(path: str, probabilities, ids=None, id_name: str = "id") -> None:
     """The recipes' one prediction writer (every ``predict.py``): one probability per row, atomically, in the format
     of ``path``'s extension:

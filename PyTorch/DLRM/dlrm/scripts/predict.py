@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.io import add_prediction_flags
+
 
 class PredictError(ValueError):
     """Input that cannot be scored; the message names the file / feature / row or the flag."""
@@ -39,9 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="directory of the FeatureSpec describing the rows to score")
     p.add_argument("--feature_spec", default="feature_spec.yaml", help="FeatureSpec file name in --dataset")
     p.add_argument("--mapping", default="test", help="source_spec mapping (split) holding the rows")
-    p.add_argument("--output", required=True, help="probabilities: .csv (header 'probability') or .npy")
-    p.add_argument("--batch_size", type=int, default=65536, help="rows scored per forward pass")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    add_prediction_flags(p, (".csv", ".npy"))
     return p
 
 

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.io import add_prediction_flags
+
 OUTPUT_FORMATS = (".csv", ".npy", ".parquet")
 
 
@@ -38,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_path", required=True, help="directory of the rows to score (its feature spec)")
     p.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec, relative to --dataset_path")
     p.add_argument("--mapping", default="test", help="split of the feature spec's source_spec to score")
-    p.add_argument("--output", required=True, help="probabilities file: .csv, .npy or .parquet")
-    p.add_argument("--batch_size", type=int, default=65536, help="rows scored per step")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    add_prediction_flags(p, OUTPUT_FORMATS)
     return p
 
 

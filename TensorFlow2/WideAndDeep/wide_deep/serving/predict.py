@@ -23,6 +23,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.io import add_prediction_flags
+
 from .export import ServingInput, add_model_arguments, model_from_args, serving_inputs
 
 DISPLAY_ID = "display_id"
@@ -134,9 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(p)
     g = p.add_argument_group("rows and output")
     g.add_argument("--input", required=True, help="the rows to score: .parquet or .csv (see the description)")
-    g.add_argument("--output", required=True, help="probabilities: .csv or .npy")
-    g.add_argument("--batch_size", type=int, default=65536, help="rows per model call")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    add_prediction_flags(g, (".csv", ".npy"))
     return p
 
 
