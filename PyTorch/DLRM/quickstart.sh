@@ -3,10 +3,8 @@
 #   bash quickstart.sh [output_dir]          (about a minute on 2 cores; any extra flags go to dlrm.scripts.main)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-REPO="$(cd ../.. && pwd)"
-PY="${PYTHON:-$REPO/.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
-export PYTHONPATH="$PWD:$REPO/common${PYTHONPATH:+:$PYTHONPATH}"
+# REPO, PY and PYTHONPATH: common/recipe_env.sh (../../common in a checkout, ../common in the Docker image)
+source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
 OUT="${1:-/tmp/dlrm_quickstart}"; shift || true
 TABLES="100000,50000,20000,10000,5000,2000,1000,500,200,100,100,50,50,20,20,10,10,10,5,5,5,4,4,3,3,2"
 

@@ -6,10 +6,8 @@
 # <model>_checkpoint.previous and its previous log as log_<model>.json.N.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-REPO="$(cd ../.. && pwd)"
-PY="${PYTHON:-$REPO/.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
-export PYTHONPATH="$PWD:$REPO/common${PYTHONPATH:+:$PYTHONPATH}"
+# REPO, PY and PYTHONPATH: common/recipe_env.sh (../../common in a checkout, ../common in the Docker image)
+source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 OUT="${1:-/tmp/dlrm_dcnv2_quickstart}"; shift || true
 TABLES="100000,50000,20000,10000,5000,2000,1000,500,200,100,100,50,50,20,20,10,10,10,5,5,5,4,4,3,3,2"

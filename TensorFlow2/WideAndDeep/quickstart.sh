@@ -8,10 +8,9 @@
 # QUICKSTART_DISPLAYS shrinks the data (the tests run a tiny quickstart); QUICKSTART_MOVIELENS=0 skips MovieLens.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-REPO="$(cd ../.. && pwd)"
-PY="${PYTHON:-$REPO/.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
-export PYTHON="$PY" PYTHONPATH="$PWD:$REPO/common${PYTHONPATH:+:$PYTHONPATH}"
+# REPO, PY and PYTHONPATH: common/recipe_env.sh (../../common in a checkout, ../common in the Docker image)
+source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
+export PYTHON="$PY"   # scripts/preproc.sh runs the ETL with it
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 OUT="${1:-/tmp/wide_deep_quickstart}"; shift || true
 mkdir -p "$OUT"

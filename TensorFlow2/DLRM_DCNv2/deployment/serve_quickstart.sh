@@ -6,10 +6,8 @@
 # ports and is stopped on exit, also on failure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPO="$(cd ../.. && pwd)"
-PY="${PYTHON:-$REPO/.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
-export PYTHONPATH="$PWD:$REPO/common${PYTHONPATH:+:$PYTHONPATH}"
+# REPO, PY and PYTHONPATH: common/recipe_env.sh (../../common in a checkout, ../common in the Docker image)
+source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 QS="${1:-/tmp/dlrm_dcnv2_quickstart}"; OUT="${2:-/tmp/dlrm_dcnv2_serving}"; shift 2 || shift $#
 if [[ $# -gt 0 ]]; then MODELS=("$@"); else MODELS=(dlrm dcnv2); fi
