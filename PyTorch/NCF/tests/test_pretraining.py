@@ -89,3 +89,21 @@ def test_pretraining_pipeline_end_to_end(tiny_data, tmp_path):
         ncf.main([*common, "-e", "1", "--pretrained_gmf", str(tmp_path / "mlp" / "model.pth"),
                   "--pretrained_mlp", str(tmp_path / "gmf" / "model.pth"), "--log_path", str(tmp_path / "x.json")])
     assert os.path.isfile(tmp_path / "n.json")
+
+
+def test_learning_rate_decay_sets_each_epochs_rate_and_resumes_at_it(tiny_data, tmp_path):
+    """--learning_rate_decay d: epoch e trains at -l x d^e (the optimizer's rate saved after the last epoch says so),
+    and a run resumed after epoch 1 continues at the same rates: its weights equal the uninterrupted run's."""
+    common = ["--data", tiny_data, "-b", "4096", "--model", "gmf", "-f", "8", "--dropout", "0", "--seed", "1",
+              "-l", "0.01", "--learning_rate_decay", "0.5", "-b1", "0.9", "-b2", "0.999"]
+    ncf.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "a"), "--log_path", str(tmp_path / "a.json")])
+    straight = ncf._read_checkpoint(str(tmp_path / "a" / ncf.RESUME_CHECKPOINT))
+    assert [g["lr"] for g in straight["optimizer"]["param_groups"]] == [pytest.approx(0.01 * 0.5 ** 2)]
+    ncf.main([*common, "-e", "2", "--checkpoint_dir", str(tmp_path / "b"), "--log_path", str(tmp_path / "b.json")])
+    ncf.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "b"), "--resume",
+              "--log_path", str(tmp_path / "b.json")])
+    resumed = ncf._read_checkpoint(str(tmp_path / "b" / ncf.RESUME_CHECKPOINT))
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    with pytest.raises(SystemExit):
+        ncf.parse_args(["--data", tiny_data, "--learning_rate_decay", "0"])
