@@ -329,49 +329,72 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------------ dataset
-def dataset_shape(args):
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the rows come from (the dataset, or the synthetic one), read once from the flags (:meth:`from_flags`)."""
+    dataset_type: str = "tf_raw"
+    dataset_path: Optional[str] = None
+    feature_spec: str = "feature_spec.yaml"
+    synthetic_train_batches: int = 64008
+    synthetic_valid_batches: int = 1350
+    synthetic_cardinalities: Sequence[int] = (1000,) * 26
+    synthetic_hotness: Sequence[int] = (20,) * 26
+    synthetic_num_numerical: int = 13
+    synthetic_use_feature_spec: bool = False
+    seed: int = SYNTHETIC_SEED
+
+    @classmethod
+    def from_flags(cls, args) -> "DataConfig":
+        return cls(args.dataset_type, args.dataset_path, args.feature_spec, args.synthetic_dataset_train_batches,
+                   args.synthetic_dataset_valid_batches, tuple(args.synthetic_dataset_cardinalities),
+                   tuple(args.synthetic_dataset_hotness), args.synthetic_dataset_num_numerical_features,
+                   args.synthetic_dataset_use_feature_spec, SYNTHETIC_SEED if args.seed is None else args.seed)
+
+
+def dataset_shape(data: DataConfig):
     """``(table_sizes, hotness, num_numerical_features)`` of the data (feature spec, or the synthetic flags)."""
-    if args.dataset_type == "synthetic" and not args.synthetic_dataset_use_feature_spec:
-        sizes = list(args.synthetic_dataset_cardinalities)
-        hotness = list(args.synthetic_dataset_hotness)
+    if data.dataset_type == "synthetic" and not data.synthetic_use_feature_spec:
+        sizes = list(data.synthetic_cardinalities)
+        hotness = list(data.synthetic_hotness)
         if len(hotness) == 1:
             hotness = hotness * len(sizes)
         if len(hotness) != len(sizes):
             raise UsageError(f"--synthetic_dataset_hotness has {len(hotness)} values for "
                              f"{len(sizes)} --synthetic_dataset_cardinalities")
-        return sizes, hotness, int(args.synthetic_dataset_num_numerical_features)
+        return sizes, hotness, int(data.synthetic_num_numerical)
     from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
-    meta = metadata_from_spec(load_spec(args.dataset_path, args.feature_spec, "--feature_spec"))
+    meta = metadata_from_spec(load_spec(data.dataset_path, data.feature_spec, "--feature_spec"))
     return list(meta.table_sizes), list(meta.hotness), int(meta.num_numerical)
 
 
-def open_data(args, ctx, sparse_model, mapping: str, global_batch_size: int):
+def open_data(data: DataConfig, ctx, sparse_model, mapping: str, global_batch_size: int):
     """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()`` (and ``iterate(start)``)."""
     from dlrm_dcnv2.dataloading import create_input
-    return create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=mapping,
+    return create_input(data.dataset_type, data.dataset_path, data.feature_spec, mapping=mapping,
                         global_batch_size=global_batch_size, ctx=ctx, placement=sparse_model.placement,
-                        synthetic_train_batches=args.synthetic_dataset_train_batches,
-                        synthetic_valid_batches=args.synthetic_dataset_valid_batches,
-                        synthetic_cardinalities=args.synthetic_dataset_cardinalities,
-                        synthetic_hotness=args.synthetic_dataset_hotness,
-                        synthetic_num_numerical=args.synthetic_dataset_num_numerical_features,
-                        synthetic_use_feature_spec=args.synthetic_dataset_use_feature_spec,
-                        seed=SYNTHETIC_SEED if args.seed is None else args.seed)
+                        synthetic_train_batches=data.synthetic_train_batches,
+                        synthetic_valid_batches=data.synthetic_valid_batches,
+                        synthetic_cardinalities=list(data.synthetic_cardinalities),
+                        synthetic_hotness=list(data.synthetic_hotness),
+                        synthetic_num_numerical=data.synthetic_num_numerical,
+                        synthetic_use_feature_spec=data.synthetic_use_feature_spec, seed=data.seed)
 
 
 # ------------------------------------------------------------------------------------------------------ running
-def _configure_tensorflow(args):
-    """Device visibility, threads, precision policy; returns the policy name. Must run before any model is built."""
+def _configure_tensorflow(cpu: bool, amp: bool, inter_op_parallelism: Optional[int] = None,
+                          intra_op_parallelism: Optional[int] = None):
+    """Device visibility (``cpu``: hide the GPUs), threads, precision policy (``amp``); returns ``(policy name,
+    on_gpu)``. Must run before any model is built."""
     import tensorflow as tf
-    if args.cpu:
+    if cpu:
         try:
             tf.config.set_visible_devices([], "GPU")
         except RuntimeError as error:  # devices already initialised (a second run in the same process)
             if tf.config.get_visible_devices("GPU"):
                 raise UsageError(f"--cpu: cannot hide the GPUs any more ({error})") from None
-    for name, setter in (("inter_op_parallelism", tf.config.threading.set_inter_op_parallelism_threads),
-                         ("intra_op_parallelism", tf.config.threading.set_intra_op_parallelism_threads)):
-        value = getattr(args, name)
+    for name, value, setter in (
+            ("inter_op_parallelism", inter_op_parallelism, tf.config.threading.set_inter_op_parallelism_threads),
+            ("intra_op_parallelism", intra_op_parallelism, tf.config.threading.set_intra_op_parallelism_threads)):
         if value is not None:
             try:
                 setter(value)
@@ -379,7 +402,7 @@ def _configure_tensorflow(args):
                 LOG.warning("--%s %d ignored: %s", name, value, error)
     on_gpu = bool(tf.config.get_visible_devices("GPU"))
     policy = "float32"
-    if args.amp:
+    if amp:
         # float16 has too few exponent bits without loss scaling and CPUs have no fast float16 kernels;
         # bfloat16 keeps float32's range and is what CPUs with AVX512-BF16/AMX accelerate.
         policy = "mixed_float16" if on_gpu else "mixed_bfloat16"
@@ -387,28 +410,47 @@ def _configure_tensorflow(args):
     return policy, on_gpu
 
 
-def _check_model_flags(args, embedding_dims: List[int]) -> None:
+@dataclass(frozen=True)
+class ModelFlags:
+    """The model's shape as the flags give it (:meth:`from_flags`); ``embedding_dim`` is the flag's text, for
+    messages (the per-table widths are resolved against the data)."""
+    model: str = "dlrm"
+    embedding_dim: str = "128"
+    bottom_mlp_dims: Sequence[int] = (512, 256, 128)
+    top_mlp_dims: Sequence[int] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot_custom_cuda"
+    num_cross_layers: int = 3
+    cross_layer_projection_dim: int = 512
+
+    @classmethod
+    def from_flags(cls, args) -> "ModelFlags":
+        return cls(args.model, args.embedding_dim, tuple(args.bottom_mlp_dims), tuple(args.top_mlp_dims),
+                   args.interaction, args.num_cross_layers, args.cross_layer_projection_dim)
+
+
+def _check_model_flags(flags: ModelFlags, embedding_dims: List[int]) -> None:
     if not embedding_dims:
         raise UsageError("the feature spec has no categorical feature: DLRM and DCNv2 interact embeddings and need at "
                          "least one embedding table (a numericals-only spec trains with TensorFlow2/WideAndDeep)")
-    if args.interaction.startswith("dot") and len(set(embedding_dims)) > 1:
-        raise UsageError(f"--interaction {args.interaction} needs one embedding width for every table, got "
-                         f"--embedding_dim {args.embedding_dim} ({sorted(set(embedding_dims))}); use one value, or "
+    if flags.interaction.startswith("dot") and len(set(embedding_dims)) > 1:
+        raise UsageError(f"--interaction {flags.interaction} needs one embedding width for every table, got "
+                         f"--embedding_dim {flags.embedding_dim} ({sorted(set(embedding_dims))}); use one value, or "
                          f"--interaction cross (dcnv2.py)")
-    if args.interaction.startswith("dot") and args.bottom_mlp_dims[-1] != embedding_dims[0]:
-        raise UsageError(f"--bottom_mlp_dims {','.join(map(str, args.bottom_mlp_dims))} ends with "
-                         f"{args.bottom_mlp_dims[-1]} but --embedding_dim is {embedding_dims[0]}: the dot interaction "
-                         f"needs them equal")
+    if flags.interaction.startswith("dot") and flags.bottom_mlp_dims[-1] != embedding_dims[0]:
+        raise UsageError(f"--bottom_mlp_dims {','.join(map(str, flags.bottom_mlp_dims))} ends with "
+                         f"{flags.bottom_mlp_dims[-1]} but --embedding_dim is {embedding_dims[0]}: the dot "
+                         f"interaction needs them equal")
 
 
-def model_config(args, table_sizes, embedding_dims, hotness, num_numerical) -> Dict[str, Any]:
+def model_config(flags: ModelFlags, table_sizes, embedding_dims, hotness, num_numerical) -> Dict[str, Any]:
     """What must match between a checkpoint and the model restoring it."""
-    return {"model": args.model, "table_sizes": list(table_sizes), "embedding_dims": list(embedding_dims),
+    cross = flags.interaction == "cross"
+    return {"model": flags.model, "table_sizes": list(table_sizes), "embedding_dims": list(embedding_dims),
             "hotness": list(hotness), "num_numerical_features": int(num_numerical),
-            "interaction": "dot" if args.interaction.startswith("dot") else args.interaction,
-            "bottom_mlp_dims": list(args.bottom_mlp_dims), "top_mlp_dims": list(args.top_mlp_dims),
-            "num_cross_layers": args.num_cross_layers if args.interaction == "cross" else None,
-            "cross_layer_projection_dim": args.cross_layer_projection_dim if args.interaction == "cross" else None}
+            "interaction": "dot" if flags.interaction.startswith("dot") else flags.interaction,
+            "bottom_mlp_dims": list(flags.bottom_mlp_dims), "top_mlp_dims": list(flags.top_mlp_dims),
+            "num_cross_layers": flags.num_cross_layers if cross else None,
+            "cross_layer_projection_dim": flags.cross_layer_projection_dim if cross else None}
 
 
 def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
@@ -427,12 +469,14 @@ def run(args) -> Dict[str, Any]:
     from dlrm_dcnv2.utils import checkpointing
 
     ctx = hvd_utils.init()
-    policy, on_gpu = _configure_tensorflow(args)
+    policy, on_gpu = _configure_tensorflow(args.cpu, args.amp, args.inter_op_parallelism, args.intra_op_parallelism)
     if args.seed is not None:
         tf.keras.utils.set_random_seed(args.seed)  # the same on every rank (replicated weights are broadcast anyway)
-    table_sizes, hotness, num_numerical = dataset_shape(args)
+    data = DataConfig.from_flags(args)
+    table_sizes, hotness, num_numerical = dataset_shape(data)
     embedding_dims = parse_embedding_dims(args.embedding_dim, len(table_sizes))
-    _check_model_flags(args, embedding_dims)
+    model_flags = ModelFlags.from_flags(args)
+    _check_model_flags(model_flags, embedding_dims)
     from dlrm_dcnv2.cpu_defaults import apply_cpu_defaults  # issue 18: NVIDIA's GPU batch is not a CPU default
     cpu_line = apply_cpu_defaults(args, on_gpu, ctx.world_size, embedding_dims,
                                   MODEL_DEFAULTS[args.model]["learning_rate"])
@@ -464,7 +508,7 @@ def run(args) -> Dict[str, Any]:
                             use_mde_embeddings=args.use_mde_embeddings,
                             embedding_zeros_initializer=args.embedding_zeros_initializer,
                             embedding_trainable=args.embedding_trainable)
-        config = model_config(args, table_sizes, embedding_dims, hotness, num_numerical)
+        config = model_config(model_flags, table_sizes, embedding_dims, hotness, num_numerical)
         train_config = TrainConfig.from_flags(args, policy)
         training = train_config.resume_settings(ctx.world_size)
         evaluator = Evaluator(model, ctx, auc_thresholds=args.auc_thresholds, xla=args.xla,
@@ -477,7 +521,7 @@ def run(args) -> Dict[str, Any]:
             else:
                 LOG.warning("--mode %s without --restore_checkpoint_path: the model is untrained", args.mode)
             if args.mode == "eval":
-                test_data = open_data(args, ctx, model.sparse, "test", args.valid_batch_size)
+                test_data = open_data(data, ctx, model.sparse, "test", args.valid_batch_size)
                 results = evaluator.evaluate(test_data)
                 if ctx.is_chief:
                     print(f"eval: auc {results['auc']:.5f} | exact auc {results['auc_exact']:.5f} | loss "
@@ -487,7 +531,7 @@ def run(args) -> Dict[str, Any]:
                 from dlrm_dcnv2.nn.inference import benchmark_inference
                 sizes = args.inference_batch_sizes or [args.valid_batch_size]
                 results = {"inference": benchmark_inference(
-                    model, lambda size: open_data(args, ctx, model.sparse, "test", size), sizes, ctx,
+                    model, lambda size: open_data(data, ctx, model.sparse, "test", size), sizes, ctx,
                     steps=args.inference_steps, warmup_steps=args.inference_warmup_steps, xla=args.xla,
                     run_eagerly=args.run_eagerly)}
                 if ctx.is_chief:
@@ -501,7 +545,7 @@ def run(args) -> Dict[str, Any]:
             return results
 
         return _train(train_config, ctx, model, evaluator, config, training, logger, policy,
-                      lambda mapping, batch: open_data(args, ctx, model.sparse, mapping, batch))
+                      lambda mapping, batch: open_data(data, ctx, model.sparse, mapping, batch))
     finally:
         logger.close()
 
