@@ -149,30 +149,62 @@ def _ints(values: Sequence[str], flag: str) -> List[int]:
         raise ValueError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}") from None
 
 
-def _build_data(args, ctx, info_only: bool = False):
-    from dlrm.data import SplitBinaryBatches, SyntheticBatches, dataset_info, default_synthetic_info
-    synthetic = args.synthetic_dataset or args.dataset_type == "synthetic_gpu"
-    if synthetic:
-        info = default_synthetic_info(_ints(args.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
-                                      args.synthetic_dataset_numerical_features)
-    else:
-        if not args.dataset:
-            raise ValueError("--dataset is required (or pass --synthetic_dataset for random benchmark data)")
-        info = dataset_info(args.dataset, args.feature_spec)
-        if info.num_numerical_features != args.num_numerical_features and args.num_numerical_features != 13:
-            raise ValueError(f"--num_numerical_features {args.num_numerical_features} but {info.spec.origin} has "
-                             f"{info.num_numerical_features} numerical features")
-    if info_only:
-        return info, None, None
+@dataclass(frozen=True)
+class DataSettings:
+    """What the dataset and its loaders take from the flags, built once by :meth:`from_flags` (after the CPU defaults
+    have set the batch sizes)."""
+    synthetic: bool                     # --synthetic_dataset or --dataset_type synthetic_gpu
+    dataset: Optional[str]
+    feature_spec: str
+    num_numerical_features: int
+    synthetic_table_sizes: Sequence[str]   # as given; checked only when synthetic
+    synthetic_numerical_features: int
+    synthetic_num_entries: int
+    batch_size: int
+    test_batch_size: int
+    seed: int
+    shuffle_batch_order: bool
+    dataset_subset: Optional[float]
+    hash_indices: bool
+    prefetch_batches: int
+
+    @classmethod
+    def from_flags(cls, args) -> "DataSettings":
+        return cls(args.synthetic_dataset or args.dataset_type == "synthetic_gpu", args.dataset, args.feature_spec,
+                   args.num_numerical_features, tuple(args.synthetic_dataset_table_sizes),
+                   args.synthetic_dataset_numerical_features, args.synthetic_dataset_num_entries, args.batch_size,
+                   args.test_batch_size, args.seed, args.shuffle_batch_order, args.dataset_subset, args.hash_indices,
+                   args.prefetch_batches)
+
+
+def _dataset_info(data: DataSettings):
+    """The dataset's tables and features (the synthetic ones, or the FeatureSpec's), checked against the flags."""
+    from dlrm.data import dataset_info, default_synthetic_info
+    if data.synthetic:
+        return default_synthetic_info(_ints(data.synthetic_table_sizes, "synthetic_dataset_table_sizes"),
+                                      data.synthetic_numerical_features)
+    if not data.dataset:
+        raise ValueError("--dataset is required (or pass --synthetic_dataset for random benchmark data)")
+    info = dataset_info(data.dataset, data.feature_spec)
+    if info.num_numerical_features != data.num_numerical_features and data.num_numerical_features != 13:
+        raise ValueError(f"--num_numerical_features {data.num_numerical_features} but {info.spec.origin} has "
+                         f"{info.num_numerical_features} numerical features")
+    return info
+
+
+def _data_loaders(data: DataSettings, info, ctx):
+    """``(train_data, test_data)``: functions returning this rank's training batches (new each epoch) and its test
+    batches (opened once, on first use)."""
+    from dlrm.data import SplitBinaryBatches, SyntheticBatches
 
     def train_data():
-        if synthetic:
-            return SyntheticBatches(info, args.synthetic_dataset_num_entries, args.batch_size, ctx.device, ctx.rank,
-                                    ctx.world_size, seed=args.seed)
-        return SplitBinaryBatches(info, "train", args.batch_size, ctx.device, ctx.rank, ctx.world_size,
-                                  training=True, shuffle=args.shuffle_batch_order, seed=args.seed,
-                                  subset=args.dataset_subset, hash_indices=args.hash_indices,
-                                  prefetch=args.prefetch_batches)
+        if data.synthetic:
+            return SyntheticBatches(info, data.synthetic_num_entries, data.batch_size, ctx.device, ctx.rank,
+                                    ctx.world_size, seed=data.seed)
+        return SplitBinaryBatches(info, "train", data.batch_size, ctx.device, ctx.rank, ctx.world_size,
+                                  training=True, shuffle=data.shuffle_batch_order, seed=data.seed,
+                                  subset=data.dataset_subset, hash_indices=data.hash_indices,
+                                  prefetch=data.prefetch_batches)
 
     cache = {}
 
@@ -182,24 +214,26 @@ def _build_data(args, ctx, info_only: bool = False):
         return cache["test"]
 
     def make_test_data():
-        if synthetic:
-            return SyntheticBatches(info, max(args.synthetic_dataset_num_entries // 8, args.test_batch_size),
-                                    args.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=args.seed + 1,
+        if data.synthetic:
+            return SyntheticBatches(info, max(data.synthetic_num_entries // 8, data.test_batch_size),
+                                    data.test_batch_size, ctx.device, ctx.rank, ctx.world_size, seed=data.seed + 1,
                                     training=False)
-        return SplitBinaryBatches(info, "test", args.test_batch_size, ctx.device, ctx.rank, ctx.world_size,
-                                  training=False, hash_indices=args.hash_indices, prefetch=args.prefetch_batches)
-    return info, train_data, test_data
+        return SplitBinaryBatches(info, "test", data.test_batch_size, ctx.device, ctx.rank, ctx.world_size,
+                                  training=False, hash_indices=data.hash_indices, prefetch=data.prefetch_batches)
+    return train_data, test_data
 
 
-def _table_sizes(info, args) -> List[int]:
+def _table_sizes(info, max_table_size: Optional[int], hash_indices: bool) -> List[int]:
+    """The embedding tables' rows: the dataset's cardinalities, capped at ``max_table_size`` (which needs
+    ``hash_indices``: ids of a capped table are taken modulo its size)."""
     sizes = list(info.cardinalities)
-    if args.max_table_size is not None:
-        capped = [(name, n) for name, n in zip(info.categorical_features, sizes) if n > args.max_table_size]
-        if capped and not args.hash_indices:
+    if max_table_size is not None:
+        capped = [(name, n) for name, n in zip(info.categorical_features, sizes) if n > max_table_size]
+        if capped and not hash_indices:
             names = ", ".join(f"{name} ({n} rows)" for name, n in capped)
-            raise ValueError(f"--max_table_size {args.max_table_size} caps {names}: their ids would overflow the "
+            raise ValueError(f"--max_table_size {max_table_size} caps {names}: their ids would overflow the "
                              f"capped tables; pass --hash_indices to map ids with id % table size")
-        sizes = [min(n, args.max_table_size) for n in sizes]
+        sizes = [min(n, max_table_size) for n in sizes]
     return sizes
 
 
@@ -628,12 +662,13 @@ def run(args) -> Dict[str, Any]:
                     append=bool(args.load_checkpoint_path and args.mode == "train"))
     try:
         torch.manual_seed(args.seed)
-        info, train_data, test_data = _build_data(args, ctx)  # the batch flags are read when data is opened
+        info = _dataset_info(DataSettings.from_flags(args))
         from dlrm.utils.cpu_defaults import apply_cpu_defaults  # issue 18: NVIDIA's GPU batch is not a CPU default
         cpu_line = apply_cpu_defaults(args, ctx.device.type, ctx.world_size, info)
         if cpu_line and ctx.rank == 0:
             print(cpu_line, flush=True)
-        table_sizes = _table_sizes(info, args)
+        train_data, test_data = _data_loaders(DataSettings.from_flags(args), info, ctx)  # with the batch sizes chosen
+        table_sizes = _table_sizes(info, args.max_table_size, args.hash_indices)
         config = ModelConfig(info.num_numerical_features, table_sizes, info.categorical_features,
                              args.embedding_dim, _ints(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
                              _ints(args.top_mlp_sizes, "top_mlp_sizes"), args.interaction_op, args.self_interaction,
