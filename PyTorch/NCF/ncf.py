@@ -36,8 +36,8 @@ from recsys_common.logger import Logger
 
 # Where and how checkpoints are written and read: checkpointing.py (these names stay importable from here).
 from checkpointing import (BEST_CHECKPOINT, CHECKPOINT_FORMAT, RESUME_CHECKPOINT, CheckpointError,  # noqa: E402,F401
-                           check_checkpoint_dir, kept_checkpoints, load_model_weights, save_checkpoint, save_epoch,
-                           training_state)
+                           check_checkpoint_dir, check_config, kept_checkpoints, load_model_weights, save_checkpoint,
+                           save_epoch, training_state)
 from checkpointing import read_checkpoint as _read_checkpoint  # noqa: E402
 
 
@@ -538,9 +538,7 @@ def run(args: argparse.Namespace) -> Dict:
     start_epoch, best = 0, {"hr": -1.0, "ndcg": 0.0, "epoch": -1}
     elapsed, time_to_target = 0.0, None
     if resume_state is not None:
-        if resume_state.get("config") != config:
-            raise CheckpointError(f"{resume_path}: saved for configuration {resume_state.get('config')}, "
-                                  f"this run is {config}")
+        check_config(resume_state, config, resume_path)   # names every differing field, as the other recipes
         load_model_weights(model, resume_state["model"], resume_path)
         optimizer.load_state_dict(resume_state["optimizer"])
         if scaler is not None and resume_state.get("scaler"):
@@ -636,8 +634,9 @@ def run(args: argparse.Namespace) -> Dict:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
-    """Train or evaluate (see :func:`parse_args`); returns the summary. Tears the process group down on every exit,
-    a refusal or an error included (then without the barrier: see :func:`shutdown_distributed`)."""
+    """Train or evaluate (see :func:`parse_args`); returns the summary. Raises :data:`INPUT_ERRORS` for input it
+    cannot use and a diverged loss. Tears the process group down on every exit, a refusal or an error included (then
+    without the barrier: see :func:`shutdown_distributed`)."""
     args = parse_args(argv)
     keep_freed_memory()  # before the first big allocation: see its docstring (page faults at -b 1048576)
     succeeded = False
@@ -645,12 +644,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         summary = run(args)
         succeeded = True
         return summary
-    except (DatasetError, FeatureSpecError, CheckpointError, ConfigurationError, TrainingDivergedError) as err:
-        print(f"ncf.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
     finally:
         shutdown_distributed(barrier=succeeded)
 
 
+# What `python ncf.py` reports in one line with exit status 2 (a diverged loss too, as before the shared runner).
+INPUT_ERRORS = (DatasetError, FeatureSpecError, CheckpointError, ConfigurationError, TrainingDivergedError)
+
 if __name__ == "__main__":
-    main()
+    from recsys_common.cli import run_main
+    run_main(main, prog="ncf.py", input_errors=INPUT_ERRORS)

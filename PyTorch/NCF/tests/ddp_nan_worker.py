@@ -15,6 +15,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import ncf  # noqa: E402
 import neumf  # noqa: E402
+from recsys_common.cli import exit_status  # noqa: E402
 from recsys_common.torch_distributed import live_gloo_threads  # noqa: E402
 
 _forward, _calls = neumf.NeuMF.forward, []
@@ -34,10 +35,8 @@ if __name__ == "__main__":
     out_dir, argv = sys.argv[1], sys.argv[2:]
     err, code = io.StringIO(), 0
     with contextlib.redirect_stderr(err):
-        try:
-            ncf.main(argv)
-        except SystemExit as stop:
-            code = stop.code
+        # as `python ncf.py` runs it: exit status 2 and one "ncf.py: error:" line for a diverged loss
+        code = exit_status(ncf.main, argv, prog="ncf.py", input_errors=ncf.INPUT_ERRORS)
     threads = live_gloo_threads()
     with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.txt"), "w") as f:
         f.write(f"{code}\n{threads}\n{err.getvalue()}")

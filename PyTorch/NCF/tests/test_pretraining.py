@@ -85,7 +85,7 @@ def test_pretraining_pipeline_end_to_end(tiny_data, tmp_path):
     assert summary["best_hr@10"] > 0.1, summary  # 10 of 101 candidates: chance is 0.099
     with pytest.raises(SystemExit):
         ncf.parse_args(["--data", tiny_data, "--pretrained_gmf", "x"])
-    with pytest.raises(SystemExit):  # swapped: refused with a message naming the files
+    with pytest.raises(ncf.INPUT_ERRORS):  # swapped: refused with a message naming the files
         ncf.main([*common, "-e", "1", "--pretrained_gmf", str(tmp_path / "mlp" / "model.pth"),
                   "--pretrained_mlp", str(tmp_path / "gmf" / "model.pth"), "--log_path", str(tmp_path / "x.json")])
     assert os.path.isfile(tmp_path / "n.json")

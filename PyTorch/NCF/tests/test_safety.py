@@ -56,11 +56,9 @@ def test_nan_scores_count_as_misses():
     assert everything_nan["hr"] == 0 and everything_nan["ndcg"] == 0 and everything_nan["nan_users"] == 3
 
 
-def test_topk_at_or_above_the_candidates_per_user_is_refused(tiny_data, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_topk_at_or_above_the_candidates_per_user_is_refused(tiny_data, tmp_path):
+    with pytest.raises(ncf.ConfigurationError, match="-k/--topk 101 must be below the number of candidates per user"):
         run(tiny_data, tmp_path, "-e", "1", "-k", "101")  # tiny_data: 1 positive + 100 negatives per user
-    assert exit_info.value.code == 2
-    assert "-k/--topk 101 must be below the number of candidates per user" in capsys.readouterr().err
     assert not (tmp_path / "log.json").exists()  # refused before anything was written
     data = load_dataset(tiny_data)
     with pytest.raises(ncf.ConfigurationError, match="every user counts as a hit"):
@@ -68,8 +66,7 @@ def test_topk_at_or_above_the_candidates_per_user_is_refused(tiny_data, tmp_path
                      5000, nullcontext)
 
 
-def test_a_diverging_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path, monkeypatch,
-                                                                               capsys):
+def test_a_diverging_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
     rows = len(load_dataset(tiny_data).train_users) * 2  # -n 1
     steps = -(-rows // 2048)
     forward, calls = neumf.NeuMF.forward, []
@@ -83,11 +80,10 @@ def test_a_diverging_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(t
         return out
     monkeypatch.setattr(neumf.NeuMF, "forward", diverges_in_epoch_1_step_3)
     ckpt = tmp_path / "ckpt"
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(ncf.TrainingDivergedError) as error:
         # -t 0.9: a NaN model used to score HR 1.0, be saved as best and stop as "target reached"
         run(tiny_data, tmp_path, "-e", "4", "-t", "0.9", "--checkpoint_dir", str(ckpt))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = str(error.value)
     assert f"epoch 1, step 3 (of {steps}): the training loss is nan; stopped before applying it" in err
     assert "last.pth (after epoch 0)" in err and "model.pth (best, epoch 0" in err
     for name in ("model.pth", "last.pth"):
@@ -99,16 +95,15 @@ def test_a_diverging_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(t
     assert "the training loss is nan" in records[-1]["data"]["error"]
 
 
-def test_checkpoint_files_ncf_did_not_write_are_never_replaced(tiny_data, tmp_path, capsys):
+def test_checkpoint_files_ncf_did_not_write_are_never_replaced(tiny_data, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     data = load_dataset(tiny_data)
     foreign = neumf.NeuMF(data.num_users, data.num_items, 8, [16, 8], 0.5).state_dict()
     torch.save(foreign, ckpt / "model.pth")  # e.g. NVIDIA's bare model.pth
     before = (ckpt / "model.pth").read_bytes()
-    with pytest.raises(SystemExit):
+    with pytest.raises(ncf.CheckpointError, match="model.pth: exists and was not written by ncf.py"):
         run(tiny_data, tmp_path, "-e", "1", "--checkpoint_dir", str(ckpt))
-    assert "model.pth: exists and was not written by ncf.py" in capsys.readouterr().err
     assert (ckpt / "model.pth").read_bytes() == before and os.listdir(ckpt) == ["model.pth"]
     # its weights can still be the start of a run, into another directory
     run(tiny_data, tmp_path, "-e", "1", "--load_checkpoint_path", str(ckpt / "model.pth"),

@@ -73,7 +73,7 @@ def test_best_checkpoint_and_test_mode(tiny_data, tmp_path):
     # NVIDIA's behaviour: --mode test without a path evaluates --checkpoint_dir/model.pth
     from_dir = run(tiny_data, tmp_path, "--mode", "test", "--checkpoint_dir", str(ckpt), log="dir.json")
     assert from_dir["hr@10"] == tested["hr@10"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(ncf.INPUT_ERRORS):
         run(tiny_data, tmp_path, "--mode", "test", log="none.json")  # nothing to evaluate: an error, not a random model
     # NVIDIA's layout: a bare state_dict loads too
     torch.save(state["model"], tmp_path / "bare.pth")
@@ -97,6 +97,10 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
         assert full[key] == resumed[key]
     assert full["last"]["loss"] == resumed["last"]["loss"]
     assert [r["step"] for r in read_log(str(tmp_path / "b2.json"))][1] == [2]  # only epoch 2 was run
+    # another model configuration is refused, naming each differing field and the flag that sets it
+    with pytest.raises(ncf.CheckpointError, match=r"dropout: checkpoint 0\.3, flags 0\.5 \(set by --dropout\)"):
+        run(tiny_data, tmp_path, "-e", "4", "--checkpoint_dir", str(tmp_path / "b"), "--resume", *args,
+            "--dropout", "0.5", log="b3.json")
 
 
 def _adam_steps(path):
@@ -132,26 +136,24 @@ def test_bf16_autocast_on_cpu(tiny_data, tmp_path):
     assert summary["best_hr@10"] > 0.45  # fp32 reaches 0.598 after two epochs
 
 
-def test_checkpoint_from_another_configuration_names_the_shapes(tiny_data, tmp_path, capsys):
+def test_checkpoint_from_another_configuration_names_the_shapes(tiny_data, tmp_path):
     ckpt = tmp_path / "ckpt"
     run(tiny_data, tmp_path, "-e", "1", "-n", "1", "-b", "2048", "--checkpoint_dir", str(ckpt))
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(ncf.CheckpointError) as error:
         ncf.main(["--data", tiny_data, *SMALL, "-f", "16", "--mode", "test", "--log_path", str(tmp_path / "x.json"),
                   "--load_checkpoint_path", str(ckpt / "model.pth")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = str(error.value)
     assert "model.pth: checkpoint does not match" in err
     assert "gmf.user_embedding.weight: shape [500, 8] in the checkpoint, [500, 16] for this configuration" in err
-    with pytest.raises(SystemExit):
+    with pytest.raises(ncf.CheckpointError, match=re.escape("mlp.mlp.0.weight: in the checkpoint (shape [8, 16]) but "
+                                                            "not in this model")):
         ncf.main(["--data", tiny_data, *SMALL, "--model", "gmf", "--mode", "test", "--log_path", str(tmp_path / "y.json"),
                   "--load_checkpoint_path", str(ckpt / "model.pth")])
-    assert "mlp.mlp.0.weight: in the checkpoint (shape [8, 16]) but not in this model" in capsys.readouterr().err
 
 
-def test_missing_dataset_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(SystemExit):
+def test_missing_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(ncf.INPUT_ERRORS, match="nowhere/feature_spec.yaml: feature spec not found"):
         ncf.main(["--data", str(tmp_path / "nowhere"), "--log_path", str(tmp_path / "l.json")])
-    assert "nowhere/feature_spec.yaml: feature spec not found" in capsys.readouterr().err
 
 
 def test_local_rank_spellings():
