@@ -45,6 +45,28 @@ def test_static_loss_scale_is_undone(optimizer):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_compiled_embedding_update_gives_tensorflows_weights(optimizer):
+    """The XLA-compiled embedding update (the default) leaves the weights TensorFlow's own sparse kernels leave:
+    duplicate ids summed, the -1 padding of a multi-hot table touching no row, lazy Adam's untouched rows kept."""
+    runs = []
+    for compiled in (True, False):
+        model = _model()
+        dense_opt, emb_opt = create_optimizers(optimizer, WarmupPolyDecay(0.05, 0, 100, 0))
+        trainer = Trainer(model, dense_opt, emb_opt, Context(), compile_embedding_update=compiled)
+        assert trainer.embedding_update_compiled == compiled
+        for i in range(4):
+            numerical, ids, labels = _batch(i)
+            multi_hot = np.where(np.random.default_rng(i).random((64, 3)) < 0.3, -1,
+                                 np.random.default_rng(i + 100).integers(0, TABLES[0], (64, 3)))
+            trainer.train_step(numerical, (tf.constant(multi_hot, tf.int32),) + ids[1:], labels)
+        runs.append(model)
+    for compiled, reference in zip(runs[0].weights, runs[1].weights):
+        np.testing.assert_allclose(compiled.numpy(), reference.numpy(), rtol=1e-5, atol=1e-7, err_msg=compiled.name)
+    untouched = _model()
+    assert not np.allclose(untouched.embedding_variables[0].numpy(), runs[0].embedding_variables[0].numpy())
+
+
 def test_each_optimizer_updates_its_own_variables():
     model, losses, dense_opt, emb_opt = _train("adam", None, steps=3)
     assert int(dense_opt.iterations.numpy()) == 3 and int(emb_opt.iterations.numpy()) == 3

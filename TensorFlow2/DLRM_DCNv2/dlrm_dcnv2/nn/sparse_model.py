@@ -132,13 +132,10 @@ class SparseModel(tf.keras.layers.Layer):
         outputs: List[Optional[tf.Tensor]] = [None] * len(self.table_sizes)
 
         if self.placement.model_parallel_tables:
-            received = self._exchange(ids)
             pieces: Dict[int, List[Tuple[ShardSpec, tf.Tensor]]] = {}
-            for q, block in enumerate(received):
-                offset = 0
-                for shard in self._sent[q]:
-                    pieces.setdefault(shard.table, []).append((shard, block[:, offset:offset + shard.num_cols]))
-                    offset += shard.num_cols
+            for q, columns in enumerate(self._exchange(ids)):
+                for shard, value in zip(self._sent[q], columns):
+                    pieces.setdefault(shard.table, []).append((shard, value))
             for table, parts in pieces.items():
                 outputs[table] = _assemble(parts)
         for shard, var in self.shard_variables:
@@ -146,18 +143,23 @@ class SparseModel(tf.keras.layers.Layer):
                 outputs[shard.table] = embedding_lookup(var, ids[shard.table])
         return outputs
 
-    def _exchange(self, ids) -> List[tf.Tensor]:
-        """Look up this rank's shards for the global batch; return the ``[b, W_q]`` block received from each rank q."""
+    def _exchange(self, ids) -> List[List[tf.Tensor]]:
+        """Look up this rank's shards for the global batch; return, for each rank q, the ``[b, cols_s]`` piece of
+        every shard s that q sent (``self._sent[q]`` order).
+
+        Pieces are cut with one ``tf.split`` per rank (whose gradient is one concat), not with a column slice per
+        shard: a slice's gradient is a zero-filled ``[b, W_q]`` tensor per shard summed by an ``AddN``, which was
+        about a fifth of a one-rank Kaggle-shape step (issue 18 profile). One rank skips the concat and the split."""
         mine = []
         for shard in self._sent[self.ctx.rank]:
             whole_rows = shard.rows == (0, self.table_sizes[shard.table])
             var = self._shard_vars[self._shards.index(shard)]
             mine.append(embedding_lookup(var, ids[shard.table],
                                          row_start=shard.rows[0], row_count=None if whole_rows else shard.num_rows))
-        local = mine[0] if len(mine) == 1 else tf.concat(mine, axis=1)
         world = self.ctx.world_size
         if world == 1:
-            return [local]
+            return [mine]
+        local = mine[0] if len(mine) == 1 else tf.concat(mine, axis=1)
         width = self._widths[self.ctx.rank]
         local_batch = tf.shape(local)[0] // world
         # Row-major flattening keeps rows [q*b, (q+1)*b) contiguous: chunk q of the flat tensor goes to rank q.
@@ -166,7 +168,9 @@ class SparseModel(tf.keras.layers.Layer):
         received = hvd_utils.alltoall(flat, tf.fill([world], local_batch * width), name="sparse_alltoall")
         sizes = tf.stack([local_batch * w for w in self._widths])
         blocks = tf.split(received, sizes, num=world)
-        return [tf.reshape(block, [local_batch, w]) for block, w in zip(blocks, self._widths)]
+        return [tf.split(tf.reshape(block, [local_batch, w]), [s.num_cols for s in sent], axis=1)
+                if len(sent) > 1 else [tf.reshape(block, [local_batch, w])]
+                for block, w, sent in zip(blocks, self._widths, self._sent)]
 
     def get_config(self):
         return {"table_sizes": list(self.table_sizes), "embedding_dims": list(self.embedding_dims),

@@ -17,6 +17,14 @@ policy), which is the reference's "embeddings are not run in FP16".
 
 ``xla``: the step is compiled by ``hvd_utils.compile_step`` (``jit_compile=True`` on one rank; XLA auto-clustering
 around the Horovod collectives on several), so ``--xla`` takes effect however the program was started.
+
+The embedding optimizer's update is compiled by XLA even when the step is not (``compile_embedding_update``, on
+unless the whole step already is): TensorFlow's CPU kernels add a sparse gradient row by row (``ResourceScatterAdd``,
+one thread, an Eigen expression per row), which was about a quarter of the CPU time of a Kaggle-shape DLRM step
+(26 tables x 2048 rows of 16 floats: 12 CPU-ms against 2.4 in XLA's fused loop; issue 18 profile in the README).
+XLA updates the tables in place (TensorFlow aliases a variable's buffer to the compiled update's output), and the
+result is the same update: ``tests/test_train_step.py`` compares the weights with and without it, SGD and lazy Adam.
+The rest of the step stays with TensorFlow's oneDNN kernels unless ``--xla``: XLA's CPU GEMMs were slower there.
 """
 from __future__ import annotations
 
@@ -48,22 +56,33 @@ class Trainer:
 
     ``dense_optimizer`` updates ``model.dense_variables``, ``embedding_optimizer`` ``model.embedding_variables``
     (the same object may be passed twice: one optimizer for everything); ``ctx``: ``hvd_utils.Context``;
-    ``loss_scale``: static loss scale (None or 1: none); ``run_eagerly``: no ``tf.function`` (debugging).
+    ``loss_scale``: static loss scale (None or 1: none); ``run_eagerly``: no ``tf.function`` (debugging);
+    ``compile_embedding_update``: the embedding optimizer's update as one XLA program (see the module docstring;
+    ignored when the step is eager or compiled whole, or when one optimizer updates everything).
     """
 
     def __init__(self, model, dense_optimizer, embedding_optimizer, ctx: Optional[hvd_utils.Context] = None,
-                 loss_scale: Optional[float] = None, xla: bool = False, run_eagerly: bool = False):
+                 loss_scale: Optional[float] = None, xla: bool = False, run_eagerly: bool = False,
+                 compile_embedding_update: bool = True):
         self.model = model
         self.dense_optimizer = dense_optimizer
         self.embedding_optimizer = embedding_optimizer
         self.ctx = ctx if ctx is not None else hvd_utils.context()
         self.loss_scale = float(loss_scale) if loss_scale and loss_scale != 1 else None
+        self._embedding_update = None
+        if compile_embedding_update and not (run_eagerly or xla or dense_optimizer is embedding_optimizer):
+            self._embedding_update = tf.function(self._apply_embeddings, jit_compile=True)
         self._step = self._train_step if run_eagerly else hvd_utils.compile_step(self._train_step, xla)
 
     @property
     def jit_compiled(self) -> bool:
         """Whether the step is one XLA program (``tf.function(jit_compile=True)``)."""
         return bool(getattr(self._step, "_jit_compile", False))
+
+    @property
+    def embedding_update_compiled(self) -> bool:
+        """Whether the embedding update is XLA-compiled on its own (inside a step that is not)."""
+        return self._embedding_update is not None
 
     def train_step(self, numerical, categorical, labels):
         """One update on this rank's batch; returns the global-batch mean loss (float32 scalar tensor)."""
@@ -86,8 +105,14 @@ class Trainer:
             self._apply(self.dense_optimizer, grads, variables)
         else:
             self._apply(self.dense_optimizer, grads[:n], dense_vars)
-            self._apply(self.embedding_optimizer, grads[n:], embedding_vars)
+            if self._embedding_update is not None and any(g is not None for g in grads[n:]):
+                self._embedding_update(grads[n:])
+            else:
+                self._apply(self.embedding_optimizer, grads[n:], embedding_vars)
         return hvd_utils.allreduce(loss, average=True, name="train_loss")
+
+    def _apply_embeddings(self, grads):
+        self._apply(self.embedding_optimizer, grads, list(self.model.embedding_variables))
 
     @staticmethod
     def _apply(optimizer, grads, variables):
