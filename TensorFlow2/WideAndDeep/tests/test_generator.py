@@ -44,6 +44,33 @@ def test_generator_is_deterministic_and_atomic(tmp_path, raw_outbrain):
     assert pd.read_csv(os.path.join(a, "events.csv")).shape[0] == 200
 
 
+def test_fixed_catalogue_does_not_grow_with_the_displays():
+    """--num_documents/--num_ads (--catalogue real): the catalogue stays at its size while clicks and events grow,
+    keys stay consistent; without them it scales with the displays (the default, unchanged)."""
+    small, large = (generator.generate_tables(n, seed=2, num_documents=700, num_ads=250) for n in (300, 1200))
+    for t in (small, large):
+        assert len(t["documents_meta"]) == 700 and len(t["promoted_content"]) == 250
+        assert set(t["clicks_train"]["ad_id"]) <= set(t["promoted_content"]["ad_id"])
+        assert set(t["events"]["document_id"]) <= set(t["documents_meta"]["document_id"])
+        assert set(t["promoted_content"]["document_id"]) <= set(t["documents_meta"]["document_id"])
+    assert len(large["events"]) == 4 * len(small["events"]) == 1200
+    assert generator.catalogue_sizes(1200) == {"documents": 600, "ads": 400}
+    args = generator.parse_args(["--output_dir", "x", "--catalogue", "real"])
+    assert (args.num_documents, args.num_ads) == (generator.REAL_NUM_DOCUMENTS, generator.REAL_NUM_ADS)
+    with pytest.raises(ValueError, match="--num_ads"):
+        generator.generate_tables(10, seed=0, num_ads=0)
+
+
+def test_document_terms_read_by_arrow_equal_the_frame_path(raw_outbrain):
+    """The ETL's Arrow reader of documents_* gives the codes the pandas path gives (entity ids: rank of the hex
+    string among the sorted distinct ones)."""
+    for source, column in set(F.LIST_SOURCES.values()):
+        fast = raw.read_document_terms(raw_outbrain, source, column)
+        exact = raw._frame_terms(raw.read_raw_table(raw_outbrain, source), column)
+        for a, b in zip(fast, exact):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_cli(tmp_path):
     out = tmp_path / "cli"
     run = subprocess.run([sys.executable, "-m", "wide_deep.data.outbrain.generator", "--output_dir", str(out),

@@ -2,13 +2,19 @@
 side with another version of the ETL (a checkout of an earlier commit). Prints JSON; not a test.
 
     python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000
+    python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000 \
+        --catalogue scaled        # documents and ads grow with the rows (the generator's default)
     git archive <commit> TensorFlow2/WideAndDeep/wide_deep | tar -x -C /tmp/old_etl     # the ETL to compare with
     python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 1000000 4000000 \\
         --reference_code /tmp/old_etl/TensorFlow2/WideAndDeep --reference_max_rows 1000000 --output etl.json
 
 Each run is ``python -m wide_deep.data.outbrain.preproc --cpu`` in a child process (the command line a user runs),
 on the generator's data (``--num_displays`` = rows / 4.21, the generator's mean display size; the exact clicks
-rows are reported), written once per size under ``--work_dir`` and reused. Peak memory is the largest sum of the
+rows are reported), written once per size under ``--work_dir`` and reused. ``--catalogue real`` (the default here)
+gives every size the real data's catalogue (3.0M documents, 0.56M ads: ``generator --catalogue real``), so the
+sizes differ only in clicks and events, as a quarter and the whole of the real log do: that is the comparison that
+says whether memory grows with the input; ``scaled`` is the generator's default (catalogue grows with the rows).
+Peak memory is the largest sum of the
 resident memory of the ETL's process tree (Dask workers included), sampled every 0.2 s. Rates are clicks_train rows per second of
 wall time, start-up included, and per CPU second (user + system time of the whole process tree: less
 sensitive to other jobs on a shared machine than wall time). The machine's CPU model, core count and load average (before and after) go with
@@ -86,14 +92,15 @@ def _env(code_dir: str) -> Dict[str, str]:
     return env
 
 
-def generated_data(work_dir: str, clicks_rows: int, seed: int) -> str:
-    """The generator's seven CSVs for about ``clicks_rows`` clicks rows (made once, then reused)."""
+def generated_data(work_dir: str, clicks_rows: int, seed: int, catalogue: str = "scaled") -> str:
+    """The generator's seven CSVs for about ``clicks_rows`` clicks rows (made once, then reused); ``catalogue``:
+    the generator's ``--catalogue`` (``scaled`` or ``real``)."""
     displays = max(1, int(round(clicks_rows / CLICKS_PER_DISPLAY)))
-    path = os.path.join(work_dir, f"raw_{displays}_seed{seed}")
+    path = os.path.join(work_dir, f"raw_{displays}_seed{seed}" + ("" if catalogue == "scaled" else f"_{catalogue}"))
     if not os.path.exists(os.path.join(path, "clicks_train.csv")):
         subprocess.run([sys.executable, "-m", "wide_deep.data.outbrain.generator", "--output_dir", path,
-                        "--num_displays", str(displays), "--seed", str(seed)], env=_env(RECIPE_DIR), cwd=RECIPE_DIR,
-                       check=True)
+                        "--num_displays", str(displays), "--seed", str(seed), "--catalogue", catalogue],
+                       env=_env(RECIPE_DIR), cwd=RECIPE_DIR, check=True)
     return path
 
 
@@ -138,6 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     p.add_argument("--reference_max_rows", type=int, default=1_000_000,
                    help="run the reference only at sizes up to this many clicks rows (it may not fit beyond)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--catalogue", choices=["real", "scaled"], default="real",
+                   help="generated catalogue: real = the Kaggle data's 3.0M documents and 0.56M ads at every size "
+                        "(only clicks and events grow); scaled = documents and ads grow with the rows")
     p.add_argument("--etl_args", default="", help="extra flags for this version's ETL, space separated")
     p.add_argument("--output", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -146,9 +156,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     result: Dict[str, object] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu_model": cpu_model_name(), "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
-        "command": "python -m wide_deep.data.outbrain.preproc --cpu " + args.etl_args, "runs": []}
+        "command": "python -m wide_deep.data.outbrain.preproc --cpu " + args.etl_args,
+        "generator": f"python -m wide_deep.data.outbrain.generator --seed {args.seed} --catalogue {args.catalogue}",
+        "runs": []}
     for rows in args.clicks_rows:
-        raw_dir = generated_data(args.work_dir, rows, args.seed)
+        raw_dir = generated_data(args.work_dir, rows, args.seed, args.catalogue)
         clicks = count_rows(os.path.join(raw_dir, "clicks_train.csv"))
         versions = [("this", RECIPE_DIR, args.etl_args.split())]
         if args.reference_code and rows <= args.reference_max_rows:
@@ -162,6 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                    "clicks_rows_per_second": round(clicks / m["seconds"]),
                    "cpu_seconds": round(m["cpu_seconds"], 1),
                    "clicks_rows_per_cpu_second": round(clicks / max(m["cpu_seconds"], 1e-9)),
+                   "cpu_seconds_per_million_clicks_rows": round(m["cpu_seconds"] / clicks * 1e6, 2),
                    "peak_rss_gb": round(m["peak_rss_gb"], 3),
                    "load_average_1min_at_start": load, "load_average_1min_at_end": os.getloadavg()[0],
                    "steps": step_figures(os.path.join(args.work_dir, f"log_{tag}.txt"))}

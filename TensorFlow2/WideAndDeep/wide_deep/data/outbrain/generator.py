@@ -5,7 +5,15 @@
 writes ``clicks_train.csv events.csv promoted_content.csv documents_meta.csv documents_categories.csv
 documents_topics.csv documents_entities.csv`` (columns and formats of :mod:`wide_deep.data.outbrain.raw`) into
 ``--output_dir`` atomically (a non-empty directory needs ``--overwrite``, which replaces only this tool's files).
-The output depends only on ``--num_displays`` and ``--seed``.
+The output depends only on ``--num_displays``, ``--seed`` and the catalogue sizes.
+
+Catalogue: by default the numbers of documents and ads scale with the displays (``num_displays // 2`` pages,
+``num_displays // 3`` ads), so a small run is self-consistent. The real data's catalogue does not grow with its
+click log (87M clicks_train rows come with 3.0M documents and 0.56M ads): ``--catalogue real`` fixes it at those
+sizes (``--num_documents``/``--num_ads`` set other fixed sizes), so that runs of different sizes differ only in
+clicks and events, as parts of one real log do; the ETL benchmark measures memory flatness on such data.
+
+    python -m wide_deep.data.outbrain.generator --output_dir /tmp/ob20m --num_displays 4750000 --catalogue real
 
 What it looks like (the properties the ETL and the model rely on):
 - keys are consistent: every ``clicks_train.display_id`` has one ``events`` row, every ``ad_id`` one
@@ -160,13 +168,31 @@ def _distinct_ads(rng: np.random.Generator, candidates: np.ndarray, sizes: np.nd
     return np.concatenate(out)
 
 
-def generate_tables(num_displays: int, seed: int) -> Dict[str, pd.DataFrame]:
-    """The seven raw tables as DataFrames (columns of ``RAW_SCHEMAS``), deterministic in ``(num_displays, seed)``."""
+# The Kaggle Outbrain catalogue: documents_meta.csv rows and promoted_content.csv rows (reference B.3).
+REAL_NUM_DOCUMENTS = 2_999_334
+REAL_NUM_ADS = 559_583
+
+
+def catalogue_sizes(num_displays: int, num_documents: Optional[int] = None, num_ads: Optional[int] = None
+                    ) -> Dict[str, int]:
+    """Documents and ads of the generated catalogue: given sizes, else scaled with the displays (the default)."""
+    for flag, value in (("--num_documents", num_documents), ("--num_ads", num_ads)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    return {"documents": max(100, num_displays // 2) if num_documents is None else max(100, num_documents),
+            "ads": max(50, num_displays // 3) if num_ads is None else max(50, num_ads)}
+
+
+def generate_tables(num_displays: int, seed: int, num_documents: Optional[int] = None,
+                    num_ads: Optional[int] = None) -> Dict[str, pd.DataFrame]:
+    """The seven raw tables as DataFrames (columns of ``RAW_SCHEMAS``), deterministic in ``(num_displays, seed)``
+    and the catalogue sizes (:func:`catalogue_sizes`: ``None`` scales them with the displays)."""
     if num_displays < 1:
         raise ValueError(f"--num_displays must be at least 1, got {num_displays}")
+    sizes = catalogue_sizes(num_displays, num_documents, num_ads)
     rng = np.random.default_rng(seed)
-    num_docs = max(100, num_displays // 2)
-    num_ads = max(50, num_displays // 3)
+    num_docs = sizes["documents"]
+    num_ads = sizes["ads"]
     num_campaigns = max(10, num_ads // 8)
     num_advertisers = max(5, num_campaigns // 3)
     num_users = max(20, num_displays // 3)
@@ -261,9 +287,10 @@ def metadata_for(clicks: pd.DataFrame, events: pd.DataFrame, seed: int = 0) -> D
             for name, df in tables.items()}
 
 
-def generate(output_dir: str, num_displays: int, seed: int = 0, overwrite: bool = False) -> Dict[str, int]:
+def generate(output_dir: str, num_displays: int, seed: int = 0, overwrite: bool = False,
+             num_documents: Optional[int] = None, num_ads: Optional[int] = None) -> Dict[str, int]:
     """Generate and write the seven CSVs into ``output_dir`` atomically; returns rows per file."""
-    tables = generate_tables(num_displays, seed)
+    tables = generate_tables(num_displays, seed, num_documents, num_ads)
     # clicks_train.csv is the marker: moved in last, so its presence means all seven files are complete.
     with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker="clicks_train.csv") as staging:
         write_tables(tables, staging)
@@ -276,15 +303,25 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="directory for the seven raw CSVs")
     p.add_argument("--num_displays", type=int, default=20000, help="number of displays (each has 2-12 ads)")
     p.add_argument("--seed", type=int, default=0, help="random seed; the output depends only on it and the size")
+    p.add_argument("--catalogue", choices=["scaled", "real"], default="scaled",
+                   help="scaled: documents and ads grow with --num_displays (1/2 and 1/3 of it); real: fixed at the "
+                        f"Kaggle data's {REAL_NUM_DOCUMENTS:,} documents and {REAL_NUM_ADS:,} ads")
+    p.add_argument("--num_documents", type=int, default=None,
+                   help="fixed number of documents (overrides --catalogue)")
+    p.add_argument("--num_ads", type=int, default=None, help="fixed number of ads (overrides --catalogue)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace this tool's earlier files in a non-empty --output_dir (other files are kept)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.catalogue == "real":
+        args.num_documents = REAL_NUM_DOCUMENTS if args.num_documents is None else args.num_documents
+        args.num_ads = REAL_NUM_ADS if args.num_ads is None else args.num_ads
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
     """Writes the seven raw CSVs; returns the rows written per file."""
     args = parse_args(argv)
-    counts = generate(args.output_dir, args.num_displays, args.seed, args.overwrite)
+    counts = generate(args.output_dir, args.num_displays, args.seed, args.overwrite, args.num_documents, args.num_ads)
     print(" ".join(f"{name}={n}" for name, n in counts.items()) + f" -> {os.path.abspath(args.output_dir)}")
     return counts
 

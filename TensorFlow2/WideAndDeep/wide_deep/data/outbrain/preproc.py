@@ -57,7 +57,7 @@ from recsys_common.logger import hms
 
 from . import features as F
 from .joins import DEFAULT_PARTITION_ROWS, stream_join_and_split
-from .raw import RawInputError, check_raw_files, read_raw_table_streamed
+from .raw import RawInputError, check_raw_files, read_document_terms
 
 TOOL = "wide_deep.data.outbrain.preproc"
 SPEC_NAME = "feature_spec.yaml"
@@ -371,10 +371,10 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
     with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(work_dir, "dask")) as client:
         if state.done("fit") is None:
             with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
-                tables = {source: read_raw_table_streamed(input_dir, source)
-                          for source in sorted({s for s, _ in F.LIST_SOURCES.values()})}
+                tables = {source: read_document_terms(input_dir, source, column)
+                          for source, column in sorted(set(F.LIST_SOURCES.values()))}
                 lists, matrices = document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
-                p["rows"] = sum(len(t) for t in tables.values())
+                p["rows"] = sum(len(t[0]) for t in tables.values())
                 del tables
             stats = state.fresh("stats")
             workflow = build_workflow(lists, matrices, stats, client=client)
