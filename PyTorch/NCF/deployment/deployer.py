@@ -43,6 +43,7 @@ import ncf_export  # noqa: E402
 from ncf import CheckpointError  # noqa: E402
 from neumf import MODEL_NAMES, build_model  # noqa: E402
 from recommend import DEFAULT_DROPOUT, DEFAULT_FACTORS, DEFAULT_LAYERS, load_model  # noqa: E402
+from recsys_common.cli import run_main  # noqa: E402
 from recsys_common.serving import torch_export  # noqa: E402
 from recsys_common.serving.torch_export import add_format_arguments  # noqa: E402
 from recsys_common.serving.triton_options import add_triton_arguments, triton_options  # noqa: E402
@@ -96,41 +97,38 @@ def random_model(model_name: Optional[str], factors: Optional[int], layers: Opti
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
-    """Write the repository; returns ``{"models": [dirs], "max_abs_diff": {model: diff}, "config": {...}}``."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    try:
-        formats = torch_export.selected_formats(args.onnx, args.ts_script, args.ts_trace)
-        options = triton_options(args)
-        if args.load_checkpoint_path and args.random_weights:
-            raise DeployError("--load_checkpoint_path and --random_weights exclude each other")
-        if not args.load_checkpoint_path and not args.random_weights:
-            raise DeployError("--load_checkpoint_path is required (or --random_weights for a speed test)")
-        if args.check_rows < 0:
-            raise DeployError("--check_rows must be >= 0")
-        if args.load_checkpoint_path:
-            model, config = load_model(args.load_checkpoint_path, model=args.model, factors=args.factors,
-                                       layers=args.layers, dropout=args.dropout, num_users=args.n_users,
-                                       num_items=args.n_items)
-        else:
-            model, config = random_model(args.model, args.factors, args.layers, args.dropout, args.n_users,
-                                         args.n_items)
-        module = ncf_export.serving_module(model)
-        model_dirs = torch_export.write_repository(module, ncf_export.sidecar(config, args.load_checkpoint_path),
-                                                   formats, options, tool=TOOL_PATH, opset=args.opset)
-    except (DeployError, CheckpointError, ValueError, FileExistsError) as err:
-        print(f"deployer.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    """Write the repository; returns ``{"models": [dirs], "max_abs_diff": {model: diff}, "config": {...}}``. Raises
+    :data:`INPUT_ERRORS` (naming the flag or file) for flags, a checkpoint or an output directory it cannot use."""
+    args = build_parser().parse_args(argv)
+    formats = torch_export.selected_formats(args.onnx, args.ts_script, args.ts_trace)
+    options = triton_options(args)
+    if args.load_checkpoint_path and args.random_weights:
+        raise DeployError("--load_checkpoint_path and --random_weights exclude each other")
+    if not args.load_checkpoint_path and not args.random_weights:
+        raise DeployError("--load_checkpoint_path is required (or --random_weights for a speed test)")
+    if args.check_rows < 0:
+        raise DeployError("--check_rows must be >= 0")
+    if args.load_checkpoint_path:
+        model, config = load_model(args.load_checkpoint_path, model=args.model, factors=args.factors,
+                                   layers=args.layers, dropout=args.dropout, num_users=args.n_users,
+                                   num_items=args.n_items)
+    else:
+        model, config = random_model(args.model, args.factors, args.layers, args.dropout, args.n_users,
+                                     args.n_items)
+    module = ncf_export.serving_module(model)
+    model_dirs = torch_export.write_repository(module, ncf_export.sidecar(config, args.load_checkpoint_path),
+                                               formats, options, tool=TOOL_PATH, opset=args.opset)
     diffs = {}
     if args.check_rows:
         diffs = torch_export.check_exported(
             module, model_dirs, options.version,
             ncf_export.example_inputs(config["num_users"], config["num_items"], args.check_rows, seed=1),
             ncf_export.OUTPUT_NAME)
-    result = {"models": model_dirs, "max_abs_diff": diffs, "config": config}
-    print(json.dumps(result, indent=1))
-    return result
+    return {"models": model_dirs, "max_abs_diff": diffs, "config": config}
 
+
+INPUT_ERRORS = (DeployError, CheckpointError, ValueError, FileExistsError)
 
 if __name__ == "__main__":
-    main()
+    run_main(main, prog="deployer.py", input_errors=INPUT_ERRORS,
+             report=lambda result: print(json.dumps(result, indent=1)))

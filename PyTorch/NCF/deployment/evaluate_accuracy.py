@@ -37,6 +37,7 @@ import ncf  # noqa: E402
 from dataloading import DatasetError, EvalSet, duplicate_mask, load_dataset  # noqa: E402
 from ncf_export import OUTPUT_NAME  # noqa: E402
 from recommend import load_model  # noqa: E402
+from recsys_common.cli import run_main  # noqa: E402
 from recsys_common.feature_spec import FeatureSpecError  # noqa: E402
 from recsys_common.flags import add_flag  # noqa: E402
 from recsys_common.io import check_json_output, write_json_output  # noqa: E402
@@ -88,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     """Returns ``{"framework": {...}, "grpc"/"http": {..., "hr_diff", "ndcg_diff", "max_abs_prob_diff"},
-    "passed": bool, ...}``; raises SystemExit(1) when a difference exceeds the tolerance."""
+    "passed": bool, ...}``. Raises :data:`INPUT_ERRORS` for bad input or an unreachable server, and
+    ``CheckFailedError`` (holding the result) when a difference exceeds the tolerance."""
+    from recsys_common.cli import CheckFailedError
     p = build_parser()
     args = p.parse_args(argv)
     protocols = {name: url for name, url in (("grpc", args.grpc_url), ("http", args.http_url)) if url}
@@ -96,57 +99,57 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         p.error("give --grpc-url and/or --http-url")
     if args.batch_size <= 0 or args.topk <= 0 or args.tolerance < 0:
         p.error("--batch-size and -k must be > 0, --tolerance >= 0")
-    from recsys_common.serving.client import ServingError
-    try:
-        check_json_output(args.output_json)  # before the work: an existing non-JSON file is refused
-        data = load_dataset(args.data, args.feature_spec_file)
-        ncf.check_topk(args.topk, data.samples_per_series, args.data)
-        model, config = load_model(args.load_checkpoint_path)
-        if (config["num_users"], config["num_items"]) != (data.num_users, data.num_items):
-            raise DatasetError(f"--data {args.data}: {data.num_users} users / {data.num_items} items, the checkpoint "
-                               f"has {config['num_users']} / {config['num_items']}: not its dataset")
-        samples = data.samples_per_series
-        if args.max_users is not None:
-            if args.max_users <= 0:
-                raise DatasetError("--max_users must be > 0")
-            rows = min(args.max_users * samples, len(data.test_users))
-            data = replace(data, test_users=data.test_users[:rows], test_items=data.test_items[:rows],
-                           test_labels=data.test_labels[:rows])
-        test = EvalSet(data, 0, 1, torch.device("cpu"))
-        framework = ncf.evaluate(model, test, args.topk, 1 << 20, nullcontext)
-        framework = {"hr": framework["hr"], "ndcg": framework["ndcg"], "users": int(test.users.shape[0])}
-        with torch.no_grad():
-            framework_probs = torch.sigmoid(model(torch.as_tensor(data.test_users),
-                                                  torch.as_tensor(data.test_items))).numpy()
-        result = {"data": os.path.abspath(args.data), "checkpoint": os.path.abspath(args.load_checkpoint_path),
-                  "model_name": args.model_name, "topk": args.topk, "rows": int(len(data.test_users)),
-                  "tolerance": args.tolerance, "framework": framework}
-        passed = True
-        for protocol, url in protocols.items():
-            probs = served_scores(url, protocol, args.model_name, data.test_users, data.test_items,
-                                  args.batch_size, args.timeout)
-            served = ranking_metrics(probs.reshape(-1, samples), data.test_items.reshape(-1, samples), args.topk)
-            served.update(url=url, hr_diff=abs(served["hr"] - framework["hr"]),
-                          ndcg_diff=abs(served["ndcg"] - framework["ndcg"]),
-                          max_abs_prob_diff=float(np.abs(probs - framework_probs).max()))
-            served["passed"] = served["hr_diff"] <= args.tolerance and served["ndcg_diff"] <= args.tolerance
-            passed = passed and served["passed"]
-            result[protocol] = served
-            print(f"evaluate_accuracy: {protocol} {url} {args.model_name}: hr@{args.topk} {served['hr']:.6f} "
-                  f"ndcg@{args.topk} {served['ndcg']:.6f} | framework {framework['hr']:.6f} {framework['ndcg']:.6f}"
-                  f" | diff {served['hr_diff']:.2e} {served['ndcg_diff']:.2e} | max |prob diff| "
-                  f"{served['max_abs_prob_diff']:.2e}")
-        result["passed"] = passed
-    except (ServingError, FileExistsError, DatasetError, FeatureSpecError, ncf.CheckpointError, ncf.ConfigurationError) as err:
-        print(f"evaluate_accuracy.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    check_json_output(args.output_json)  # before the work: an existing non-JSON file is refused
+    data = load_dataset(args.data, args.feature_spec_file)
+    ncf.check_topk(args.topk, data.samples_per_series, args.data)
+    model, config = load_model(args.load_checkpoint_path)
+    if (config["num_users"], config["num_items"]) != (data.num_users, data.num_items):
+        raise DatasetError(f"--data {args.data}: {data.num_users} users / {data.num_items} items, the checkpoint "
+                           f"has {config['num_users']} / {config['num_items']}: not its dataset")
+    samples = data.samples_per_series
+    if args.max_users is not None:
+        if args.max_users <= 0:
+            raise DatasetError("--max_users must be > 0")
+        rows = min(args.max_users * samples, len(data.test_users))
+        data = replace(data, test_users=data.test_users[:rows], test_items=data.test_items[:rows],
+                       test_labels=data.test_labels[:rows])
+    test = EvalSet(data, 0, 1, torch.device("cpu"))
+    framework = ncf.evaluate(model, test, args.topk, 1 << 20, nullcontext)
+    framework = {"hr": framework["hr"], "ndcg": framework["ndcg"], "users": int(test.users.shape[0])}
+    with torch.no_grad():
+        framework_probs = torch.sigmoid(model(torch.as_tensor(data.test_users),
+                                              torch.as_tensor(data.test_items))).numpy()
+    result = {"data": os.path.abspath(args.data), "checkpoint": os.path.abspath(args.load_checkpoint_path),
+              "model_name": args.model_name, "topk": args.topk, "rows": int(len(data.test_users)),
+              "tolerance": args.tolerance, "framework": framework}
+    passed = True
+    for protocol, url in protocols.items():
+        probs = served_scores(url, protocol, args.model_name, data.test_users, data.test_items,
+                              args.batch_size, args.timeout)
+        served = ranking_metrics(probs.reshape(-1, samples), data.test_items.reshape(-1, samples), args.topk)
+        served.update(url=url, hr_diff=abs(served["hr"] - framework["hr"]),
+                      ndcg_diff=abs(served["ndcg"] - framework["ndcg"]),
+                      max_abs_prob_diff=float(np.abs(probs - framework_probs).max()))
+        served["passed"] = served["hr_diff"] <= args.tolerance and served["ndcg_diff"] <= args.tolerance
+        passed = passed and served["passed"]
+        result[protocol] = served
+        print(f"evaluate_accuracy: {protocol} {url} {args.model_name}: hr@{args.topk} {served['hr']:.6f} "
+              f"ndcg@{args.topk} {served['ndcg']:.6f} | framework {framework['hr']:.6f} {framework['ndcg']:.6f}"
+              f" | diff {served['hr_diff']:.2e} {served['ndcg_diff']:.2e} | max |prob diff| "
+              f"{served['max_abs_prob_diff']:.2e}")
+    result["passed"] = passed
     if args.output_json:
         write_json_output(args.output_json, result)
     if not passed:
-        print(f"evaluate_accuracy.py: a metric differs by more than --tolerance {args.tolerance}", file=sys.stderr)
-        raise SystemExit(1)
+        raise CheckFailedError(f"a metric differs by more than --tolerance {args.tolerance}", result)
     return result
 
 
+def input_errors():
+    from recsys_common.serving.client import ServingError
+    return (ServingError, FileExistsError, DatasetError, FeatureSpecError, ncf.CheckpointError,
+            ncf.ConfigurationError)
+
+
 if __name__ == "__main__":
-    main()
+    run_main(main, prog="evaluate_accuracy.py", input_errors=input_errors())

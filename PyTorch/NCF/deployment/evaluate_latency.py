@@ -25,6 +25,7 @@ for _path in (HERE, RECIPE, os.path.join(os.path.dirname(os.path.dirname(RECIPE)
 import numpy as np  # noqa: E402
 
 from ncf_export import OUTPUT_NAME, sidecar  # noqa: E402
+from recsys_common.cli import run_main  # noqa: E402
 from recsys_common.serving import latency  # noqa: E402
 from recsys_common.serving.rows import random_row_maker  # noqa: E402
 
@@ -60,24 +61,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     """Measure and write the report; returns ``recsys_common.serving.latency``'s records (one per batch size and
-    concurrency)."""
+    concurrency). Raises :func:`input_errors`' classes for bad input or an unreachable server."""
+    args = build_parser().parse_args(argv)
+    make_inputs = input_maker(args.data, args.n_users, args.n_items)
+    return latency.run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
+                               batch_sizes=args.batch_sizes, concurrency=args.concurrency,
+                               num_requests=args.num_requests, warmup_requests=args.warmup_requests,
+                               timeout_s=args.timeout, output_json=args.output_json, output_png=args.output_png,
+                               make_inputs=make_inputs, output_names=[OUTPUT_NAME],
+                               **latency.perf_analyzer_options(args))
+
+
+def input_errors():
+    """The errors the command line reports in one line with exit status 2."""
     from dataloading import DatasetError
     from recsys_common.feature_spec import FeatureSpecError
     from recsys_common.serving.client import ServingError
-    p = build_parser()
-    args = p.parse_args(argv)
-    try:
-        make_inputs = input_maker(args.data, args.n_users, args.n_items)
-        return latency.run_latency(server_url=args.server_url, protocol=args.protocol, model_name=args.model_name,
-                                   batch_sizes=args.batch_sizes, concurrency=args.concurrency,
-                                   num_requests=args.num_requests, warmup_requests=args.warmup_requests,
-                                   timeout_s=args.timeout, output_json=args.output_json, output_png=args.output_png,
-                                   make_inputs=make_inputs, output_names=[OUTPUT_NAME],
-                                   **latency.perf_analyzer_options(args))
-    except (ValueError, ServingError, DatasetError, FeatureSpecError, FileExistsError) as err:
-        print(f"evaluate_latency.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    return (ValueError, ServingError, DatasetError, FeatureSpecError, FileExistsError)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, prog="evaluate_latency.py", input_errors=input_errors())

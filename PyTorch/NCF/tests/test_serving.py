@@ -26,6 +26,7 @@ import evaluate_latency  # noqa: E402
 import ncf  # noqa: E402
 from conftest import train_tiny_neumf  # noqa: E402
 from recommend import load_model  # noqa: E402
+from recsys_common.cli import CheckFailedError  # noqa: E402
 from recsys_common.serving.client import InferenceClient, ServingError  # noqa: E402
 from recsys_common.serving.mlserver_launcher import serve_repository  # noqa: E402
 from recsys_common.serving.model_config import check_model_directory  # noqa: E402
@@ -112,17 +113,16 @@ def test_evaluate_accuracy_over_the_server_equals_the_recipe(deployed, tmp_path)
     assert result["passed"] is True
 
 
-def test_evaluate_accuracy_fails_beyond_tolerance(deployed, tmp_path, capsys):
+def test_evaluate_accuracy_fails_beyond_tolerance(deployed, tmp_path):
     """Another checkpoint's evaluation against this server: the metrics differ, so exit 1 and say so."""
     other_ck = tmp_path / "ck"
     ncf.main(["--data", deployed["data"], "-e", "1", "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout",
               "0.5", "--seed", "7", "--checkpoint_dir", str(other_ck), "--log_path", str(tmp_path / "l.json")])
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(CheckFailedError, match="differs by more than --tolerance") as err:
         evaluate_accuracy.main(["--data", deployed["data"], "--load_checkpoint_path", str(other_ck / "model.pth"),
                                 "--grpc-url", deployed["server"].grpc_url, "--batch-size", "8192",
                                 "--tolerance", "1e-4"])
-    assert err.value.code == 1
-    assert "differs by more than --tolerance" in capsys.readouterr().err
+    assert err.value.result["passed"] is False and err.value.result["grpc"]["passed"] is False
 
 
 def test_evaluate_latency_writes_json_and_png(deployed, tmp_path):
@@ -184,7 +184,7 @@ def test_ids_out_of_range_wrong_dtype_and_shape_are_clear_errors(deployed, proto
         assert ok["probability"].shape == (1, 1)
 
 
-def test_existing_repository_needs_overwrite_and_keeps_user_files(deployed, tmp_path, capsys):
+def test_existing_repository_needs_overwrite_and_keeps_user_files(deployed, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(deployed["repo"], repo)
     notes = repo / "NOTES.txt"
@@ -192,9 +192,8 @@ def test_existing_repository_needs_overwrite_and_keeps_user_files(deployed, tmp_
     before = (repo / "ncf-onnx" / "config.pbtxt").read_text()
     args = ["--load_checkpoint_path", deployed["checkpoint"], "--save-dir", str(repo), "--onnx", "--deploy_cpu",
             "--triton-max-batch-size", "16", "--check_rows", "0"]
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(FileExistsError, match="--overwrite"):
         deployer.main(args)
-    assert err.value.code == 2 and "--overwrite" in capsys.readouterr().err
     assert (repo / "ncf-onnx" / "config.pbtxt").read_text() == before
     deployer.main(args + ["--overwrite"])
     assert check_model_directory(str(repo / "ncf-onnx")).max_batch_size == 16
@@ -207,23 +206,21 @@ def test_existing_repository_needs_overwrite_and_keeps_user_files(deployed, tmp_
     (["--n_items", "5"], "--n_items 5 given"),
     (["--ts-script", "--ts-trace"], "choose one"),
 ])
-def test_deployer_flag_checkpoint_mismatch_is_a_clear_error(deployed, tmp_path, capsys, extra, message):
+def test_deployer_flag_checkpoint_mismatch_is_a_clear_error(deployed, tmp_path, extra, message):
     repo = tmp_path / "repo"
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(deployer.INPUT_ERRORS) as err:
         deployer.main(["--load_checkpoint_path", deployed["checkpoint"], "--save-dir", str(repo), *extra])
-    assert err.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in str(err.value)
     assert not repo.exists()
 
 
-def test_unreachable_server_is_a_clear_error_within_the_timeout(deployed, capsys):
+def test_unreachable_server_is_a_clear_error_within_the_timeout(deployed):
     port = free_port()
     start = time.monotonic()
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(ServingError) as err:
         evaluate_accuracy.main(["--data", deployed["data"], "--load_checkpoint_path", deployed["checkpoint"],
                                 "--grpc-url", f"127.0.0.1:{port}", "--timeout", "3", "--max_users", "5"])
-    assert err.value.code == 2
-    assert f"127.0.0.1:{port}" in capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in str(err.value)
     assert time.monotonic() - start < 30
 
 
