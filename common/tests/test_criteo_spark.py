@@ -485,3 +485,24 @@ def test_split_binary_conversion_refuses_to_replace_a_file_it_did_not_write(tmp_
     with pytest.raises(FileExistsError, match="feature_spec.yaml: exists and was not written by this tool"):
         to_split_binary.main(["--input", str(spark_out), "--output", str(binary), "--splits", "train", "--overwrite"])
     assert _tree_bytes(binary) == {"feature_spec.yaml": b"the user's own spec\n"}
+
+
+def test_split_binary_conversion_prints_rows_done_of_total(tmp_path, capsys):
+    """Long conversions show progress: rows done of the total (read from the parquet footers), rate, time left."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from recsys_common.criteo import CATEGORICAL_COLUMNS, LABEL_COLUMN, NUMERICAL_COLUMNS
+    spark_out = tmp_path / "spark"
+    (spark_out / "train").mkdir(parents=True)
+    (spark_out / "cardinalities.json").write_text(json.dumps([3] * N_CAT))
+    rows = 1000
+    table = {LABEL_COLUMN: pa.array(np.arange(rows) % 2, pa.int8())}
+    table.update({name: pa.array(np.full(rows, 0.5), pa.float32()) for name in NUMERICAL_COLUMNS})
+    table.update({name: pa.array(np.arange(rows) % 3, pa.int32()) for name in CATEGORICAL_COLUMNS})
+    for part in range(2):
+        pq.write_table(pa.table(table), spark_out / "train" / f"part-{part}.parquet")
+    spec = to_split_binary.main(["--input", str(spark_out), "--output", str(tmp_path / "binary"), "--splits", "train",
+                                 "--block_rows", "300"])
+    assert len(read_columns(spec, "train")["label"]) == 2 * rows
+    out = capsys.readouterr().out
+    assert "[criteo] train: 2,000 of 2,000 rows (100.0 %)" in out and " left" in out

@@ -30,6 +30,7 @@ from . import CATEGORICAL_COLUMNS, LABEL_COLUMN, NUM_CATEGORICAL, NUM_NUMERICAL,
 from ..datasets import DatasetWriter
 from ..feature_spec import FeatureSpec
 from ..io import atomic_directory
+from ..logger import Progress
 
 
 class ConversionError(ValueError):
@@ -92,7 +93,15 @@ _NUMPY_TYPES = {name: np.dtype(name.replace("float", "float32").replace("double"
                 for name in ("int8", "int16", "int32", "int64", "float", "double")}
 
 
-def convert_split(spec: FeatureSpec, split: str, files: Sequence[str], block_rows: int) -> int:
+def parquet_rows(files: Sequence[str]) -> int:
+    """Rows of the parquet ``files``, from their footers (nothing else is read)."""
+    import pyarrow.parquet as pq
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+
+
+def convert_split(spec: FeatureSpec, split: str, files: Sequence[str], block_rows: int,
+                  progress: Optional[Progress] = None) -> int:
+    """Write ``split`` of ``spec`` from the parquet ``files``; returns its rows. ``progress`` counts the rows."""
     rows = 0
     with DatasetWriter(spec, split) as writer:
         for block in iter_blocks(files, block_rows):
@@ -103,6 +112,8 @@ def convert_split(spec: FeatureSpec, split: str, files: Sequence[str], block_row
                 out[f"cat_{i}.bin"] = block[name]
             writer.write(out)
             rows += len(out["label"])
+            if progress is not None:
+                progress.update(len(out["label"]))
     return rows
 
 
@@ -153,7 +164,9 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
         spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=args.splits,
                                                     base_directory=tmp)
         for split in args.splits:
-            rows[split] = convert_split(spec, split, files[split], args.block_rows)
+            # done of total rows, rate and time left every few seconds (the footers give the total)
+            progress = Progress(f"[criteo] {split}", parquet_rows(files[split]))
+            rows[split] = convert_split(spec, split, files[split], args.block_rows, progress)
             expected = report.get("rows_written", {}).get(split)
             if expected is not None and expected != rows[split]:
                 raise ConversionError(f"{args.input}/{split}: {rows[split]} rows in parquet, but the Spark job's "
