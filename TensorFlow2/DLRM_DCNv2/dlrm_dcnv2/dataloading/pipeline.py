@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -35,6 +33,7 @@ import numpy as np
 
 from recsys_common.datasets import DatasetError
 from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
+from recsys_common.prefetch import prefetched
 
 LOG = logging.getLogger("dlrm_dcnv2.dataloading")
 
@@ -149,7 +148,8 @@ class BatchPipeline:
             for i in indices:
                 yield self._to_tensors(self._numpy_batch(i))
             return
-        yield from _prefetched((self._to_tensors(self._numpy_batch(i)) for i in indices), self.prefetch)
+        yield from prefetched((self._to_tensors(self._numpy_batch(i)) for i in indices), self.prefetch,
+                              name="dlrm-input-prefetch")
 
     def numpy_batch(self, index: int) -> tuple:
         """Batch ``index`` as numpy arrays (same layout as the tensors), checked."""
@@ -277,49 +277,6 @@ class SpecPipeline(BatchPipeline):
         self.spec, self.mapping = spec, mapping
         self.metadata = metadata_from_spec(spec)
         self.label = label_feature(spec)
-
-_END = object()
-
-
-def _prefetched(items: Iterator, depth: int) -> Iterator:
-    """Run ``items`` in a background thread, ``depth`` ahead; errors re-raise here; stops early if abandoned."""
-    q: "queue.Queue" = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce():
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(_END)
-        except BaseException as e:  # handed to the consumer, which raises it with its own traceback
-            q.put(e)
-
-    thread = threading.Thread(target=produce, name="dlrm-input-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
-
 
 def load_spec(dataset_path: Optional[str], feature_spec: str, needed_by: str = "--dataset_type"):
     """The FeatureSpec at ``dataset_path/feature_spec`` (an absolute ``feature_spec`` is used as is)."""
