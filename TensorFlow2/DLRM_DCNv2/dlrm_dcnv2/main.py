@@ -406,6 +406,16 @@ def _configure_tensorflow(cpu: bool, amp: bool, inter_op_parallelism: Optional[i
         # float16 has too few exponent bits without loss scaling and CPUs have no fast float16 kernels;
         # bfloat16 keeps float32's range and is what CPUs with AVX512-BF16/AMX accelerate.
         policy = "mixed_float16" if on_gpu else "mixed_bfloat16"
+    if policy == "mixed_bfloat16":
+        from recsys_common.machine import cpu_bf16_instructions
+        instructions = cpu_bf16_instructions()
+        if instructions in ("amx", "avx512_bf16"):
+            LOG.info("--amp: mixed_bfloat16 on this CPU's %s instructions", instructions)
+        else:
+            # With AVX512-BF16 or AMX oneDNN runs bf16 GEMMs natively (README: the issue 18 figures); without them
+            # it converts around every product, which is usually slower than float32.
+            LOG.warning("--amp: this CPU has no bfloat16 instructions (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): "
+                        "mixed_bfloat16 is emulated and likely slower than float32; drop --amp for speed")
     tf.keras.mixed_precision.set_global_policy(policy)
     return policy, on_gpu
 

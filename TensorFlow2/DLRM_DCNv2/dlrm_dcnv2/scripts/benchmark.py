@@ -328,7 +328,9 @@ def machine_info() -> Dict[str, Any]:
                 break
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"cpu_model": model, "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    from recsys_common.machine import cpu_bf16_instructions
+    return {"cpu_model": model, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "cpu_bf16_instructions": cpu_bf16_instructions()}  # what --amp's bf16 GEMMs ran on
 
 
 def _parse_list(text: str, allowed: Sequence[str], flag: str) -> List[str]:
