@@ -294,7 +294,7 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
     for directory in joined.values():
         os.makedirs(directory)
     rows = {"train": 0, "test": 0}
-    pages, done = [], 0
+    pages, done = np.zeros(0, np.int64), 0
     for b in range(count):
         clicks = clicks_buckets.read(b)
         events = events_buckets.read(b)
@@ -309,7 +309,8 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
         if len(df):
             displays = df["display_id"].nunique()
             train_mask = is_train(df, rng.random(displays))
-            pages.append(np.unique(df["document_id"].to_numpy()))
+            # A running union: as big as the catalogue's pages, not one array per bucket.
+            pages = np.union1d(pages, df["document_id"].to_numpy())
             for mapping, part in (("train", df[train_mask]), ("test", df[~train_mask])):
                 part = part.sort_values(["display_id", "ad_id"], kind="stable")
                 if len(part):
@@ -326,7 +327,7 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
 
     # 4. rewrite as the partitions the workflow reads.
     out = {"rows": rows, "clicks_rows": clicks_rows, "event_rows": event_rows,
-           "document_ids": np.unique(np.concatenate(pages)) if pages else np.zeros(0, np.int64)}
+           "document_ids": pages}
     written = 0
     for mapping, subdir in (("train", "joined_train"), ("test", "joined_valid")):
         parts = num_partitions or default_num_partitions(rows[mapping], partition_rows)
