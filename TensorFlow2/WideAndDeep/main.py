@@ -2,7 +2,7 @@
 ``horovodrun -np N sh hvd_wrapper.sh python main.py ...``."""
 import sys
 
-from wide_deep.trainer.run import main
+from wide_deep.trainer.run import command
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(command(sys.argv[1:]))

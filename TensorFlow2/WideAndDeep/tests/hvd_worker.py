@@ -28,7 +28,7 @@ model_module.WideDeepModel.__init__ = _capturing_init
 
 if __name__ == "__main__":
     out_dir = sys.argv[1]
-    status = run.main(sys.argv[2:])
+    status = run.command(sys.argv[2:])
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     if status == 0:
         weights = {v.name: v.numpy() for v in built[0].variables}

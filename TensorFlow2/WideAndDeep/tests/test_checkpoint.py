@@ -13,7 +13,7 @@ import pytest
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log
 from wide_deep.trainer import model as model_module
-from wide_deep.trainer.run import main
+from wide_deep.trainer.run import TrainingError, main
 
 
 def flags(dataset, out, emb, shuffle=False):
@@ -51,7 +51,7 @@ def test_sigkill_resume_is_exact(etl_training, tmp_path, captured_models):
     emb = tmp_path / "emb.json"
     emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
     full, killed = tmp_path / "full", tmp_path / "killed"
-    assert main(flags(etl_training, full, str(emb), shuffle=True)) == 0
+    main(flags(etl_training, full, str(emb), shuffle=True))
     reference = weights(captured_models[-1])
 
     meta = killed / "model" / "checkpoint" / "meta.json"
@@ -73,23 +73,23 @@ def test_sigkill_resume_is_exact(etl_training, tmp_path, captured_models):
     killed_at = json.loads(meta.read_text())["step"]
     assert 10 <= killed_at < 62  # 2 epochs of 31 steps: killed part-way
 
-    assert main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint"]) == 0
+    main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint"])
     resumed = weights(captured_models[-1])
     for name, value in reference.items():
         np.testing.assert_allclose(resumed[name], value, rtol=0, atol=1e-6, err_msg=name)
     assert summary(killed) == pytest.approx(summary(full), abs=1e-6)
 
     # --evaluate --use_checkpoint: the final checkpoint gives the final metrics
-    assert main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint", "--evaluate"]) == 0
-    assert summary(killed) == pytest.approx(summary(full), abs=1e-6)
+    evaluated = main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint", "--evaluate"])
+    assert evaluated == summary(killed) == pytest.approx(summary(full), abs=1e-6)
 
 
 def test_use_checkpoint_without_one_is_a_clear_error(etl_training, tmp_path, capsys):
     from wide_deep.data.outbrain.features import EMBEDDING_SIZES
     emb = tmp_path / "emb.json"
     emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
-    assert main(flags(etl_training, tmp_path, str(emb)) + ["--use_checkpoint", "--evaluate"]) == 1
-    assert "no complete checkpoint in" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint in"):
+        main(flags(etl_training, tmp_path, str(emb)) + ["--use_checkpoint", "--evaluate"])
 
 
 def test_an_evaluation_that_fails_on_the_data_keeps_the_epochs_checkpoint(etl_training, tmp_path, capsys):
@@ -113,12 +113,12 @@ def test_an_evaluation_that_fails_on_the_data_keeps_the_epochs_checkpoint(etl_tr
     pq.write_table(pa.Table.from_pandas(table, schema=original.schema, preserve_index=False), valid)
 
     one_epoch = flags(str(dataset), tmp_path, str(emb)) + ["--num_epochs", "1", "--checkpoint_every_steps", "0"]
-    assert main(one_epoch) == 1
-    err = capsys.readouterr().err
+    with pytest.raises(TrainingError) as error:
+        main(one_epoch)
+    err = str(error.value)
     assert f"display_id {display} has 0 clicked ads" in err and "evaluation after epoch 1" in err
     assert "--use_checkpoint" in err
     meta = tmp_path / "model" / "checkpoint" / "meta.json"
     assert json.loads(meta.read_text())["step"] == 31                 # the whole epoch (31 steps) was saved
-    assert main(one_epoch + ["--use_checkpoint", "--disable_map_calculation"]) == 0
-    final = summary(tmp_path)
+    final = main(one_epoch + ["--use_checkpoint", "--disable_map_calculation"])
     assert set(final) == {"eval_loss", "eval_auc"} and final["eval_auc"] > 0.55

@@ -14,7 +14,7 @@ import pytest
 
 from recsys_common.logger import read_log
 from wide_deep.trainer.evaluator import map_at_k
-from wide_deep.trainer.run import main
+from wide_deep.trainer.run import TrainingError, command, main
 
 EMBEDDING_DIM = 8
 # Measured on 2026-11-24 (this fixture, these flags): MAP@12 0.742 vs 0.722 for the training-CTR ranking (+0.020).
@@ -60,8 +60,9 @@ def ctr_baseline_map(dataset):
 @pytest.fixture(scope="module")
 def fp32_run(etl_training, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fp32")
-    assert main(train_flags(etl_training, tmp)) == 0
-    return final_metrics(tmp)
+    results = main(train_flags(etl_training, tmp))
+    assert results == final_metrics(tmp)   # main returns what the log's summary holds
+    return results
 
 
 def test_beats_train_ctr_baseline(fp32_run, etl_training):
@@ -73,8 +74,7 @@ def test_beats_train_ctr_baseline(fp32_run, etl_training):
 
 @pytest.mark.parametrize("flag", ["--amp", "--xla"])
 def test_amp_xla_close_to_fp32(flag, fp32_run, etl_training, tmp_path):
-    assert main(train_flags(etl_training, tmp_path, flag)) == 0
-    other = final_metrics(tmp_path)
+    other = main(train_flags(etl_training, tmp_path, flag))
     print(flag, other, "fp32", fp32_run)
     # Measured 2026-11-24 against float32: --amp (bfloat16 on CPU) |dMAP@12| 0.00001, |dAUC| 0.006;
     # --xla (other summation order) |dMAP@12| 0.003, |dAUC| 0.002.
@@ -84,16 +84,17 @@ def test_amp_xla_close_to_fp32(flag, fp32_run, etl_training, tmp_path):
 
 
 def test_benchmark_prints_samples_per_second(etl_training, tmp_path, capsys):
-    assert main(train_flags(etl_training, tmp_path, "--benchmark", "--benchmark_warmup_steps", "3",
-                            "--benchmark_steps", "40")) == 0
+    result = main(train_flags(etl_training, tmp_path, "--benchmark", "--benchmark_warmup_steps", "3",
+                              "--benchmark_steps", "40"))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1])
+    assert json.loads(lines[-1]) == result
     assert result["mode"] == "train" and result["steps"] == 40 and result["global_batch_size"] == 256
 
 
 def test_nan_loss_names_the_step(etl_training, tmp_path, capsys):
-    status = main(train_flags(etl_training, tmp_path, "--deep_learning_rate", "1e30", "--deep_warmup_epochs", "0",
-                              "--linear_learning_rate", "1e30"))
-    err = capsys.readouterr().err
-    assert status == 1
-    assert "training loss is nan at step" in err
+    flags = train_flags(etl_training, tmp_path, "--deep_learning_rate", "1e30", "--deep_warmup_epochs", "0",
+                        "--linear_learning_rate", "1e30")
+    with pytest.raises(TrainingError, match="training loss is nan at step"):
+        main(flags)
+    assert command(flags) == 1   # the command line: one error line, exit 1
+    assert "main.py: error: training loss is nan at step" in capsys.readouterr().err

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -160,32 +159,39 @@ def _metric_text(metrics: Dict[str, float]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- main
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Train (or ``--evaluate``, or ``--benchmark``) as the flags say; returns the results: the final evaluation's
+    ``eval_loss`` / ``eval_auc`` / ``eval_map12``, or the benchmark's record. Raises ``InputError`` for a flag's
+    value, and the :data:`FAILURES` of a run that cannot go on; :func:`command` turns them into the exit status."""
+    from recsys_common.cli import InputError
     parser = build_parser()
     args = parser.parse_args(argv)
     from recsys_common.cpu_defaults import explicit_flags
     args.flags_given = sorted(explicit_flags(parser, argv))  # flags the CPU defaults must not replace
     for flag in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
         if getattr(args, flag) < 1:
-            print(f"error: --{flag} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
-            return 2
+            raise InputError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    from recsys_common.horovod_launch import LauncherMismatchError
-    try:
-        dist = Dist()
-    except LauncherMismatchError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+    dist = Dist()   # LauncherMismatchError when the launcher started several tasks and Horovod sees one
     try:
         # Before TensorFlow starts its thread pools, so that they size themselves to the cores kept.
         set_affinity(args.affinity, dist.local_rank, dist.local_size)
         return _run(args, dist)
-    except (TrainingError, ValueError, FileNotFoundError) as e:
-        print(f"error (rank {dist.rank}): {e}", file=sys.stderr, flush=True)
-        return 1
     finally:
         dist.shutdown()
+
+
+def _failures():
+    from recsys_common.horovod_launch import LauncherMismatchError
+    return (TrainingError, ValueError, FileNotFoundError, LauncherMismatchError)
+
+
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """``python main.py``: :func:`main` as a command; the exit status (0; 2 for a flag's value; 1, with one
+    ``main.py: error:`` line, for a run that cannot go on: NaN loss, missing checkpoint or data, launcher mismatch)."""
+    from recsys_common.cli import exit_status
+    return exit_status(main, argv, prog="main.py", failures=_failures())
 
 
 def create_optimizers(model, linear_learning_rate: float, deep_learning_rate: float, loss_scale: bool):
@@ -253,7 +259,7 @@ def make_train_step(model, wide_opt, deep_opt, *, xla: bool, loss_scale: bool, a
     return step
 
 
-def _run(args, dist: Dist) -> int:
+def _run(args, dist: Dist) -> Dict[str, object]:
     import tensorflow as tf
     from recsys_common.logger import Logger
     from .dataloader import ParquetBatches, read_feature_spec
@@ -302,11 +308,12 @@ def _run(args, dist: Dist) -> int:
 
     if args.evaluate:
         if args.benchmark:
-            return _benchmark_eval(args, valid, predict_fn, dist, logger)
+            return _benchmark_eval(BenchmarkConfig.from_flags(args), valid, predict_fn, dist, logger)
         metrics = evaluate(model, valid, dist, predict_fn, with_map)
-        logger.log_summary({f"eval_{k}": v for k, v in metrics.items()})
+        results = {f"eval_{k}": v for k, v in metrics.items()}
+        logger.log_summary(results)
         _print(dist, "[evaluate] " + _metric_text(metrics))
-        return 0
+        return results
 
     steps_per_epoch = dist.min_int(len(train))
     if steps_per_epoch < 1:
@@ -333,10 +340,11 @@ def _run(args, dist: Dist) -> int:
 
     final = train_epochs(LoopConfig.from_flags(args), train, train_step, steps_per_epoch, start_step, dist,
                          checkpointer, evaluate_epoch, logger)
-    logger.log_summary({f"eval_{k}": v for k, v in final.items()})
+    results = {f"eval_{k}": v for k, v in final.items()}
+    logger.log_summary(results)
     _print(dist, "[final] " + _metric_text(final))
     logger.close()
-    return 0
+    return results
 
 
 @dataclass(frozen=True)
@@ -420,7 +428,7 @@ class BenchmarkConfig:
         return cls(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size, args.amp, args.xla)
 
 
-def _benchmark_train(cfg: BenchmarkConfig, train, train_step, steps_per_epoch, dist, logger) -> int:
+def _benchmark_train(cfg: BenchmarkConfig, train, train_step, steps_per_epoch, dist, logger) -> Dict[str, object]:
     """Runs warm-up + measured steps (cycling through epochs); prints ``{"samples_per_s": ...}`` as JSON."""
     total = cfg.warmup_steps + cfg.steps
     step, start = 0, None
@@ -442,17 +450,18 @@ def _benchmark_train(cfg: BenchmarkConfig, train, train_step, steps_per_epoch, d
     if dist.rank == 0:
         print(json.dumps(result), flush=True)
     logger.log_summary(result)
-    return 0
+    return result
 
 
-def _benchmark_eval(args, valid, predict_fn, dist, logger) -> int:
-    total = args.benchmark_warmup_steps + args.benchmark_steps
+def _benchmark_eval(cfg: BenchmarkConfig, valid, predict_fn, dist, logger) -> Dict[str, object]:
+    """Runs warm-up + measured prediction steps over the validation set; prints ``{"samples_per_s": ...}``."""
+    total = cfg.warmup_steps + cfg.steps
     step, start, samples = 0, None, 0
     while step < total:
         for features, _, _ in valid:
             if step >= total:
                 break
-            if step == args.benchmark_warmup_steps:
+            if step == cfg.warmup_steps:
                 start = time.perf_counter()
             out = predict_fn(features)
             if start is not None:
@@ -460,9 +469,9 @@ def _benchmark_eval(args, valid, predict_fn, dist, logger) -> int:
             step += 1
     out.numpy()
     elapsed = time.perf_counter() - start
-    result = {"mode": "eval", "samples_per_s": samples * dist.size / elapsed, "steps": args.benchmark_steps,
+    result = {"mode": "eval", "samples_per_s": samples * dist.size / elapsed, "steps": cfg.steps,
               "world_size": dist.size}
     if dist.rank == 0:
         print(json.dumps(result), flush=True)
     logger.log_summary(result)
-    return 0
+    return result
