@@ -177,9 +177,13 @@ def four_days(tmp_path_factory):
                                                 "write": ["day_0", "day_1", "day_2"]}),
     ("bucket:2", ["--shuffle_bucket_rows", "300"], None),       # 3 buckets: the external shuffle
     ("permute:7", [], None),                                    # one bucket: the column files permuted one by one
+    # An input within --hold_input_mb keeps its parsed chunks in memory between the passes: a killed run starts over.
+    ("write:2", ["--train_ordering", "input", "--hold_input_mb", "512"], {"count": [], "write": []}),
 ])
 def test_a_killed_run_resumes_without_redoing_finished_files(four_days, tmp_path, kill_at, flags, resumed):
-    common = ["--frequency_limit", "2", "--max_malformed_fraction", "0.05", "--chunk_mb", "1", *flags]
+    # --hold_input_mb 0: the parsed chunks go to the work directory, so that finished files are not parsed again.
+    common = ["--frequency_limit", "2", "--max_malformed_fraction", "0.05", "--chunk_mb", "1", "--hold_input_mb", "0",
+              *flags]
     reference = run_engine(four_days, tmp_path / "reference", *common)
     out = tmp_path / "out"
     env = {**os.environ, polars_preprocess._KILL_ENV: kill_at}
