@@ -155,7 +155,8 @@ def training_batch_wanted(given: set, recipe: RecipeBatch, training: bool) -> bo
 
 
 def apply_batch_defaults(args, given: set, recipe: RecipeBatch, *, bytes_per_row: float, world_size: int,
-                         training: bool, train_rows: Optional[int], memory_bytes: Optional[int] = None) -> Tuple[List[str], Optional[CpuBatch]]:
+                         training: bool, train_rows: Optional[int],
+                         memory_bytes: Optional[int] = None) -> Tuple[List[str], Optional[CpuBatch]]:
     """Set on ``args`` the evaluation batch (bounded by memory only), and when ``training``, the training batch and
     learning rate of :func:`choose_cpu_batch`, each only where its flag is not in ``given`` (the destinations the
     command line set; :func:`training_batch_wanted` says whether ``train_rows`` is needed, so that a recipe counts its

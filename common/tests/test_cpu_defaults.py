@@ -67,3 +67,29 @@ def test_schedule_keeps_its_fraction_of_an_epoch():
     # NVIDIA's TF2 DLRM warmup 8000 of its 64014-step run (one Criteo-1TB epoch) -> 1/8 of a 97-step run
     assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, 97) == 12
     assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, None) == 8000 * 64
+
+
+def test_recipe_defaults_set_only_what_the_command_line_left():
+    """apply_batch_defaults / apply_schedule_defaults / defaults_line: the loop the three recipes share."""
+    recipe = cd.RecipeBatch(65536, 24.0, "linear", "batch_size", "learning_rate", "valid_batch_size")
+    args = argparse.Namespace(batch_size=65536, learning_rate=2.0, valid_batch_size=65536, warmup_steps=8000,
+                              decay_steps=24000)
+    given = {"learning_rate", "decay_steps"}
+    assert cd.training_batch_wanted(given, recipe, training=True)
+    parts, choice = cd.apply_batch_defaults(args, given, recipe, bytes_per_row=1024, world_size=2, training=True,
+                                            train_rows=300_000, memory_bytes=16 * GIB)
+    assert (args.batch_size, args.learning_rate, args.valid_batch_size) == (2048, 2.0, 65536)
+    assert choice.batch == 2048
+    assert parts == [choice.reason, "--valid_batch_size 65536"] and "--learning_rate 2 as given" in parts[0]
+    moved = cd.apply_schedule_defaults(args, given, ("warmup_steps", "decay_steps"), choice.batch, 65536, 64013, 146)
+    assert (args.warmup_steps, args.decay_steps) == (18, 24000)   # 8000 x 146/64013; the given one is kept
+    assert moved == "--warmup_steps 18 (NVIDIA's schedule over 146 steps as over its 64013)"
+    line = cd.defaults_line("dlrm.py", parts + [moved], "--batch_size")
+    assert line.startswith("dlrm.py: CPU defaults: --batch_size 2048") and line.endswith("(and the rest) to choose.")
+    # evaluation only (or the batch flag given): the training batch, rate and rows are left alone
+    args = argparse.Namespace(batch_size=65536, learning_rate=24.0, valid_batch_size=65536)
+    assert not cd.training_batch_wanted(set(), recipe, training=False)
+    parts, choice = cd.apply_batch_defaults(args, {"valid_batch_size"}, recipe, bytes_per_row=1024, world_size=1,
+                                            training=False, train_rows=None)
+    assert (parts, choice, args.batch_size, args.learning_rate) == ([], None, 65536, 24.0)
+    assert cd.defaults_line("dlrm.py", parts, "--batch_size") is None
