@@ -162,7 +162,8 @@ def _metric_text(metrics: Dict[str, float]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     """Train (or ``--evaluate``, or ``--benchmark``) as the flags say; returns the results: the final evaluation's
     ``eval_loss`` / ``eval_auc`` / ``eval_map12``, or the benchmark's record. Raises ``InputError`` for a flag's
-    value, and the :data:`FAILURES` of a run that cannot go on; :func:`command` turns them into the exit status."""
+    value, and the errors of a run that cannot go on (``TrainingError``, ``FileNotFoundError``, ``ValueError``,
+    ``LauncherMismatchError``); :func:`command` turns them into the exit status."""
     from recsys_common.cli import InputError
     parser = build_parser()
     args = parser.parse_args(argv)
