@@ -133,7 +133,10 @@ def _schedule(model: str):
     return WarmupPolyDecay(o["learning_rate"], o["warmup_steps"], DECAY_START_STEP, DECAY_STEPS)
 
 
-def _measure_ours(model_name: str, shape: Dict[str, Any], batches, spec: Dict[str, Any]) -> Dict[str, Any]:
+def build_ours(model_name: str, shape: Dict[str, Any], batches, xla: bool, compile_embedding_update: bool = True):
+    """The recipe's model, optimizers and trainer for ``model_name`` at ``shape`` (under the current precision
+    policy), and ``batches`` as tensors: ``(model, trainer, embedding_optimizer, data)``; ``data[i]`` is
+    ``(numerical, categorical tuple, labels)`` for ``trainer.train_step``. Also what ``profile_step`` profiles."""
     import tensorflow as tf
     from dlrm_dcnv2.distributed import hvd_utils
     from dlrm_dcnv2.nn.model import build_model
@@ -145,12 +148,19 @@ def _measure_ours(model_name: str, shape: Dict[str, Any], batches, spec: Dict[st
                         bottom_mlp_dims=shape["bottom_mlp_dims"], top_mlp_dims=shape["top_mlp_dims"],
                         interaction="dot_tensorflow" if model_name == "dlrm" else "cross",
                         num_numerical_features=NUM_NUMERICAL, num_cross_layers=shape["num_cross_layers"],
-                        cross_layer_projection_dim=shape["cross_layer_projection_dim"], ctx=ctx, seed=1,
-                        xla=spec["xla"])
+                        cross_layer_projection_dim=shape["cross_layer_projection_dim"], ctx=ctx, seed=1, xla=xla)
     dense_opt, emb_opt = create_optimizers(OPTIMIZER[model_name]["optimizer"], _schedule(model_name))
-    trainer = Trainer(model, dense_opt, emb_opt, ctx=ctx, loss_scale=None, xla=spec["xla"])
+    trainer = Trainer(model, dense_opt, emb_opt, ctx=ctx, loss_scale=None, xla=xla,
+                      compile_embedding_update=compile_embedding_update)
     data = [(tf.constant(b["numerical"]), tuple(tf.constant(c) for c in b["categorical"]),
              tf.constant(b["labels"])) for b in batches]
+    return model, trainer, emb_opt, data
+
+
+def _measure_ours(model_name: str, shape: Dict[str, Any], batches, spec: Dict[str, Any]) -> Dict[str, Any]:
+    from dlrm_dcnv2.distributed import hvd_utils
+
+    model, trainer, emb_opt, data = build_ours(model_name, shape, batches, spec["xla"])
 
     def train(first: int, count: int):
         loss = None
@@ -161,10 +171,10 @@ def _measure_ours(model_name: str, shape: Dict[str, Any], batches, spec: Dict[st
 
     train(0, spec["warmup_steps"])
     start_iterations = int(emb_opt.iterations.numpy())
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     loss = train(spec["warmup_steps"], spec["train_steps"])
-    seconds = time.perf_counter() - start
-    result = _train_record(int(emb_opt.iterations.numpy()) - start_iterations, shape, seconds, loss)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    result = _train_record(int(emb_opt.iterations.numpy()) - start_iterations, shape, seconds, loss, cpu_seconds)
     if not spec["skip_inference"]:
         predict = hvd_utils.compile_step(lambda n, c: model((n, c), training=False), spec["xla"])
         predict(data[0][0], data[0][1]).numpy()  # trace / compile
@@ -258,10 +268,11 @@ def _measure_plain(model_name: str, shape: Dict[str, Any], batches, spec: Dict[s
 
     fit(0, spec["warmup_steps"])
     start_iterations = int(model.optimizer.iterations.numpy())
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     loss = fit(spec["warmup_steps"], spec["train_steps"])
-    seconds = time.perf_counter() - start
-    result = _train_record(int(model.optimizer.iterations.numpy()) - start_iterations, shape, seconds, loss)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    result = _train_record(int(model.optimizer.iterations.numpy()) - start_iterations, shape, seconds, loss,
+                           cpu_seconds)
     result["plain_keras_layers"] = label
     result["plain_keras_optimizer"] = type(optimizer).__module__ + "." + type(optimizer).__name__
     if not spec["skip_inference"]:
@@ -273,10 +284,13 @@ def _measure_plain(model_name: str, shape: Dict[str, Any], batches, spec: Dict[s
     return result
 
 
-def _train_record(steps: int, shape, seconds: float, loss: float) -> Dict[str, Any]:
+def _train_record(steps: int, shape, seconds: float, loss: float, cpu_seconds: float) -> Dict[str, Any]:
+    """``train_cpu_ms_per_step``: CPU time of this process (all its threads) per step, which moves less than the
+    wall clock when other jobs share the cores (the wall clock also counts the time the step waited for a core)."""
     samples = steps * int(shape["batch_size"])
     return {"train_steps": steps, "train_samples": samples, "train_seconds": seconds,
-            "train_samples_per_s": samples / seconds, "final_train_loss": loss}
+            "train_samples_per_s": samples / seconds, "train_cpu_ms_per_step": 1000 * cpu_seconds / max(steps, 1),
+            "final_train_loss": loss}
 
 
 def _inference_record(steps: int, shape, seconds: float) -> Dict[str, Any]:
@@ -385,6 +399,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                 entry["ratio_ours_over_plain"] = {
                     key: statistics.median(a[key] / b[key] for a, b in zip(runs["ours"], runs["plain_keras"]))
                     for key in ("train_samples_per_s", "inference_samples_per_s") if key in runs["ours"][0]}
+                # CPU time per step, plain over ours: the speed-up by work, steadier than samples/s on shared cores.
+                entry["train_cpu_ratio_plain_over_ours"] = statistics.median(
+                    b["train_cpu_ms_per_step"] / a["train_cpu_ms_per_step"]
+                    for a, b in zip(runs["ours"], runs["plain_keras"]))
                 entry["plain_keras_layers"] = runs["plain_keras"][0].get("plain_keras_layers")
                 print(f"{model_name} {shape_name}: ours/plain training x{entry['ratio_ours_over_plain']['train_samples_per_s']:.2f}"
                       + (f", inference x{entry['ratio_ours_over_plain']['inference_samples_per_s']:.2f}"
