@@ -517,8 +517,9 @@ def run(args: argparse.Namespace) -> Dict:
     model = build_model(args.model, data.num_users, data.num_items, args.factors, args.layers,
                         args.dropout).to(device)
     weights_path = args.load_checkpoint_path
-    if args.mode == "test" and not weights_path:
-        # NVIDIA's behaviour: test mode evaluates the best checkpoint of --checkpoint_dir
+    if args.mode == "test" and not weights_path and not args.pretrained_gmf:
+        # NVIDIA's behaviour: test mode evaluates the best checkpoint of --checkpoint_dir (--pretrained_gmf/_mlp
+        # instead: the fused NeuMF as initialised, before any training)
         weights_path = os.path.join(args.checkpoint_dir, BEST_CHECKPOINT) if args.checkpoint_dir else None
         if not weights_path or not os.path.isfile(weights_path):
             raise CheckpointError("--mode test needs --load_checkpoint_path, or --checkpoint_dir holding "

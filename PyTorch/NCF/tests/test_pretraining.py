@@ -107,3 +107,21 @@ def test_learning_rate_decay_sets_each_epochs_rate_and_resumes_at_it(tiny_data, 
         assert torch.equal(value, resumed["model"][key]), key
     with pytest.raises(SystemExit):
         ncf.parse_args(["--data", tiny_data, "--learning_rate_decay", "0"])
+
+
+def test_mode_test_evaluates_the_fused_model_before_training(tiny_data, tmp_path):
+    """--mode test with --pretrained_gmf/--pretrained_mlp scores NeuMF as fused (the alpha-weighted ensemble of the
+    two branches): alpha 1 gives exactly the GMF's metrics, alpha 0 the MLP's."""
+    common = ["--data", tiny_data, "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout", "0", "--seed", "1"]
+    tested = {}
+    for model in ("gmf", "mlp"):
+        ncf.main([*common, "--model", model, "-e", "1", "-l", "0.01", "--checkpoint_dir", str(tmp_path / model),
+                  "--log_path", str(tmp_path / f"{model}.json")])
+        tested[model] = ncf.main([*common, "--model", model, "--mode", "test", "--checkpoint_dir",
+                                  str(tmp_path / model), "--log_path", str(tmp_path / f"{model}_t.json")])
+    pretrained = ["--pretrained_gmf", str(tmp_path / "gmf" / "model.pth"),
+                  "--pretrained_mlp", str(tmp_path / "mlp" / "model.pth")]
+    for alpha, model in (("1", "gmf"), ("0", "mlp")):
+        fused = ncf.main([*common, "--mode", "test", *pretrained, "--alpha", alpha,
+                          "--log_path", str(tmp_path / f"f{alpha}.json")])
+        assert fused["hr@10"] == tested[model]["hr@10"] and fused["ndcg@10"] == pytest.approx(tested[model]["ndcg@10"])
