@@ -70,16 +70,21 @@ def test_neumf_on_ml100k_with_the_recipe_protocol(ml100k, tmp_path):
     assert summary["best_ndcg@10"] >= 0.32, summary  # measured 0.343
 
 
-# The NCF paper's protocol, shortened to fit CI (the full configuration and its figures are in the README,
-# "Pretraining: GMF + MLP -> NeuMF"): negatives that exclude training positives, L2 on the embedding rows, GMF and
-# MLP pretrained with Adam, NeuMF initialised from both (alpha 0.5) and trained with SGD.
-# Conservative floors (popularity scores 0.469 / 0.266): the seed-1 exploration in the README had GMF alone at 0.660
-# after 4 epochs; these runs were not yet measured over seeds on an idle machine (the shared VM was at load 30).
-PAPER_SHORT_FLOOR = (0.60, 0.33)
+# The NCF paper's protocol, shortened to fit CI (the full configuration, its commands and per-seed figures are in the
+# README, "Pretraining: GMF + MLP -> NeuMF"): negatives that exclude training positives, L2 on the embedding rows and
+# a decaying rate for GMF, GMF and MLP pretrained with Adam, NeuMF initialised from both (alpha 0.7, the README's
+# choice) and trained one epoch with a small Adam rate. Floors: see PAPER_SHORT_FLOOR's comment.
 PAPER_COMMON = ["-b", "2048", "--dropout", "0", "--exclude_positives", "-b1", "0.9", "-b2", "0.999"]
-PAPER_GMF = ["--model", "gmf", "-f", "64", "-l", "0.002", "--l2_embedding", "0.01", "-e", "4"]
+PAPER_GMF = ["--model", "gmf", "-f", "64", "-l", "0.002", "--l2_embedding", "0.01", "--learning_rate_decay", "0.92",
+             "-e", "4"]
 PAPER_MLP = ["--model", "mlp", "--layers", "64", "32", "16", "-l", "0.002", "-e", "3"]
-PAPER_NEUMF = ["-f", "64", "--layers", "64", "32", "16", "--optimizer", "sgd", "-l", "1.0", "-e", "1"]
+PAPER_NEUMF = ["-f", "64", "--layers", "64", "32", "16", "--alpha", "0.7", "-l", "0.0002", "--l2_embedding", "0.005",
+               "-e", "1"]
+# Measured (2026-11-25, AMD EPYC, loaded): fused HR@10 / NDCG@10 0.6481 / 0.3738 (seed 1), 0.6498 / 0.3759 (seed 2);
+# GMF alone 0.6378 / 0.6468, MLP alone 0.5871 / 0.5977. The floors are about 2 standard errors of one seed (~0.009)
+# under the lowest (popularity scores 0.469 / 0.266): a regression of the model, sampling or fusion costing more than
+# about 0.02 fails.
+PAPER_SHORT_FLOOR = (0.63, 0.36)
 
 
 @pytest.mark.slow
@@ -96,5 +101,6 @@ def test_pretrained_neumf_on_the_paper_split_over_seeds(paper_ml1m, tmp_path, se
           (fused["best_hr@10"], fused["best_ndcg@10"]))
     assert fused["best_hr@10"] >= PAPER_SHORT_FLOOR[0], (runs, fused)
     assert fused["best_ndcg@10"] >= PAPER_SHORT_FLOOR[1], (runs, fused)
-    # the fused model keeps what pretraining learned: not below the better of its two branches
-    assert fused["best_hr@10"] >= max(r["best_hr@10"] for r in runs.values()) - 0.02, (runs, fused)
+    # the fused model is an ensemble of its two branches trained one epoch more: not below the better one (measured
+    # +0.010 and +0.003 above it; 0.005 of slack for the seed spread)
+    assert fused["best_hr@10"] >= max(r["best_hr@10"] for r in runs.values()) - 0.005, (runs, fused)
