@@ -11,8 +11,9 @@ then runs each engine of ``--engines`` as its own process, end to end from raw t
 - ``peer``: the plain Polars script ``--peer_script`` (Kaggle layout only: it reads one file);
 - ``spark``: ``python -m recsys_common.criteo.spark_preprocess`` then ``to_split_binary`` (the cluster engine).
 
-It prints one JSON line: per engine seconds, rows/s and peak memory, the ratios ours/peer and ours/spark (rows/s:
-higher is better; peak memory: lower is better), the machine (CPU model, cores, load average before and after), and
+It prints one JSON line: per engine seconds, rows/s, peak memory and CPU seconds (user + system), the ratios
+ours/peer and ours/spark (rows/s: higher is better; peak memory: lower is better; ``cpu_s``: theirs over ours, higher
+is better, the figure a loaded machine distorts least), the machine (CPU model, cores, load average before and after), and
 the time Criteo Kaggle (45,840,617 rows) and Criteo 1TB (4,373,472,329 rows) would take at the measured rate.
 
     python preproc/benchmark_preprocess.py --rows 1000000 --frequency_limit 15
@@ -240,7 +241,7 @@ def _timed(argv: List[str], interval: float, env: Optional[Dict[str, str]] = Non
     if code != 0:
         raise RuntimeError(f"{' '.join(argv)} failed with exit code {code}:\n{''.join(output)[-3000:]}")
     return {"seconds": seconds, "peak_rss_bytes": peak[0], "max_rss_bytes": usage.ru_maxrss * 1024,
-            "output": "".join(output)}
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "output": "".join(output)}
 
 
 def _engine_result(rows: int, runs: List[Dict[str, object]], raw_bytes: int) -> Dict[str, object]:
@@ -249,6 +250,9 @@ def _engine_result(rows: int, runs: List[Dict[str, object]], raw_bytes: int) -> 
     return {"seconds": round(seconds, 2), "rows_per_s": round(rows / seconds), "peak_rss_mib": round(peak / 2 ** 20, 1),
             "peak_rss_over_input": round(peak / raw_bytes, 2),
             "max_rss_one_process_mib": round(max(r["max_rss_bytes"] for r in runs) / 2 ** 20, 1),
+            # user + system CPU seconds of the engine's processes (wait4): what a loaded machine's share of the cores
+            # blurs least (a JVM's CPU is counted; its executors run inside it with a local master)
+            "cpu_s": round(sum(r["cpu_seconds"] for r in runs), 2),
             "steps_s": [round(r["seconds"], 2) for r in runs]}
 
 
@@ -262,6 +266,7 @@ def _median_result(runs: List[Dict[str, object]]) -> Dict[str, object]:
     median["rows_per_s_by_round"] = [r["rows_per_s"] for r in runs]
     median["peak_rss_mib_by_round"] = [r["peak_rss_mib"] for r in runs]
     median["max_rss_one_process_mib_by_round"] = [r["max_rss_one_process_mib"] for r in runs]
+    median["cpu_s_by_round"] = [r["cpu_s"] for r in runs]
     return median
 
 
@@ -374,6 +379,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     [a["peak_rss_mib"] / b["peak_rss_mib"] for a, b in pairs])), 2)
                 ratios[f"{mine}_vs_{other}_max_rss_one_process"] = round(float(np.median(
                     [a["max_rss_one_process_mib"] / b["max_rss_one_process_mib"] for a, b in pairs])), 2)
+                ratios[f"{mine}_vs_{other}_cpu_s"] = round(float(np.median(
+                    [b["cpu_s"] / a["cpu_s"] for a, b in pairs])), 2)   # > 1: ours used less CPU
                 if len(pairs) > 1:
                     ratios[f"{mine}_vs_{other}_rows_per_s_by_round"] = [
                         round(a["rows_per_s"] / b["rows_per_s"], 2) for a, b in pairs]
