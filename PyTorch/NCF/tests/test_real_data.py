@@ -80,8 +80,8 @@ PAPER_GMF = ["--model", "gmf", "-f", "64", "-l", "0.002", "--l2_embedding", "0.0
 PAPER_MLP = ["--model", "mlp", "--layers", "64", "32", "16", "-l", "0.002", "-e", "3"]
 PAPER_NEUMF = ["-f", "64", "--layers", "64", "32", "16", "--alpha", "0.7", "-l", "0.0002", "--l2_embedding", "0.005",
                "-e", "1"]
-# Measured (2026-11-25, AMD EPYC, loaded): fused HR@10 / NDCG@10 0.6481 / 0.3738 (seed 1), 0.6498 / 0.3759 (seed 2);
-# GMF alone 0.6378 / 0.6468, MLP alone 0.5871 / 0.5977. The floors are about 2 standard errors of one seed (~0.009)
+# Measured (2026-11-25, AMD EPYC, loaded): fused HR@10 / NDCG@10 0.6481 / 0.3738 (seed 1), 0.6498 / 0.3759 (seed 2),
+# 0.6601 / 0.3818 (seed 3); HR@10 of GMF alone 0.6378 / 0.6468 / 0.6531, MLP alone 0.5871 / 0.5977 / 0.6027. The floors are about 2 standard errors of one seed (~0.009)
 # under the lowest (popularity scores 0.469 / 0.266): a regression of the model, sampling or fusion costing more than
 # about 0.02 fails.
 PAPER_SHORT_FLOOR = (0.63, 0.36)
@@ -102,5 +102,5 @@ def test_pretrained_neumf_on_the_paper_split_over_seeds(paper_ml1m, tmp_path, se
     assert fused["best_hr@10"] >= PAPER_SHORT_FLOOR[0], (runs, fused)
     assert fused["best_ndcg@10"] >= PAPER_SHORT_FLOOR[1], (runs, fused)
     # the fused model is an ensemble of its two branches trained one epoch more: not below the better one (measured
-    # +0.010 and +0.003 above it; 0.005 of slack for the seed spread)
+    # +0.010, +0.003 and +0.007 above it for seeds 1 to 3; 0.005 of slack for the seed spread)
     assert fused["best_hr@10"] >= max(r["best_hr@10"] for r in runs.values()) - 0.005, (runs, fused)
