@@ -1447,7 +1447,7 @@ def tune_allocators() -> None:
     less CPU with this). Polars' jemalloc: no background purging thread, no decay (``_RJEM_MALLOC_CONF``, read when
     Polars loads: call this before importing polars; a value already set wins). glibc (NumPy's arrays): blocks up to
     32 MiB from the heap, not fresh mappings, and the heap not trimmed. Larger inputs keep the default allocators:
-    with these settings a 6M-row run peaked at 1,264 MiB instead of 873 MiB (memory kept by each thread's arena
+    with these settings a 6M-row run peaked at 1,264 MiB instead of 907 MiB (memory kept by each thread's arena
     across the passes), and their peak must stay flat with the input (README)."""
     os.environ.setdefault("_RJEM_MALLOC_CONF", "background_thread:false,dirty_decay_ms:-1,muzzy_decay_ms:-1")
     try:
