@@ -67,6 +67,13 @@ def test_compiled_embedding_update_gives_tensorflows_weights(optimizer):
     assert not np.allclose(untouched.embedding_variables[0].numpy(), runs[0].embedding_variables[0].numpy())
 
 
+def test_embedding_update_is_compiled_by_default_on_a_cpu_only():
+    dense_opt, emb_opt = create_optimizers("sgd", 0.05)
+    trainer = Trainer(_model(), dense_opt, emb_opt, Context())
+    assert trainer.embedding_update_compiled == (not tf.config.list_logical_devices("GPU"))
+    assert not Trainer(_model(), dense_opt, emb_opt, Context(), xla=True).embedding_update_compiled  # whole step
+
+
 def test_each_optimizer_updates_its_own_variables():
     model, losses, dense_opt, emb_opt = _train("adam", None, steps=3)
     assert int(dense_opt.iterations.numpy()) == 3 and int(emb_opt.iterations.numpy()) == 3

@@ -18,8 +18,8 @@ policy), which is the reference's "embeddings are not run in FP16".
 ``xla``: the step is compiled by ``hvd_utils.compile_step`` (``jit_compile=True`` on one rank; XLA auto-clustering
 around the Horovod collectives on several), so ``--xla`` takes effect however the program was started.
 
-The embedding optimizer's update is compiled by XLA even when the step is not (``compile_embedding_update``, on
-unless the whole step already is): TensorFlow's CPU kernels add a sparse gradient row by row (``ResourceScatterAdd``,
+On a CPU the embedding optimizer's update is compiled by XLA even when the step is not (``compile_embedding_update``,
+on by default where TensorFlow sees no GPU, unless the whole step already is): TensorFlow's CPU kernels add a sparse gradient row by row (``ResourceScatterAdd``,
 one thread, an Eigen expression per row), which was about a quarter of the CPU time of a Kaggle-shape DLRM step
 (26 tables x 2048 rows of 16 floats: 12 CPU-ms against 2.4 in XLA's fused loop; issue 18 profile in the README).
 XLA updates the tables in place (TensorFlow aliases a variable's buffer to the compiled update's output), and the
@@ -58,17 +58,22 @@ class Trainer:
     (the same object may be passed twice: one optimizer for everything); ``ctx``: ``hvd_utils.Context``;
     ``loss_scale``: static loss scale (None or 1: none); ``run_eagerly``: no ``tf.function`` (debugging);
     ``compile_embedding_update``: the embedding optimizer's update as one XLA program (see the module docstring;
-    ignored when the step is eager or compiled whole, or when one optimizer updates everything).
+    ignored when the step is eager or compiled whole, or when one optimizer updates everything); ``None``: where
+    TensorFlow sees no GPU.
     """
 
     def __init__(self, model, dense_optimizer, embedding_optimizer, ctx: Optional[hvd_utils.Context] = None,
                  loss_scale: Optional[float] = None, xla: bool = False, run_eagerly: bool = False,
-                 compile_embedding_update: bool = True):
+                 compile_embedding_update: Optional[bool] = None):
         self.model = model
         self.dense_optimizer = dense_optimizer
         self.embedding_optimizer = embedding_optimizer
         self.ctx = ctx if ctx is not None else hvd_utils.context()
         self.loss_scale = float(loss_scale) if loss_scale and loss_scale != 1 else None
+        if compile_embedding_update is None:
+            # CPU only by default: it was measured there, GPU scatter kernels are parallel already, and one XLA
+            # program cannot update a table kept on the host (--cpu_offloading_threshold_gb) from a GPU step.
+            compile_embedding_update = not tf.config.list_logical_devices("GPU")
         self._embedding_update = None
         if compile_embedding_update and not (run_eagerly or xla or dense_optimizer is embedding_optimizer):
             self._embedding_update = tf.function(self._apply_embeddings, jit_compile=True)

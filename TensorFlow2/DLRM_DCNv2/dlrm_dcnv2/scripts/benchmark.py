@@ -133,7 +133,8 @@ def _schedule(model: str):
     return WarmupPolyDecay(o["learning_rate"], o["warmup_steps"], DECAY_START_STEP, DECAY_STEPS)
 
 
-def build_ours(model_name: str, shape: Dict[str, Any], batches, xla: bool, compile_embedding_update: bool = True):
+def build_ours(model_name: str, shape: Dict[str, Any], batches, xla: bool,
+               compile_embedding_update: Optional[bool] = None):
     """The recipe's model, optimizers and trainer for ``model_name`` at ``shape`` (under the current precision
     policy), and ``batches`` as tensors: ``(model, trainer, embedding_optimizer, data)``; ``data[i]`` is
     ``(numerical, categorical tuple, labels)`` for ``trainer.train_step``. Also what ``profile_step`` profiles."""

@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="dlrm_profile_")
     try:
         _, trainer, _, data = build_ours(args.model, shape, make_batches(shape, 8, args.data_seed), args.xla,
-                                         compile_embedding_update=not args.tf_embedding_update)
+                                         compile_embedding_update=False if args.tf_embedding_update else None)
         for i in range(args.warmup_steps):
             trainer.train_step(*data[i % len(data)])
         float(trainer.train_step(*data[0]))  # the host waits: warmup done before the trace starts
