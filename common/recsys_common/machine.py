@@ -25,12 +25,12 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def cpu_bf16_instructions() -> str:
+def cpu_bf16_instructions(cpuinfo: str = "/proc/cpuinfo") -> str:
     """Which bfloat16 instructions run this CPU's bf16 GEMMs, from /proc/cpuinfo's flags: ``"amx"`` (AMX-BF16
     tiles), ``"avx512_bf16"`` (AVX512-BF16 dot products) or ``"none"`` (bf16 is then converted to float32 around
     every product, which is usually slower than float32 itself); ``"unknown"`` where /proc/cpuinfo cannot be read."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
                 if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
