@@ -207,6 +207,23 @@ def test_a_killed_run_resumes_without_redoing_finished_files(four_days, tmp_path
         run_engine(four_days, tmp_path / "other", *common)
 
 
+def test_a_run_killed_with_chunk_files_resumes_with_its_input_held_in_memory(four_days, tmp_path):
+    # The first run wrote its parsed chunks (--hold_input_mb 0); the second holds new ones in memory and reads the
+    # finished files' chunks from the work directory.
+    common = ["--frequency_limit", "2", "--max_malformed_fraction", "0.05", "--chunk_mb", "1", "--train_ordering",
+              "input"]
+    run_engine(four_days, tmp_path / "reference", *common)
+    out = tmp_path / "out"
+    env = {**os.environ, polars_preprocess._KILL_ENV: "count:2"}
+    killed = subprocess.run([sys.executable, "-m", "recsys_common.criteo.polars_preprocess", "--input_path",
+                             str(four_days), "--output_path", str(out), *common, "--hold_input_mb", "0"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    report = run_engine(four_days, out, *common)
+    assert report["resumed"]["count"] == ["day_0", "day_1"]
+    assert tree_bytes(out) == tree_bytes(tmp_path / "reference")
+
+
 # ------------------------------------------------------------------------------------------- bad input
 def _cli(input_path, output, *flags):
     return subprocess.run([sys.executable, "-m", "recsys_common.criteo.polars_preprocess", "--input_path",

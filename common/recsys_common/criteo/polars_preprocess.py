@@ -1247,7 +1247,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 shutil.rmtree(shuffle_dir)
             os.makedirs(shuffle_dir)
         for k in range(info[name]["chunks"]):
-            arrays, uniques = held.pop((directory, k)) if held is not None else _load_chunk(directory, k)
+            # A file resumed from an earlier run's pass 1 (one with a smaller --hold_input_mb) has its chunks on disk.
+            chunk = held.pop((directory, k), None) if held is not None else None
+            arrays, uniques = chunk if chunk is not None else _load_chunk(directory, k)
             codes = arrays["codes"]
             ids = np.empty(codes.shape, dtype=np.int32)       # [26, n]
             for c in range(NUM_CATEGORICAL):
