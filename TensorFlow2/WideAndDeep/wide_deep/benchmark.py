@@ -35,7 +35,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from recsys_common.io import check_json_output, write_json_output
-from recsys_common.machine import cpu_model_name as cpu_model
+from recsys_common.machine import cpu_bf16_instructions, cpu_model_name as cpu_model
 
 LABEL = "label"
 
@@ -190,16 +190,6 @@ def build_keras(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla
     return model
 
 
-def _cpu_bfloat16() -> str:
-    """Which bfloat16 instructions the CPU has ("amx", "avx512_bf16" or "none"), from /proc/cpuinfo's flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
-
-
 def ours_runner(step, dataset):
     """``run(steps) -> seconds`` of ``steps`` training steps (the last loss is fetched before the clock stops)."""
     it = iter(dataset)
@@ -267,7 +257,8 @@ def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int 
             "warmup_steps": warmup_steps, "steps": steps, "num_batches": num_batches,
             "data": dataset_path or "synthetic", "deep_hidden_units": list(hidden_units), "combiner": combiner,
             "xla": xla, "amp": amp, "ours_precision": "mixed_bfloat16" if amp else "float32",
-            "keras_precision": "float32", "cpu_bfloat16": _cpu_bfloat16(), "cardinality_scale": cardinality_scale,
+            "keras_precision": "float32", "cpu_bfloat16": cpu_bf16_instructions(),
+            "cardinality_scale": cardinality_scale,
             "input": "identical in-memory tf.data batches for both sides",
             "device": "CPU", "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "load_average_1m": os.getloadavg()[0], "tensorflow": tf.__version__}
