@@ -30,3 +30,15 @@ def train_args(dataset, log_path, *extra):
 
 def subprocess_env():
     return recipe_env(RECIPE_DIR)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """In-process training with one OpenMP thread, as every torchrun rank has (OMP_NUM_THREADS=1): with two threads
+    on a loaded 2-core machine OpenMP's spinning barriers made 20 steps of the small model 48x slower (1,003 vs 47,800
+    samples/s, 2026-11-25, AMD EPYC, load ~4), which pushed the multi-process test files past a minute."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

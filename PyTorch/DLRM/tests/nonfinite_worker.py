@@ -1,4 +1,4 @@
-"""torchrun worker of tests/test_distributed.py: the training loop's NaN guard (``_NonFiniteLoss``) on 2 ranks.
+"""torchrun worker of tests/test_distributed_failures.py: the training loop's NaN guard (``_NonFiniteLoss``) on 2 ranks.
 
     torchrun --nproc_per_node=2 tests/nonfinite_worker.py OUT_DIR
 
