@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dataloading import DatasetError, EvalSet, TrainEpochs, load_dataset
-from neumf import (MODEL_NAMES, build_model, from_nvidia_state_dict, is_nvidia_state_dict, neumf_state_from_pretrained,
-                   strip_ddp_prefix)
+from neumf import (MODEL_NAMES, build_model, fix_gmf_predictor, from_nvidia_state_dict, is_nvidia_state_dict,
+                   neumf_state_from_pretrained, strip_ddp_prefix)
 from recsys_common import cpu_defaults
 from recsys_common.feature_spec import FeatureSpecError
 from recsys_common.io import atomic_path
@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learning_rate_decay", type=float, default=1.0,
                    help="Multiply the learning rate by this after every epoch: epoch e trains at -l x this^e "
                         "(1: constant, NVIDIA's)")
+    p.add_argument("--embedding_init_std", type=float, default=0.01,
+                   help="Standard deviation of the normal distribution the embeddings are drawn from (0.01: NVIDIA's; "
+                        "Rendle et al.'s MF uses 0.1)")
+    p.add_argument("--gmf_dot_product", action="store_true",
+                   help="With --model gmf: fix the predictor weights h to ones, making GMF the plain dot product "
+                        "p_u . q_i + b (matrix factorisation, as Rendle et al. train it with SGD)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
     return p
@@ -153,6 +159,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--l2_embedding must be >= 0")
     if not 0 < args.learning_rate_decay <= 1:
         p.error("--learning_rate_decay must be in (0, 1]")
+    if args.embedding_init_std <= 0:
+        p.error("--embedding_init_std must be > 0")
+    if args.gmf_dot_product and args.model != "gmf":
+        p.error("--gmf_dot_product applies to --model gmf (a fused NeuMF learns its predictor)")
     return args
 
 
@@ -515,7 +525,9 @@ def run(args: argparse.Namespace) -> Dict:
     torch.manual_seed(seed)
     config = model_config(args, data.num_users, data.num_items)
     model = build_model(args.model, data.num_users, data.num_items, args.factors, args.layers,
-                        args.dropout).to(device)
+                        args.dropout, args.embedding_init_std).to(device)
+    if args.gmf_dot_product:
+        fix_gmf_predictor(model)  # before any weights are loaded: a checkpoint of it holds the same ones
     weights_path = args.load_checkpoint_path
     if args.mode == "test" and not weights_path and not args.pretrained_gmf:
         # NVIDIA's behaviour: test mode evaluates the best checkpoint of --checkpoint_dir (--pretrained_gmf/_mlp

@@ -125,3 +125,38 @@ def test_mode_test_evaluates_the_fused_model_before_training(tiny_data, tmp_path
         fused = ncf.main([*common, "--mode", "test", *pretrained, "--alpha", alpha,
                           "--log_path", str(tmp_path / f"f{alpha}.json")])
         assert fused["hr@10"] == tested[model]["hr@10"] and fused["ndcg@10"] == pytest.approx(tested[model]["ndcg@10"])
+
+
+def test_embedding_init_std_and_dot_product_gmf(tiny_data, tmp_path):
+    """--embedding_init_std s draws every embedding from N(0, s) (0.01, NVIDIA's, by default: the same weights as
+    before the flag existed); --gmf_dot_product trains GMF with h fixed to ones (a plain dot product plus a learned
+    bias), saved as an ordinary GMF checkpoint that fuses into NeuMF; both refused where they cannot apply."""
+    from neumf import build_model
+    torch.manual_seed(5)
+    default = build_model("neumf", 3000, 3000, 32, [64, 32], 0.0)
+    torch.manual_seed(5)
+    wide = build_model("neumf", 3000, 3000, 32, [64, 32], 0.0, embedding_init_std=0.1)
+    for name, table in default.named_parameters():
+        if "embedding" in name:
+            assert float(table.std()) == pytest.approx(0.01, rel=0.02), name
+            assert float(dict(wide.named_parameters())[name].std()) == pytest.approx(0.1, rel=0.02), name
+    assert ncf.parse_args(["--data", "d"]).embedding_init_std == 0.01
+    common = ["--data", tiny_data, "-b", "4096", "--model", "gmf", "-f", "8", "--seed", "1", "-e", "2",
+              "--optimizer", "sgd", "-l", "8", "--embedding_init_std", "0.1", "--l2_embedding", "0.0025"]
+    ncf.main([*common, "--gmf_dot_product", "--checkpoint_dir", str(tmp_path / "dot"),
+              "--log_path", str(tmp_path / "dot.json")])
+    ncf.main([*common, "--checkpoint_dir", str(tmp_path / "h"), "--log_path", str(tmp_path / "h.json")])
+    dot = ncf._read_checkpoint(str(tmp_path / "dot" / ncf.RESUME_CHECKPOINT))["model"]
+    learned = ncf._read_checkpoint(str(tmp_path / "h" / ncf.RESUME_CHECKPOINT))["model"]
+    assert torch.equal(dot["predictor.linear.weight"], torch.ones(1, 8))        # fixed, through two SGD epochs
+    assert not torch.equal(learned["predictor.linear.weight"], torch.ones(1, 8))  # the same run without the flag
+    assert float(dot["predictor.linear.bias"]) != 0.0                              # the bias is still learned
+    assert 0.05 < float(dot["gmf.item_embedding.weight"].std()) < 0.2              # drawn at 0.1, not 0.01
+    users, items = dot["gmf.user_embedding.weight"].shape[0], dot["gmf.item_embedding.weight"].shape[0]
+    mlp = MLP(users, items, layers=[16, 8], dropout=0.0).state_dict()
+    fused = NeuMF(users, items, factors=8, layers=[16, 8], dropout=0.0)
+    fused.load_state_dict(neumf_state_from_pretrained(dot, mlp, alpha=0.7))
+    assert torch.allclose(fused.predictor.linear.weight[0, :8], torch.full((8,), 0.7))
+    for bad in (["--gmf_dot_product"], ["--model", "gmf", "--embedding_init_std", "0"]):
+        with pytest.raises(SystemExit):
+            ncf.parse_args(["--data", tiny_data, *bad])
