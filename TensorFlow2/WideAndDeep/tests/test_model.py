@@ -86,6 +86,63 @@ def test_amp_loss_scaling_guards_both_parts():
     assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
 
 
+@pytest.mark.parametrize("shape", [(4096, 256), (999, 33)])   # the even last dimension's path, and the other
+def test_dropout16_drops_at_the_rate_and_scales_the_rest(shape):
+    """The mask's drop fraction is the rate within 5 standard errors, kept units are scaled by 1 / (1 - rate'), the
+    gradient flows through the kept units only, masks differ from call to call, a seed repeats its stream, and
+    inference is the identity."""
+    from wide_deep.trainer.model import Dropout16
+    x = tf.ones(shape)
+    layer = Dropout16(0.1, seed=3)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=True)
+    grad = tape.gradient(y, x).numpy()
+    y = y.numpy()
+    dropped = y == 0
+    n = y.size
+    rate = 6554 / 65536
+    assert abs(dropped.mean() - rate) < 5 * (rate * (1 - rate) / n) ** 0.5, dropped.mean()
+    np.testing.assert_allclose(y[~dropped], 1 / (1 - rate), rtol=1e-6)
+    np.testing.assert_array_equal(grad, y)            # d(x * m * scale)/dx = m * scale = y for x = 1
+    again = layer(x, training=True).numpy()
+    assert 0.05 < ((again == 0) != dropped).mean() < 0.3   # another mask (two independent masks differ in ~18 %)
+    np.testing.assert_array_equal(Dropout16(0.1, seed=3)(x, training=True).numpy(), y)
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    assert Dropout16(0.0, seed=3)(x, training=True) is x
+    with pytest.raises(ValueError, match="dropout rate"):
+        Dropout16(1.0, seed=3)
+
+
+def test_compiled_rmsprop_equals_keras_rmsprop():
+    """The deep optimizer's compiled dense update computes Keras' legacy RMSprop (rho 0.5), on dense and sparse
+    (embedding) gradients alike, over several steps with a changing learning rate."""
+    from wide_deep.trainer.run import compiled_rmsprop
+    rng = np.random.default_rng(0)
+    start = {"dense": rng.standard_normal((64, 32)).astype(np.float32),
+             "table": rng.standard_normal((50, 8)).astype(np.float32)}
+    results = []
+    for make in (lambda: compiled_rmsprop(0.01, rho=0.5),
+                 lambda: tf.keras.optimizers.legacy.RMSprop(learning_rate=0.01, rho=0.5)):
+        opt = make()
+        dense, table = tf.Variable(start["dense"]), tf.Variable(start["table"])
+
+        @tf.function
+        def apply(g, rows, lr):
+            opt.learning_rate.assign(lr)
+            opt.apply_gradients([(g, dense), (tf.IndexedSlices(tf.ones((3, 8)) * lr, rows, tf.shape(table)), table)])
+        for step in range(4):
+            apply(tf.constant(rng.standard_normal((64, 32)).astype(np.float32) * (step + 1)),
+                  tf.constant([step, 7, 7 + step]), tf.constant(0.01 / (step + 1)))
+        results.append((dense.numpy(), table.numpy()))
+        rng = np.random.default_rng(0)
+        rng.standard_normal((64, 32)), rng.standard_normal((50, 8))   # the same gradients for the second optimizer
+    (ours_dense, ours_table), (keras_dense, keras_table) = results
+    assert not np.allclose(ours_dense, start["dense"])
+    np.testing.assert_allclose(ours_dense, keras_dense, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(ours_table, keras_table)
+
+
 def test_deep_schedule():
     s = DeepLearningRateSchedule(base_lr=1.0, warmup_epochs=2, num_epochs=6, steps_per_epoch=10)
     assert [s(0), s(9), s(19)] == pytest.approx([0.05, 0.5, 1.0])
