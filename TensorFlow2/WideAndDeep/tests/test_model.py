@@ -115,32 +115,31 @@ def test_dropout16_drops_at_the_rate_and_scales_the_rest(shape):
 
 
 def test_compiled_rmsprop_equals_keras_rmsprop():
-    """The deep optimizer's compiled dense update computes Keras' legacy RMSprop (rho 0.5), on dense and sparse
-    (embedding) gradients alike, over several steps with a changing learning rate."""
+    """The deep optimizer's compiled updates compute Keras' legacy RMSprop (rho 0.5), on dense and sparse
+    (embedding) gradients alike (duplicate rows summed; rows of the table not in the batch still decay their ``s``),
+    over several steps with a changing learning rate: weights and the ``rms`` slots agree."""
     from wide_deep.trainer.run import compiled_rmsprop
     rng = np.random.default_rng(0)
     start = {"dense": rng.standard_normal((64, 32)).astype(np.float32),
              "table": rng.standard_normal((50, 8)).astype(np.float32)}
+    steps = [(rng.standard_normal((64, 32)).astype(np.float32) * (s + 1),
+              rng.standard_normal((3, 8)).astype(np.float32), [s, 7, 7 + s], 0.01 / (s + 1)) for s in range(4)]
     results = []
-    for make in (lambda: compiled_rmsprop(0.01, rho=0.5),
-                 lambda: tf.keras.optimizers.legacy.RMSprop(learning_rate=0.01, rho=0.5)):
-        opt = make()
+    for opt in (compiled_rmsprop(0.01, rho=0.5), tf.keras.optimizers.legacy.RMSprop(learning_rate=0.01, rho=0.5)):
         dense, table = tf.Variable(start["dense"]), tf.Variable(start["table"])
 
         @tf.function
-        def apply(g, rows, lr):
+        def apply(g, rows_grad, rows, lr):
             opt.learning_rate.assign(lr)
-            opt.apply_gradients([(g, dense), (tf.IndexedSlices(tf.ones((3, 8)) * lr, rows, tf.shape(table)), table)])
-        for step in range(4):
-            apply(tf.constant(rng.standard_normal((64, 32)).astype(np.float32) * (step + 1)),
-                  tf.constant([step, 7, 7 + step]), tf.constant(0.01 / (step + 1)))
-        results.append((dense.numpy(), table.numpy()))
-        rng = np.random.default_rng(0)
-        rng.standard_normal((64, 32)), rng.standard_normal((50, 8))   # the same gradients for the second optimizer
-    (ours_dense, ours_table), (keras_dense, keras_table) = results
-    assert not np.allclose(ours_dense, start["dense"])
-    np.testing.assert_allclose(ours_dense, keras_dense, rtol=1e-6, atol=1e-7)
-    np.testing.assert_array_equal(ours_table, keras_table)
+            opt.apply_gradients([(g, dense), (tf.IndexedSlices(rows_grad, rows, tf.shape(table)), table)])
+        for g, rows_grad, rows, lr in steps:   # step 0 has row 7 twice
+            apply(tf.constant(g), tf.constant(rows_grad), tf.constant(rows), tf.constant(lr))
+        results.append([v.numpy() for v in (dense, table, opt.get_slot(dense, "rms"), opt.get_slot(table, "rms"))])
+    assert type(opt).__name__ == "RMSprop" and "Compiled" in type(compiled_rmsprop(0.01, 0.5)).__name__
+    for name, ours, keras in zip(["dense", "table", "dense rms", "table rms"], *results):
+        np.testing.assert_allclose(ours, keras, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert not np.allclose(results[0][0], start["dense"]) and not np.allclose(results[0][1], start["table"])
+    assert np.count_nonzero(results[0][3].any(axis=1)) == 8          # rows 0-3 and 7-10: those the batches touched
 
 
 def test_deep_schedule():
