@@ -255,8 +255,9 @@ def create_optimizers(model, linear_learning_rate: float, deep_learning_rate: fl
     """``(wide_opt, deep_opt)``: FTRL for the wide part, RMSprop (rho 0.5; dense updates compiled, see
     ``compiled_rmsprop``) for the deep part, slots created.
 
-    The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: their sparse kernels update only the embedding
-    rows a batch touched (the new Keras RMSprop decays every row of every table at each step). ``loss_scale`` wraps
+    The legacy (optimizer v2) classes, as NVIDIA's TF 2.8 recipe used: FTRL's sparse kernel updates only the rows a
+    batch touched; RMSprop (without momentum) decays every row's ``s`` of every table at each step and updates the
+    touched rows' weights, in Keras' arithmetic whether compiled or not. ``loss_scale`` wraps
     each of them in a dynamic LossScaleOptimizer (float16 on GPU), as NVIDIA's recipe: each part's gradients come
     from the loss scaled by its own optimizer, and a step whose gradients overflowed is skipped (and that scale
     halved) by the part it overflowed in. Wrapping only the deep one left FTRL to apply inf/NaN gradients.
