@@ -61,6 +61,7 @@ _ROW_BITS = 33                      # monotonically_increasing_id(): partition i
 _ROW_MASK = (1 << _ROW_BITS) - 1
 # Integral numbers in the spellings integer features come in (see integral_value); each fits a signed 64-bit long.
 _INTEGER_RE = r"^[+-]?[0-9]{1,18}$"                                   # 260, -3, +7
+_MAX_INTEGER = 10 ** 18 - 1                                             # the largest with _INTEGER_RE's 18 digits
 _ZERO_FRACTION_RE = r"^[+-]?[0-9]{1,18}[.]0*$"                        # 260.0, 260.
 _EXPONENT_RE = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)[eE][+-]?[0-9]{1,2}$"   # 2.6e2, 1e3, 2.600e+02
 # Exponent spellings are converted through a double: exact (no rounding can make a non-integer look integral, or
@@ -68,6 +69,8 @@ _EXPONENT_RE = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)[eE][+-]?[0-9]{1,2}$"   # 2.6
 _MAX_MANTISSA_DIGITS = 15
 _MAX_EXACT_DOUBLE_INTEGER = float(2 ** 53)
 _MAX_EXAMPLE_CHARS = 300
+JOINS_PER_CODEGEN_STAGE = 7          # joins fused into one generated method (see codegen_stage_boundary)
+HUGE_METHOD_LIMIT = 8000             # HotSpot's: larger generated methods are never JIT-compiled
 
 
 class CriteoPreprocessError(RuntimeError):
@@ -320,7 +323,12 @@ def integral_value(text):
     from pyspark.sql import functions as F
     as_double = text.try_cast("double")
     mantissa_digits = F.length(F.regexp_replace(F.regexp_extract(text, r"^[+-]?([0-9.]*)", 1), "[.]", ""))
-    return (F.when(text.rlike(_INTEGER_RE), text.try_cast("long"))
+    # Fast path for the usual spelling, without a regex: a long that prints back as the same text is a plain integer
+    # ("260", "-3"; not "+7", "007", " 1", which the regexes below judge) and within _INTEGER_RE's 18 digits.
+    as_long = text.try_cast("long")
+    canonical = as_long.between(-_MAX_INTEGER, _MAX_INTEGER) & (as_long.cast("string") == text)
+    return (F.when(canonical, as_long)
+            .when(text.rlike(_INTEGER_RE), as_long)
             .when(text.rlike(_ZERO_FRACTION_RE), F.regexp_extract(text, r"^([+-]?[0-9]+)", 1).try_cast("long"))
             .when(text.rlike(_EXPONENT_RE) & (mantissa_digits <= _MAX_MANTISSA_DIGITS)
                   & (F.abs(as_double) < F.lit(_MAX_EXACT_DOUBLE_INTEGER)) & (as_double % 1.0 == 0.0),
@@ -341,7 +349,7 @@ def value_counts(parsed, dictionary_source: str):
     for i in range(NUM_CATEGORICAL):
         entries.append(F.struct(F.lit(i).alias("column"),
                                 F.when(counted, F.col(f"cat_raw_{i}")).alias("value")))
-    return (parsed.select(F.explode(F.array(*entries)).alias("e"))
+    return (codegen_stage_boundary(parsed).select(F.explode(F.array(*entries)).alias("e"))
             .select("e.column", "e.value").where(F.col("value").isNotNull())
             .groupBy("column", "value").count())
 
@@ -372,36 +380,61 @@ def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
     A broadcast hash join streams the rows in their order, in the partition they were read in, so with every
     dictionary broadcast the rows stay where they were read and no shuffle happens; a dictionary over the budget is
     sort-merge joined (as NVIDIA's job does), which shuffles.
+
+    Speed: the rows are narrowed to the output's columns before the joins, and each join's id replaces its raw
+    value at once, so every join carries the same 42 columns; a codegen stage boundary every
+    ``JOINS_PER_CODEGEN_STAGE`` joins keeps each stage's generated method small enough for the JIT (see
+    ``codegen_stage_boundary``).
     """
     from pyspark.sql import functions as F
-    df = parsed.where(F.col("_reason").isNull())
     small = broadcast_columns(sizes, args.broadcast_max_rows)
-    # The small dictionaries go into one broadcast table that every join reuses (one broadcast job, not 26), keyed
-    # by "<column>:<value>" so that no join condition refers to the table alone (the optimizer would push such a
-    # filter into it, and every join would then broadcast its own table).
-    shared = (F.broadcast(dictionaries.where(F.col("column").isin(small))
-                          .select(F.concat_ws(":", F.col("column"), F.col("value")).alias("key"), F.col("id")))
-              if small else None)
-    for i in range(NUM_CATEGORICAL):
-        if i in small:
-            d = shared.alias(f"d{i}")
-            condition = F.concat(F.lit(f"{i}:"), F.col(f"cat_raw_{i}")) == F.col(f"d{i}.key")
-        else:
-            d = dictionaries.where(F.col("column") == i).alias(f"d{i}")
-            condition = F.col(f"cat_raw_{i}") == F.col(f"d{i}.value")
-        df = df.join(d, on=condition, how="left").select(*[c for c in df.columns], F.col(f"d{i}.id").alias(f"_id{i}"))
     out = [F.col("split"), F.col(LABEL_COLUMN).cast("byte").alias(LABEL_COLUMN)]
     for i in range(NUM_NUMERICAL):
         x = F.col(f"num_raw_{i}")
         # NVIDIA: log(x + 3), then fillna(0): Spark's log is NULL for x + 3 <= 0, and missing is NULL.
         out.append(F.when(x.isNotNull() & (x > -3), F.log(x.cast("double") + 3.0)).otherwise(F.lit(0.0))
                    .cast("float").alias(NUMERICAL_COLUMNS[i]))
-    for i in range(NUM_CATEGORICAL):
-        out.append(F.when(F.col(f"cat_raw_{i}").isNull(), F.lit(MISSING_ID))
-                   .when(F.col(f"_id{i}").isNull(), F.lit(RARE_ID))
-                   .otherwise(F.col(f"_id{i}")).cast("int").alias(CATEGORICAL_COLUMNS[i]))
+    out += [F.col(f"cat_raw_{i}") for i in range(NUM_CATEGORICAL)]
     out += [F.col("_file"), F.col("_block"), F.col("_row")]
-    return df.select(*out)
+    df = codegen_stage_boundary(parsed.where(F.col("_reason").isNull())).select(*out)
+    # The small dictionaries go into one broadcast table that every join reuses (one broadcast job, not 26), keyed
+    # by "<column>:<value>" so that no join condition refers to the table alone (the optimizer would push such a
+    # filter into it, and every join would then broadcast its own table).
+    shared = (F.broadcast(dictionaries.where(F.col("column").isin(small))
+                          .select(F.concat_ws(":", F.col("column"), F.col("value")).alias("key"), F.col("id")))
+              if small else None)
+    for n, i in enumerate(range(NUM_CATEGORICAL)):
+        raw = f"cat_raw_{i}"
+        if i in small:
+            d = shared.alias(f"d{i}")
+            condition = F.concat(F.lit(f"{i}:"), F.col(raw)) == F.col(f"d{i}.key")
+        else:
+            d = dictionaries.where(F.col("column") == i).alias(f"d{i}")
+            condition = F.col(raw) == F.col(f"d{i}.value")
+        ids = (F.when(F.col(raw).isNull(), F.lit(MISSING_ID)).when(F.col(f"d{i}.id").isNull(), F.lit(RARE_ID))
+               .otherwise(F.col(f"d{i}.id")).cast("int").alias(CATEGORICAL_COLUMNS[i]))
+        df = df.join(d, on=condition, how="left").select(
+            *[ids if c == raw else F.col(c) for c in df.columns])
+        if (n + 1) % JOINS_PER_CODEGEN_STAGE == 0 and n + 1 < NUM_CATEGORICAL:
+            df = codegen_stage_boundary(df)
+    return df
+
+
+def codegen_stage_boundary(df):
+    """``df`` unchanged, with a projection that ends Spark's whole-stage code generation there.
+
+    Spark fuses a chain of projections and joins into one generated method per stage; past 8 kB of bytecode the
+    JVM does not compile it (HotSpot's huge-method limit) and interprets it, which made the parse and the 26 joins
+    of pass 3 run several times slower than compiled (measured: most samples in an interpreted ``processNext``).
+    ``reflect`` has no generated code (Spark's ``CodegenFallback``), so a projection using it is a stage boundary;
+    it is not deterministic, so the optimizer moves no filter or projection across it, and it rewrites ``split``
+    (``String.valueOf``: the same value), which every output needs, so it is never pruned. With
+    ``spark.sql.codegen.hugeMethodLimit`` at the JVM's limit (``HUGE_METHOD_LIMIT``), a stage still over it (the
+    parse) runs operator by operator, each projection's generated code split into small methods: every row is
+    then processed by compiled code.
+    """
+    from pyspark.sql import functions as F
+    return df.withColumn("split", F.expr("reflect('java.lang.String', 'valueOf', `split`)"))
 
 
 def _write_splits(spark, data, path: str, sort: bool) -> None:
@@ -452,6 +485,20 @@ def _status_counts(rows) -> Dict[str, Dict[str, int]]:
 
 def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     """Run the job with an existing SparkSession; returns the report (also written to preprocess_report.json)."""
+    # Generated methods over the JVM's huge-method limit are interpreted: Spark runs such a stage operator by
+    # operator instead (see codegen_stage_boundary). Set for this job only, unless --spark_conf sets it.
+    key = "spark.sql.codegen.hugeMethodLimit"
+    if any(item.split("=", 1)[0].strip() == key for item in args.spark_conf):
+        return _run(args, spark)
+    previous = spark.conf.get(key)
+    spark.conf.set(key, str(HUGE_METHOD_LIMIT))
+    try:
+        return _run(args, spark)
+    finally:
+        spark.conf.set(key, previous)
+
+
+def _run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     from pyspark.sql import functions as F
     started = time.time()
     layout = discover_input(args.input_path, args.layout)
