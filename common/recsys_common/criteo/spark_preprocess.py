@@ -53,6 +53,7 @@ separator instead of silently training on garbage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -411,7 +412,7 @@ def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
     shared = (F.broadcast(dictionaries.where(F.col("column").isin(small))
                           .select(F.concat_ws(":", F.col("column"), F.col("value")).alias("key"), F.col("id")))
               if small else None)
-    for n, i in enumerate(range(NUM_CATEGORICAL)):
+    for i in range(NUM_CATEGORICAL):
         raw = f"cat_raw_{i}"
         if i in small:
             d = shared.alias(f"d{i}")
@@ -423,7 +424,7 @@ def transform(parsed, dictionaries, sizes: List[int], args: argparse.Namespace):
                .otherwise(F.col(f"d{i}.id")).cast("int").alias(CATEGORICAL_COLUMNS[i]))
         df = df.join(d, on=condition, how="left").select(
             *[ids if c == raw else F.col(c) for c in df.columns])
-        if (n + 1) % JOINS_PER_CODEGEN_STAGE == 0 and n + 1 < NUM_CATEGORICAL:
+        if (i + 1) % JOINS_PER_CODEGEN_STAGE == 0 and i + 1 < NUM_CATEGORICAL:
             df = codegen_stage_boundary(df)
     return df
 
@@ -453,12 +454,19 @@ def _write_splits(spark, data, path: str, sort: bool) -> None:
     (``spark.sql.maxConcurrentOutputFileWriters``, for this write only) keeps each task's rows in their order
     without a sort.
     """
-    key = "spark.sql.maxConcurrentOutputFileWriters"
-    previous = spark.conf.get(key)
-    if not sort:
-        spark.conf.set(key, str(len(SPLITS)))
-    try:
+    writers = contextlib.nullcontext() if sort else _session_conf(spark, "spark.sql.maxConcurrentOutputFileWriters",
+                                                                  str(len(SPLITS)))
+    with writers:
         data.write.partitionBy("split").parquet(path)
+
+
+@contextlib.contextmanager
+def _session_conf(spark, key: str, value: str):
+    """``spark.conf`` ``key`` set to ``value`` inside the block, its previous value restored after (errors too)."""
+    previous = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
     finally:
         spark.conf.set(key, previous)
 
@@ -498,12 +506,8 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     key = "spark.sql.codegen.hugeMethodLimit"
     if any(item.split("=", 1)[0].strip() == key for item in args.spark_conf):
         return _run(args, spark)
-    previous = spark.conf.get(key)
-    spark.conf.set(key, str(HUGE_METHOD_LIMIT))
-    try:
+    with _session_conf(spark, key, str(HUGE_METHOD_LIMIT)):
         return _run(args, spark)
-    finally:
-        spark.conf.set(key, previous)
 
 
 def _run(args: argparse.Namespace, spark) -> Dict[str, Any]:
