@@ -510,3 +510,16 @@ def test_split_binary_conversion_prints_rows_done_of_total(tmp_path, capsys):
     assert len(read_columns(spec, "train")["label"]) == 2 * rows
     out = capsys.readouterr().out
     assert "[criteo] train: 2,000 of 2,000 rows (100.0 %)" in out and " left" in out
+
+
+def test_local_master_runs_the_throughput_collector_unless_the_user_sets_java_options():
+    """The driver JVM of a local run gets ParallelGC (spark_settings' measured choice); a cluster's executors keep
+    their own settings; a user's --spark_conf for the driver's options replaces the job's."""
+    settings = lambda *argv: spark_preprocess.spark_settings(
+        spark_preprocess.parse_args(["--input_path", "in", "--output_path", "out", *argv]))
+    assert settings()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert settings("--master", "local[2]")["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    cluster = settings("--master", "spark://head:7077")
+    assert "spark.driver.extraJavaOptions" not in cluster and "spark.executor.extraJavaOptions" not in cluster
+    mine = settings("--spark_conf", "spark.driver.extraJavaOptions=-Xss4m")
+    assert mine["spark.driver.extraJavaOptions"] == "-Xss4m"
