@@ -43,13 +43,20 @@ LABEL = "label"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m wide_deep.benchmark", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset_path", default=None, help="Outbrain ETL output to take batches from (default: synthetic)")
-    p.add_argument("--global_batch_size", type=int, default=4096, help="training batch of both sides")
+    add_model_flags(p)
     p.add_argument("--benchmark_warmup_steps", type=int, default=10, help="untimed steps first (tracing, caches)")
     p.add_argument("--benchmark_steps", type=int, default=20, help="timed steps per round and side")
     p.add_argument("--rounds", type=int, default=7,
                    help="timed rounds, alternating the two sides (order flipped every round); the figures are the "
                         "medians over rounds, the speedup the median of the rounds' ratios")
+    p.add_argument("--output_json", default=None, help="also write the result to this JSON file (atomically)")
+    return p
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The batches' and the model's flags (this benchmark's and ``wide_deep.profile_step``'s)."""
+    p.add_argument("--dataset_path", default=None, help="Outbrain ETL output to take batches from (default: synthetic)")
+    p.add_argument("--global_batch_size", type=int, default=4096, help="training batch of both sides")
     p.add_argument("--num_batches", type=int, default=8, help="distinct batches, cycled")
     p.add_argument("--deep_hidden_units", type=int, nargs="+", default=[1024, 1024, 1024, 1024, 1024],
                    help="hidden units of the deep part")
@@ -64,8 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cardinality_scale", type=float, default=1.0,
                    help="multiply every hash-bucket size (tests use a small value to keep the tables tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches and of the weights")
-    p.add_argument("--output_json", default=None, help="also write the result to this JSON file (atomically)")
-    return p
 
 
 # ---------------------------------------------------------------------------------------------------------- inputs
@@ -119,6 +124,15 @@ def dataset_batches(dataset_path: str, batch_size: int, num_batches: int) -> Tup
               "numerical": d["numerical"],
               "embedding_dims": {f.name: f.embedding_dim for f in F.FEATURES if f.kind != "numerical"}}
     return data, layout
+
+
+def load_batches(dataset_path: Optional[str], batch_size: int, num_batches: int, cardinality_scale: float,
+                 seed: int) -> Tuple[Dict[str, np.ndarray], Dict[str, object]]:
+    """``(batches, feature layout)``: the first batches of an ETL output, or synthetic ones (``--dataset_path``)."""
+    if dataset_path:
+        return dataset_batches(dataset_path, batch_size, num_batches)
+    layout = feature_layout(cardinality_scale)
+    return synthetic_batches(layout, batch_size, num_batches, seed), layout
 
 
 def make_dataset(data: Dict[str, np.ndarray], batch_size: int):
@@ -223,11 +237,7 @@ def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int 
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     import tensorflow as tf
-    if dataset_path:
-        data, layout = dataset_batches(dataset_path, global_batch_size, num_batches)
-    else:
-        layout = feature_layout(cardinality_scale)
-        data = synthetic_batches(layout, global_batch_size, num_batches, seed)
+    data, layout = load_batches(dataset_path, global_batch_size, num_batches, cardinality_scale, seed)
     dataset = make_dataset(data, global_batch_size)
     args = (layout, list(hidden_units), dropout, combiner, linear_lr, deep_lr, xla, seed)
     _, ours_step = build_ours(*args, amp=amp)
