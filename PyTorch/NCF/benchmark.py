@@ -59,6 +59,7 @@ import ncf
 from dataloading import NCFData, EvalSet, TrainEpochs, duplicate_mask, load_dataset
 from neumf import MODEL_NAMES, build_model
 from recsys_common.io import check_json_output, write_json_output
+from recsys_common.machine import cpu_bf16_instructions, cpu_model_name as _cpu_model
 
 SHAPES = {  # users, items, training positives (NVIDIA's ML-20m numbers; ML-1m / ML-100k leave-one-out)
     "ml-20m": (138_493, 26_744, 19_861_770),
@@ -228,26 +229,6 @@ def paper_ml1m_data(data_dir: str, workdir: str) -> NCFData:
     return load_dataset(out)
 
 
-def _cpuinfo_field(name: str) -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(name):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _cpu_model() -> str:
-    return _cpuinfo_field("model name") or "unknown"
-
-
-def _cpu_flags() -> set:
-    """/proc/cpuinfo flags: avx512_bf16 (bf16 dot products) and amx_tile decide how fast bf16 GEMMs run."""
-    return set(_cpuinfo_field("flags").split())
-
-
 def run_peer(args) -> Dict:
     """Run the peer script as a child on ``--paper_ml1m`` with this run's settings; its final JSON line."""
     command = [sys.executable, args.peer, "--data", args.paper_ml1m, "--epochs", str(args.epochs),
@@ -287,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("output",)},
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "cpu_model": _cpu_model(), "loadavg_before": os.getloadavg(),
-              "cpu_bf16": "avx512_bf16" in _cpu_flags(), "cpu_amx": "amx_tile" in _cpu_flags(),
+              "cpu_bf16_instructions": cpu_bf16_instructions(),
               "threads": torch.get_num_threads(), "torch": torch.__version__,
               "users": data.num_users, "items": data.num_items, "train_positives": int(len(data.train_users)),
               "recipe": run_recipe(args, data, device)}

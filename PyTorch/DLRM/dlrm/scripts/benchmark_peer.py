@@ -15,7 +15,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
-from recsys_common.machine import cpu_model_name
+from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
 
 # The shapes of the issue and of ../shared/peers/torchrec_dlrm_cpu.py: Kaggle Criteo's DLRM and the seed's.
 SHAPES = {
@@ -126,16 +126,6 @@ def _timed(step, batches, count: int, first: int) -> float:
     return statistics.median(times)
 
 
-def _bf16_instructions(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """Which bf16 instructions ran ours' bf16 GEMMs: "amx_bf16", "avx512_bf16" or "none" (the CPU's Linux flags)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), "none")
-
-
 def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_size: int = 100_000,
                           peer_variants: Sequence[str] = ("fused", "dmp"), rounds: int = 5, steps: int = 30,
                           warmup_steps: int = 10, precision: str = "auto", compile_dense: bool = True,
@@ -159,7 +149,7 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
                     "torch": torch.__version__, "torchrec": torchrec.__version__, "batch_size": batch_size,
                     "table_size": table_size, "num_tables": NUM_TABLES, "rounds": rounds, "steps": steps,
                     "warmup_steps": warmup_steps,
-                    "cpu_bf16_instructions": _bf16_instructions(),
+                    "cpu_bf16_instructions": cpu_bf16_instructions(),
                     "ours": {"precision": precision, "compile_dense": compile_dense,
                              "embeddings": "one buffer, SGD fused into backward"},
                     "peer": {"model": "torchrec.models.dlrm.DLRM", "variants": list(peer_variants),

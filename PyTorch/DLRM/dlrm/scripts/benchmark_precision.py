@@ -34,17 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cpu_description() -> Dict[str, object]:
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"model": model, "bf16_flags": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})}
+    """The CPU's model name and which bf16 instructions its bf16 GEMMs run on (``recsys_common.machine``)."""
+    from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
+    return {"model": cpu_model_name(), "bf16_instructions": cpu_bf16_instructions()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:

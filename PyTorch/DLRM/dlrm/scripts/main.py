@@ -243,15 +243,8 @@ def cpu_runs_bfloat16_natively(cpuinfo: str = "/proc/cpuinfo") -> bool:
     torch 2.13 reports only the vector width (``torch.backends.cpu.get_cpu_capability()`` says ``AVX512`` with or
     without BF16), so the kernel's flag list is read; where it cannot be read the answer is False (float32).
     """
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags_here = set(line.split(":", 1)[1].split())
-                    return bool(flags_here & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    from recsys_common.machine import cpu_bf16_instructions
+    return cpu_bf16_instructions(cpuinfo) in ("amx", "avx512_bf16")
 
 
 class _Amp:
