@@ -16,9 +16,9 @@ from wide_deep.trainer import model as model_module
 from wide_deep.trainer.run import TrainingError, main
 
 
-def flags(dataset, out, emb, shuffle=False):
+def flags(dataset, out, emb, shuffle=False, dropout="0"):
     return ["--dataset_path", dataset, "--cpu", "--global_batch_size", "256", "--eval_batch_size", "2048",
-            "--num_epochs", "2", "--deep_warmup_epochs", "1", "--deep_hidden_units", "16", "16", "--deep_dropout", "0",
+            "--num_epochs", "2", "--deep_warmup_epochs", "1", "--deep_hidden_units", "16", "16", "--deep_dropout", dropout,
             "--deep_learning_rate", "0.01", "--embedding_sizes_file", emb, "--results_dir", str(out / "results"),
             "--model_dir", str(out / "model"), "--checkpoint_every_steps", "10"] + ([] if shuffle else ["--no_shuffle"])
 
@@ -46,16 +46,17 @@ def summary(out):
 
 def test_sigkill_resume_is_exact(etl_training, tmp_path, captured_models):
     """With the default shuffled batch order (each epoch's order seeded by --seed and the epoch, so a resumed run
-    skips exactly the batches the killed one trained on)."""
+    skips exactly the batches the killed one trained on) and dropout (the masks' random streams are in the
+    checkpoint, so the resumed run draws the masks the uninterrupted one drew)."""
     from wide_deep.data.outbrain.features import EMBEDDING_SIZES
     emb = tmp_path / "emb.json"
     emb.write_text(json.dumps({name: 4 for name in EMBEDDING_SIZES}))
     full, killed = tmp_path / "full", tmp_path / "killed"
-    main(flags(etl_training, full, str(emb), shuffle=True))
+    main(flags(etl_training, full, str(emb), shuffle=True, dropout="0.2"))
     reference = weights(captured_models[-1])
 
     meta = killed / "model" / "checkpoint" / "meta.json"
-    proc = subprocess.Popen([sys.executable, "main.py"] + flags(etl_training, killed, str(emb), shuffle=True),
+    proc = subprocess.Popen([sys.executable, "main.py"] + flags(etl_training, killed, str(emb), shuffle=True, dropout="0.2"),
                             cwd=RECIPE_DIR,
                             env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -73,14 +74,14 @@ def test_sigkill_resume_is_exact(etl_training, tmp_path, captured_models):
     killed_at = json.loads(meta.read_text())["step"]
     assert 10 <= killed_at < 62  # 2 epochs of 31 steps: killed part-way
 
-    main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint"])
+    main(flags(etl_training, killed, str(emb), shuffle=True, dropout="0.2") + ["--use_checkpoint"])
     resumed = weights(captured_models[-1])
     for name, value in reference.items():
         np.testing.assert_allclose(resumed[name], value, rtol=0, atol=1e-6, err_msg=name)
     assert summary(killed) == pytest.approx(summary(full), abs=1e-6)
 
     # --evaluate --use_checkpoint: the final checkpoint gives the final metrics
-    evaluated = main(flags(etl_training, killed, str(emb), shuffle=True) + ["--use_checkpoint", "--evaluate"])
+    evaluated = main(flags(etl_training, killed, str(emb), shuffle=True, dropout="0.2") + ["--use_checkpoint", "--evaluate"])
     assert evaluated == summary(killed) == pytest.approx(summary(full), abs=1e-6)
 
 

@@ -114,6 +114,41 @@ def test_dropout16_drops_at_the_rate_and_scales_the_rest(shape):
         Dropout16(1.0, seed=3)
 
 
+def test_dropout16_layers_and_ranks_draw_independent_masks():
+    """Consecutive layer seeds are independent Philox keys (a generator made with from_seed(s) and from_seed(s + 1)
+    starts one counter block apart on one key: the second repeats the first's numbers shifted by one block, the
+    defect this layout avoids); set_stream(rank) gives each rank its own masks, rank 0's being the
+    single-process ones; a generator's state put back repeats the masks exactly."""
+    from wide_deep.trainer.model import Dropout16
+    shifted = tf.random.Generator.from_seed(200, alg="philox").uniform_full_int([8], dtype=tf.uint32).numpy()
+    nxt = tf.random.Generator.from_seed(201, alg="philox").uniform_full_int([4], dtype=tf.uint32).numpy()
+    np.testing.assert_array_equal(shifted[4:], nxt)   # the defect, in TensorFlow's from_seed
+
+    x = tf.ones((512, 256))
+    masks = [Dropout16(0.5, seed=200 + i)(x, training=True).numpy() == 0 for i in range(2)]
+    # Independent masks at rate 0.5 agree on half the units; 0.5 +- 5 standard errors of 131,072 units.
+    assert abs((masks[0] == masks[1]).mean() - 0.5) < 5 * (0.25 / x.shape.num_elements()) ** 0.5
+    for flat_shift in (1, 8, 16):   # and not as shifted copies of each other (the defect's signature: 8 units)
+        a, b = masks[0].ravel()[flat_shift:], masks[1].ravel()[:-flat_shift]
+        assert abs((a == b).mean() - 0.5) < 0.02
+
+    single = Dropout16(0.5, seed=7)(x, training=True).numpy()
+    rank0, rank1 = Dropout16(0.5, seed=7), Dropout16(0.5, seed=7)
+    rank0.set_stream(0)
+    rank1.set_stream(1)
+    np.testing.assert_array_equal(rank0(x, training=True).numpy(), single)
+    rank1_mask = rank1(x, training=True).numpy() == 0
+    assert abs(((single == 0) == rank1_mask).mean() - 0.5) < 0.02
+
+    layer = Dropout16(0.5, seed=9)
+    layer(x, training=True)
+    state = layer.generator.state.numpy()
+    expected = layer(x, training=True).numpy()
+    resumed = Dropout16(0.5, seed=9)
+    resumed.generator.reset(state)
+    np.testing.assert_array_equal(resumed(x, training=True).numpy(), expected)
+
+
 def test_compiled_rmsprop_equals_keras_rmsprop():
     """The deep optimizer's compiled updates compute Keras' legacy RMSprop (rho 0.5), on dense and sparse
     (embedding) gradients alike (duplicate rows summed; rows of the table not in the batch still decay their ``s``),

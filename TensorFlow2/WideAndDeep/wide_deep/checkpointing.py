@@ -76,24 +76,43 @@ def checkpoint_prefix(path: str) -> str:
 
 
 class Checkpointer:
-    """``model_dir/checkpoint/``: model, both optimizers and the step, written atomically (rank 0 calls ``save``)."""
+    """``model_dir/checkpoint/``: model, both optimizers, the step and the dropout masks' random streams, written
+    atomically (rank 0 calls ``save``).
 
-    def __init__(self, model_dir: str, model, wide_opt, deep_opt, step_var):
+    Args:
+        model_dir: the training's ``--model_dir``.
+        model, wide_opt, deep_opt, step_var: what training changes.
+        random_streams: ``{name: tf.random.Generator}`` (``DeepPart.dropout_generators``): saved so that a resumed
+            run draws the masks the uninterrupted run would have. A checkpoint written before they were saved (no
+            ``random_streams`` in its marker) restores without them: the masks then start afresh, as they did.
+    """
+
+    def __init__(self, model_dir: str, model, wide_opt, deep_opt, step_var, random_streams=None):
         self.directory = os.path.join(model_dir, "checkpoint")
         self.objects = {"model": model, "wide_optimizer": wide_opt, "deep_optimizer": deep_opt, "step": step_var}
+        self.random_streams = dict(random_streams or {})
+
+    def _with_streams(self) -> Dict[str, Any]:
+        import tensorflow as tf
+        return {**self.objects, "random_streams": tf.train.Checkpoint(**self.random_streams)}
 
     def exists(self) -> bool:
         return os.path.exists(os.path.join(self.directory, MARKER))
 
     def save(self, step: int) -> None:
-        write_checkpoint(self.directory, self.objects, {"step": int(step)})
+        if self.random_streams:
+            write_checkpoint(self.directory, self._with_streams(), {"step": int(step), "random_streams": True})
+        else:
+            write_checkpoint(self.directory, self.objects, {"step": int(step)})
 
     def restore(self) -> int:
         """Restores the last complete checkpoint; returns its step. Raises FileNotFoundError naming the directory."""
         if not self.exists():
             raise FileNotFoundError(f"--use_checkpoint: no complete checkpoint in {self.directory} "
                                     f"(no {MARKER}); train first or fix --model_dir")
-        return int(read_checkpoint(self.directory, self.objects)["step"])
+        saved_streams = bool(read_meta(self.directory).get("random_streams"))
+        objects = self._with_streams() if saved_streams and self.random_streams else self.objects
+        return int(read_checkpoint(self.directory, objects)["step"])
 
 
 def write_snapshot(model_dir: str, step: int, model, optimizer) -> str:

@@ -103,12 +103,19 @@ class Dropout16(tf.keras.layers.Layer):
     Why not ``tf.keras.layers.Dropout``: it draws one Philox float per element (TF's ``RandomUniform``), which took
     15 % of a bfloat16 training step of the 5 x 1024 deep part on a 2-core AMD EPYC (profile of 2026-11-25); one
     32-bit ``uniform_full_int`` draw split into two 16-bit numbers does half the generator's work and compares
-    integers. The stream is a ``tf.random.Generator`` (Philox) seeded with ``seed``; as with Keras' seeded dropout,
-    it is not part of the checkpoint (a resumed run draws other masks) and every Horovod rank draws the same one.
+    integers.
+
+    The stream: Philox keyed by ``seed`` (each layer its own key, so the layers' masks are independent; a
+    generator *seeded* with consecutive seeds would start at consecutive counters of one key, and one layer's
+    numbers would be the next layer's shifted by one block), counter ``[0, stream]``: ``set_stream(rank)`` gives
+    every Horovod rank its own, disjoint sequence (rank 0's is the single-process one). The generator is not a
+    weight of the layer (exports and the model's variables stay as they were); the training checkpoint saves its
+    state (``generator``, see ``wide_deep.checkpointing.Checkpointer``), so a resumed run draws the masks the
+    uninterrupted run would have.
 
     Args:
         rate: fraction of the units to drop, in ``[0, 1)``.
-        seed: seed of the mask stream.
+        seed: the Philox key of this layer's masks.
     """
 
     def __init__(self, rate: float, seed: int, **kwargs):
@@ -118,16 +125,23 @@ class Dropout16(tf.keras.layers.Layer):
         self.rate = float(rate)
         self.threshold = int(round(self.rate * 65536))
         self.seed = int(seed)
-        self._generator = None
+        with tf.init_scope():   # a variable created eagerly, even when the layer is built inside a tf.function
+            generator = tf.random.Generator.from_key_counter(key=self.seed, counter=[0, 0], alg="philox")
+        object.__setattr__(self, "_generator", generator)   # not tracked: not a weight, not exported
+
+    @property
+    def generator(self) -> tf.random.Generator:
+        """The mask stream (Philox state ``[counter_low, counter_high, key]``)."""
+        return self._generator
+
+    def set_stream(self, stream: int) -> None:
+        """Draw from counter block ``stream`` (the high counter word; a Horovod rank), keeping the position reached
+        in it (the low word), e.g. after restoring rank 0's checkpointed state."""
+        position = int(self._generator.state[0].numpy())
+        self._generator.reset(tf.constant([position, int(stream), self.seed], tf.int64))
 
     def _random_uint16(self, inputs):
         """``uint16`` random numbers of ``inputs``' shape."""
-        if self._generator is None:
-            # Not tracked as a weight (checkpoints and exports stay as they were); created on first use, outside
-            # any tf.function being traced.
-            with tf.init_scope():
-                generator = tf.random.Generator.from_seed(self.seed, alg="philox")
-            object.__setattr__(self, "_generator", generator)
         shape = tf.shape(inputs)
         last = inputs.shape[-1]
         if last is not None and last % 2 == 0:   # [..., D] from [..., D / 2] words: no copy
@@ -169,6 +183,15 @@ class DeepPart(tf.keras.layers.Layer):
                          for i in range(len(config.hidden_units))]
         self.head = tf.keras.layers.Dense(1, name="deep_logit",
                                           kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 300))
+
+    def dropout_generators(self) -> Dict[str, tf.random.Generator]:
+        """``{"dropout_<i>": generator}`` of the hidden layers' masks (what the training checkpoint saves)."""
+        return {layer.name: layer.generator for layer in self.dropouts}
+
+    def set_dropout_stream(self, stream: int) -> None:
+        """Every mask stream to counter block ``stream`` (``Dropout16.set_stream``; the Horovod rank)."""
+        for layer in self.dropouts:
+            layer.set_stream(stream)
 
     def call(self, inputs, training=False):
         dtype = self.compute_dtype

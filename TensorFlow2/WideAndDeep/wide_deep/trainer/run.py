@@ -353,13 +353,16 @@ def _run(args, dist: Dist) -> Dict[str, object]:
     loss_scale = args.amp and not cpu  # float16 needs loss scaling; bfloat16 has float32's range
     wide_opt, deep_opt = create_optimizers(model, args.linear_learning_rate, args.deep_learning_rate, loss_scale)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    checkpointer = Checkpointer(args.model_dir, model, wide_opt, deep_opt, step_var)
+    checkpointer = Checkpointer(args.model_dir, model, wide_opt, deep_opt, step_var,
+                                random_streams=model.deep.dropout_generators())
     start_step = 0
     if args.use_checkpoint:
         start_step = checkpointer.restore()
         logger.log("PARAMETER", {"restored_checkpoint": checkpointer.directory, "step": start_step})
     else:
         dist.broadcast_variables(model.variables)  # same initial weights on every rank
+    # Every rank its own dropout masks (rank 0's are a single process's), from the position restored or the start.
+    model.deep.set_dropout_stream(dist.rank)
 
     def predict(features):
         return tf.sigmoid(model(features, training=False))
