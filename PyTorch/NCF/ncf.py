@@ -12,12 +12,10 @@ over each user's candidates, all-reduced over ranks) -> checkpoint when HR impro
 from __future__ import annotations
 
 import argparse
-import ctypes
 import itertools
 import math
 import os
 import random
-import sys
 import time
 from contextlib import nullcontext
 from typing import Dict, List, Optional
@@ -261,9 +259,6 @@ def agree_on_seed(seed: Optional[int], device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ allocator
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
-
-
 def keep_freed_memory() -> bool:
     """Make glibc keep freed memory in the process instead of handing it back to the kernel. Returns whether it did.
 
@@ -275,13 +270,8 @@ def keep_freed_memory() -> bool:
     ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...``, set here because they must exist before the process
     starts). Peak memory is unchanged; the process keeps its high-water mark. No-op off glibc.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, -1))
-    except (OSError, AttributeError):  # musl and other libcs have no mallopt
-        return False
+    from recsys_common.machine import glibc_malloc_options
+    return glibc_malloc_options(mmap_max=0, trim_threshold=-1)
 
 
 # ------------------------------------------------------------------------------------------------ precision

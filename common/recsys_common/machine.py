@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import platform
 import socket
+import sys
+from typing import Optional
+
+# glibc's mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,3 +43,26 @@ def cpu_bf16_instructions(cpuinfo: str = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def glibc_malloc_options(*, mmap_max: Optional[int] = None, mmap_threshold: Optional[int] = None,
+                         trim_threshold: Optional[int] = None) -> bool:
+    """Set glibc's allocator options for this process (``mallopt``), where the recipes measured that fresh pages
+    cost more than kept ones; returns whether every option given was accepted (False off Linux/glibc: musl and
+    others have no ``mallopt``). The options are those of ``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_`` and
+    ``MALLOC_TRIM_THRESHOLD_``, which must be set before a process starts; this sets them from inside it.
+
+    Args:
+        mmap_max: most blocks served by ``mmap`` (0: every block from the heap).
+        mmap_threshold: blocks at least this large are ``mmap``'d (glibc allows up to 32 MiB).
+        trim_threshold: free heap top kept before it is handed back (-1: never trimmed).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        options = [(_M_MMAP_MAX, mmap_max), (_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold)]
+        return all(bool(libc.mallopt(option, value)) for option, value in options if value is not None)
+    except (OSError, AttributeError):
+        return False

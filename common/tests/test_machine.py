@@ -32,3 +32,19 @@ def test_cpu_bf16_instructions_read_the_flags(tmp_path, flags, expected):
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n\n")
     assert cpu_bf16_instructions(str(cpuinfo)) == expected
     assert cpu_bf16_instructions(str(tmp_path / "absent")) == "unknown"
+
+
+def test_glibc_malloc_options_accepted_here_and_refused_without_glibc(monkeypatch):
+    """On this glibc Linux the options are accepted (mallopt returns 1); where libc.so.6 cannot be loaded (musl,
+    another OS) the answer is False, not an exception."""
+    import ctypes
+    import sys
+    from recsys_common.machine import glibc_malloc_options
+    if sys.platform.startswith("linux"):
+        assert glibc_malloc_options(mmap_threshold=32 << 20, trim_threshold=1 << 30) is True
+        assert glibc_malloc_options() is True   # nothing asked
+
+    def no_glibc(name, *args, **kwargs):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(ctypes, "CDLL", no_glibc)
+    assert glibc_malloc_options(mmap_max=0, trim_threshold=-1) is False
