@@ -59,6 +59,7 @@ from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFo
                      sniff_format, split_boundaries)
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 from ..logger import hms
+from ..prefetch import prefetched
 
 TOOL = "recsys_common.criteo.to_split_binary"   # the same dataset either engine writes: each may replace the other's
 _STATE_VERSION = 1
@@ -195,45 +196,6 @@ def _plain_line_blocks(f, chunk_bytes: int, probe_bytes: int = 1 << 20) -> Itera
         f.seek(end)       # position, as the progress reports it
         yield parts[0] if len(parts) == 1 else b"".join(parts)
         pos = end
-
-
-def prefetch(iterator, depth: int = 1):
-    """Run ``iterator`` one item ahead on a thread (reading and decompressing the next chunk while this one is
-    parsed); its exceptions are raised here, in order."""
-    import queue
-    import threading
-    items: "queue.Queue" = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def produce():
-        try:
-            for item in iterator:
-                while not stop.is_set():
-                    try:
-                        items.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            items.put((done, None))
-        except BaseException as error:   # handed to the consumer
-            items.put((done, error))
-
-    thread = threading.Thread(target=produce, name="criteo-read", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = items.get()
-            if error is not None:
-                raise error
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 # ----------------------------------------------------------------------------------------------------- parsing
@@ -923,7 +885,8 @@ def count_pass(args, layout: InputLayout, formats: Dict[str, FileFormat], state:
         padded = 0
         mal_lines, mal_reasons, examples = [], [], {}
         k = 0
-        chunks = prefetch(iter_line_chunks(path, formats[path], args.chunk_mb << 20))
+        # The next chunk is read (and decompressed) on a thread while this one is parsed.
+        chunks = prefetched(iter_line_chunks(path, formats[path], args.chunk_mb << 20), name="criteo-read")
         for chunk, parsed, counts in ordered_parallel(
                 lambda item: _parse_save_count(item[1], formats[path], item[0], directory, args.dictionary_source,
                                                is_split, bounds, max(0, args.max_examples - len(examples)), held),
