@@ -157,7 +157,11 @@ class Dropout16(tf.keras.layers.Layer):
             return inputs
         keep = self._random_uint16(inputs) >= tf.constant(self.threshold, tf.uint16)
         scale = tf.cast(1.0 / (1.0 - self.threshold / 65536.0), inputs.dtype)
-        return tf.where(keep, inputs * scale, tf.zeros_like(inputs))
+        # One select of two scalars and one product (its gradient is the same product): fewer passes over the
+        # activations than selecting between the scaled input and zeros, forward and backward (A/B in one process,
+        # bf16 step of the benchmark's model, 2026-11-25, AMD EPYC: 1.01x, 7 of 8 rounds faster).
+        mask = tf.stop_gradient(tf.where(keep, scale, tf.zeros([], inputs.dtype)))
+        return inputs * mask
 
     def get_config(self):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
