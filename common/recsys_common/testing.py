@@ -178,6 +178,29 @@ def perf_analyzer_path() -> str:
         raise  # unreachable
 
 
+NVTABULAR_PYTHON_ENV = "RECSYS_NVTABULAR_PYTHON"
+REQUIRE_NVTABULAR_ENV = "RECSYS_REQUIRE_NVTABULAR"
+
+
+def nvtabular_python() -> str:
+    """The interpreter of the separate NVTabular environment (``make setup-nvtabular``: NVTabular 23.8 with its
+    2023 pins, nothing else), which runs the ETLs' ``--engine nvtabular`` for the equality tests: the path in
+    ``RECSYS_NVTABULAR_PYTHON``, else ``<repo>/.venv-nvtabular/bin/python``. Inside pytest, skip without it, or
+    fail when ``RECSYS_REQUIRE_NVTABULAR=1`` or ``RECSYS_REQUIRE_DATA=1`` (``make test`` and CI build it)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get(NVTABULAR_PYTHON_ENV) or os.path.join(repo, ".venv-nvtabular", "bin", "python")
+    if os.access(path, os.X_OK):
+        return path
+    reason = (f"the NVTabular environment's python ({path}) is missing: run 'make setup-nvtabular' or set "
+              f"{NVTABULAR_PYTHON_ENV}")
+    import pytest
+    required = os.environ.get(REQUIRE_NVTABULAR_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    if required or data_required():
+        pytest.fail(f"{reason}; {REQUIRE_NVTABULAR_ENV}=1 or {REQUIRE_ENV}=1 makes this a failure", pytrace=False)
+    pytest.skip(reason)
+    return path  # unreachable
+
+
 @dataclasses.dataclass
 class LauncherResult:
     node: int
