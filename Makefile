@@ -1,8 +1,10 @@
 # Entry points of the monorepo. Everything runs with the venv's python explicitly
 # (no 'source activate' needed).
 #
-#   make setup        build/refresh .venv (ci/setup_env.sh; a no-op when up to date)
-#   make test         setup, then every component's tests, each in its own pytest process
+#   make setup        build/refresh .venv (ci/setup_env.sh; a no-op when up to date): all a recipe needs
+#   make setup-horovod      Horovod into .venv (ci/setup_horovod.sh; ~8 min the first time): horovodrun runs
+#   make setup-nvtabular    .venv-nvtabular (ci/setup_nvtabular_env.sh): the ETLs' --engine nvtabular
+#   make test         the three setups, then every component's tests, each in its own pytest process
 #   make test-<c>     one component: test-common test-ci test-ncf test-pytorch-dlrm
 #                     test-wide-and-deep test-dlrm-dcnv2
 #   make quickstart   setup, then $(QUICKSTART): DLRM, NCF, TF2 DLRM and DCNv2, then Wide & Deep on generated data
@@ -28,7 +30,7 @@ QUICKSTART ?= bash PyTorch/DLRM/quickstart.sh /tmp/dlrm_quickstart && bash PyTor
               && bash TensorFlow2/DLRM_DCNv2/quickstart.sh /tmp/dlrm_dcnv2_quickstart \
               && bash TensorFlow2/WideAndDeep/quickstart.sh /tmp/wide_deep_quickstart
 
-.PHONY: setup test quickstart quickstart-dlrm quickstart-ncf quickstart-dlrm-dcnv2 quickstart-wide-and-deep test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
+.PHONY: setup setup-horovod setup-nvtabular test quickstart quickstart-dlrm quickstart-ncf quickstart-dlrm-dcnv2 quickstart-wide-and-deep test-common test-ci test-ncf test-pytorch-dlrm test-wide-and-deep \
         test-dlrm-dcnv2 help
 
 help:
@@ -37,8 +39,16 @@ help:
 setup:
 	bash ci/setup_env.sh
 
-test: setup
-	bash ci/run_tests.sh
+setup-horovod: setup
+	bash ci/setup_horovod.sh
+
+setup-nvtabular:
+	bash ci/setup_nvtabular_env.sh
+
+# The tests that compare our ETL engines with NVTabular's run it in .venv-nvtabular: required, not skipped, once
+# make has built it.
+test: setup setup-horovod setup-nvtabular
+	RECSYS_REQUIRE_NVTABULAR=1 bash ci/run_tests.sh
 
 quickstart: setup
 	$(QUICKSTART)
@@ -57,13 +67,13 @@ quickstart-wide-and-deep: setup
 
 test-common: setup
 	bash ci/run_tests.sh common
-test-ci: setup
+test-ci: setup setup-horovod
 	bash ci/run_tests.sh ci
 test-ncf: setup
 	bash ci/run_tests.sh PyTorch/NCF
 test-pytorch-dlrm: setup
 	bash ci/run_tests.sh PyTorch/DLRM
-test-wide-and-deep: setup
-	bash ci/run_tests.sh TensorFlow2/WideAndDeep
-test-dlrm-dcnv2: setup
+test-wide-and-deep: setup setup-horovod setup-nvtabular
+	RECSYS_REQUIRE_NVTABULAR=1 bash ci/run_tests.sh TensorFlow2/WideAndDeep
+test-dlrm-dcnv2: setup setup-horovod
 	bash ci/run_tests.sh TensorFlow2/DLRM_DCNv2

@@ -25,43 +25,19 @@ def test_tf_keras2_fit_step_learns():
     np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [2.0, -1.0, 0.5], atol=0.05)
 
 
-def test_nvtabular_cpu_workflow(tmp_path):
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import nvtabular as nvt
-    from nvtabular import ops
-
-    cats = ["b", "a", "b", None, "c", "b", "a", "b"]
-    nums = [1.0, np.nan, 3.0, 4.0, np.nan, 6.0, 7.0, 8.0]
-    pq.write_table(pa.table({"cat": cats, "num": nums, "label": [0, 1, 0, 1, 1, 0, 1, 0]}), tmp_path / "in.parquet")
-    dataset = nvt.Dataset(str(tmp_path / "in.parquet"), engine="parquet", cpu=True)
-    workflow = nvt.Workflow((["cat"] >> ops.Categorify(out_path=str(tmp_path / "categories")))
-                            + (["num"] >> ops.FillMissing(fill_val=0.0) >> ops.Normalize())
-                            + ["label"])
-    workflow.fit(dataset)
-    workflow.transform(dataset).to_parquet(str(tmp_path / "out"), out_files_per_proc=1)
-    workflow.save(str(tmp_path / "workflow"))
-
-    out = pd.concat(pd.read_parquet(p) for p in sorted((tmp_path / "out").glob("*.parquet")))
-    assert len(out) == len(cats)
-    # Categorify: one integer code per distinct value, the same value always gets the same code,
-    # and the most frequent category ("b", 4 times) the smallest code among the real values.
-    codes = dict(zip(cats, out["cat"].tolist()))
-    assert len({codes["a"], codes["b"], codes["c"], codes[None]}) == 4
-    assert [c for v, c in zip(cats, out["cat"]) if v == "b"] == [codes["b"]] * 4
-    assert codes["b"] < codes["a"] < codes["c"]
-    # FillMissing then Normalize: (filled - mean) / std of the filled column.
-    filled = np.nan_to_num(np.array(nums), nan=0.0)
-    got = out["num"].to_numpy()
-    assert not np.isnan(got).any()
-    assert abs(got.mean()) < 1e-6
-    expected = [(filled - filled.mean()) / filled.std(ddof=d) for d in (0, 1)]
-    assert any(np.allclose(got, e, atol=1e-5) for e in expected), (got, expected)
-
-    reloaded = nvt.Workflow.load(str(tmp_path / "workflow"))
-    again = reloaded.transform(nvt.Dataset(str(tmp_path / "in.parquet"), engine="parquet", cpu=True)).to_ddf().compute()
-    np.testing.assert_array_equal(again["cat"].to_numpy(), out["cat"].to_numpy())
+def test_nvtabular_cpu_workflow_in_its_own_environment(tmp_path):
+    """NVTabular is not in this environment (its pins are numpy 1.26 / pandas 1.5 / pyarrow 12): it has its own,
+    which the ETLs' ``--engine nvtabular`` runs in. Its CPU workflow works there (scripts/nvt_workflow_check.py)."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+    from recsys_common.testing import nvtabular_python
+    for name in ("nvtabular", "merlin"):
+        assert importlib.util.find_spec(name) is None, f"{name} is installed in the default environment"
+    script = Path(__file__).parent / "scripts" / "nvt_workflow_check.py"
+    proc = subprocess.run([nvtabular_python(), str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 def test_pyspark_local_session_writes_parquet(tmp_path):
@@ -153,7 +129,7 @@ def test_tritonclient_builds_kserve_v2_requests():
     assert np_to_triton_dtype(np.int64) == "INT64"
 
 
-@pytest.mark.parametrize("name", ["horovod", "merlin.dataloader", "tf2onnx", "onnxscript"])
+@pytest.mark.parametrize("name", ["horovod", "tf2onnx", "onnxscript"])
 def test_imports(name):
     import importlib
     importlib.import_module(name)
