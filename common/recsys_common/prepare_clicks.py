@@ -109,6 +109,22 @@ def input_format(path: str, requested: str = "auto") -> str:
     return "csv"
 
 
+def check_scalar_columns(path: str, schema: Any, columns: Sequence[str]) -> None:
+    """Each of ``columns`` of a parquet ``schema`` holds one value per row: a number, text, a boolean or a date
+    (dictionary-encoded or not). A list, struct or map column has no one text form to count, so it is refused
+    naming the file and the column, instead of being counted by some rendering of its contents."""
+    import pyarrow as pa
+    for name in columns:
+        column_type = schema.field(name).type
+        if pa.types.is_dictionary(column_type):
+            column_type = column_type.value_type
+        if isinstance(column_type, pa.ExtensionType):
+            column_type = column_type.storage_type
+        if pa.types.is_nested(column_type):
+            raise ClickLogError(f"{path}: column {name!r} is of the nested type {column_type}; expected one number, "
+                                f"text or boolean value per row")
+
+
 def file_columns(path: str, fmt: str = "auto", delimiter: Optional[str] = None) -> List[str]:
     """The column names of an input file (CSV/TSV: its header line; parquet: its schema)."""
     if not os.path.isfile(path):
@@ -473,7 +489,9 @@ class BlockReader:
         if kind == "parquet":
             import pyarrow.parquet as pq
             first = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=block_rows, columns=self.columns):
+            parquet = pq.ParquetFile(path)
+            check_scalar_columns(path, parquet.schema_arrow, self.columns)
+            for batch in parquet.iter_batches(batch_size=block_rows, columns=self.columns):
                 frame = pl.from_arrow(batch).select([pl.col(c).cast(pl.String) for c in self.columns])
                 yield frame, np.arange(first, first + frame.height)
                 first += frame.height
