@@ -1,4 +1,4 @@
-"""MovieLens ratings -> NVTabular workflow -> parquet + FeatureSpec (the ETL of the HugeCTR MovieLens notebook).
+"""MovieLens ratings -> categorical workflow -> parquet + FeatureSpec (the ETL of the HugeCTR MovieLens notebook).
 
     python -m wide_deep.movielens.etl --input_dir /data/ml-100k --output_dir /data/movielens
     python -m wide_deep.movielens.etl --input_dir /data/ml-1m --output_dir /data/movielens-1m
@@ -15,14 +15,19 @@ Input (``--input_dir``): a GroupLens MovieLens directory, recognised by its file
               ``(no genres listed)``, which stays one genre value as in the notebooks)
 
 Real size: the ratings are streamed (``recsys_common.movielens_ctr.iter_delimited_columns``, a block at a time),
-split and written as raw parquet parts of ``--part_rows`` rows; NVTabular then fits and transforms part by part, so
-memory depends on ``--part_rows``, not on the number of ratings (ML-25M's 25M ratings included). Each step prints
-its progress (rows done of the total, rows/s, time left).
+split and written as raw parquet parts of ``--part_rows`` rows; the workflow then fits and transforms part by part,
+so memory depends on ``--part_rows`` (and the vocabularies), not on the number of ratings (ML-25M's 25M ratings
+included). Each step prints its progress (rows done of the total, rows/s, time left).
+
+Engines (``--engine``): ``pyarrow`` (the default) is our own workflow (``wide_deep.movielens.workflow``: pyarrow and
+numpy, no NVTabular); ``nvtabular`` runs the NVTabular 23.8 workflow (needs nvtabular and merlin-core, e.g. the
+``.venv-nvtabular`` environment). Both write the same files with the same values, except the order of equally
+frequent values in a vocabulary, which NVTabular leaves to numpy's unstable sort (see the workflow module).
 
 What it computes, as the Merlin MovieLens examples do: ratings split at random into train (1 - ``--valid_fraction``)
-and valid with ``--seed``; the NVTabular workflow joins each rating with its movie's genres (``JoinExternal``),
-``Categorify``s ``userId``, ``movieId`` and the genre list ``genres`` (statistics from train only: an id unseen in
-train maps to the out-of-vocabulary index), and turns ``rating`` into the label ``rating > 3`` (int8).
+and valid with ``--seed``; the workflow joins each rating with its movie's genres (``JoinExternal``),
+``Categorify``s ``userId``, ``movieId`` and the genre list ``genres`` (statistics from train only: index 1 null, 2 an
+id unseen in train, 3 on the values by decreasing frequency), and turns ``rating`` into the label ``rating > 3`` (int8).
 
 Output (``--output_dir``, staged and moved into place at the end: on any error nothing is written)::
 
@@ -31,7 +36,9 @@ Output (``--output_dir``, staged and moved into place at the end: on any error n
     feature_spec.yaml    recsys_common FeatureSpec: mappings ``train`` and ``test`` (= valid/); channels ``label``
                          [rating], ``onehot_categorical`` [userId, movieId], ``multihot_categorical`` [genres]
                          (``max_hotness`` = most genres of a movie), ``numerical`` []
-    workflow/            the fitted workflow: ``nvtabular.Workflow.load(path)``
+    workflow/            the fitted workflow: ``wide_deep.movielens.workflow.load_workflow(path)`` (JSON and parquet:
+                         workflow.json, vocab.<column>.parquet, movies.parquet); the nvtabular engine adds its
+                         own (workflow.pkl, categories/: ``nvtabular.Workflow.load(path)``)
 
 ``run_etl(...)`` does it from explicit arguments; ``main(argv)`` is the command line (exit 2 on bad input).
 """
@@ -67,7 +74,9 @@ ML100K_GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "C
                  "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
                  "War", "Western")
 DEFAULT_PART_ROWS = 2_000_000
-RAW_DIR = "_raw"   # inside the staging directory: the split ratings before NVTabular (removed before the move)
+RAW_DIR = "_raw"   # inside the staging directory: the split ratings before the workflow (removed before the move)
+ENGINES = ("pyarrow", "nvtabular")
+DEFAULT_ENGINE = "pyarrow"
 
 
 class MovieLensInputError(ValueError):
@@ -424,19 +433,20 @@ def _parquet_rows(paths: Sequence[str]) -> int:
 
 def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = None, valid_fraction: float = 0.2,
             seed: int = 42, overwrite: bool = False, part_rows: int = DEFAULT_PART_ROWS,
-            out: Callable[[str], None] = print) -> Dict[str, object]:
+            out: Callable[[str], None] = print, engine: str = DEFAULT_ENGINE) -> Dict[str, object]:
     """Run the ETL; returns ``{"rows": {"train", "test"}, "cardinalities", "max_hotness", "seconds",
     "rows_per_second", "parts", "layout"}``. Raises ``MovieLensInputError``, ``OutputDirectoryError``,
     ``ValueError`` (a flag)."""
     start = time.perf_counter()
     if part_rows < 1:
         raise ValueError(f"--part_rows must be at least 1, got {part_rows}")
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     SplitDraw(valid_fraction, seed)   # a bad fraction fails before any work
     check_output_directory(output_dir, overwrite)
     layout = detect_layout(input_dir, ratings_file)
     movies = read_movies(layout)
     max_hotness = int(movies[GENRES].map(len).max())
-    from merlin.io import Dataset
     with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
         raw_dir = os.path.join(staging, RAW_DIR)
         raw = write_raw_parts(layout, movies, raw_dir, valid_fraction, seed, part_rows, out)
@@ -445,37 +455,110 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
         out(f"[movielens.etl] read {total:,} ratings ({layout.name}) of {len(movies):,} movies from {input_dir}: "
             f"{rows['train']:,} train, {rows['test']:,} valid in {len(raw['train'])} part(s) "
             f"({time.perf_counter() - start:.1f} s)")
-        t = time.perf_counter()
-        workflow = build_workflow(movies)
-        # one Dask partition per raw part: NVTabular fits its statistics and transforms a part at a time
-        datasets = {split: Dataset(raw[split], engine="parquet", cpu=_cpu(), part_size=_part_size(raw[split]))
-                    for split in raw}
-        with _DaskProgress("fit", rows["train"], out):
-            workflow.fit(datasets["train"])
-        workflow.save(os.path.join(staging, WORKFLOW_DIR))
-        out(f"[movielens.etl] fitted the workflow on train ({rows['train']:,} rows) in "
-            f"{time.perf_counter() - t:.1f} s ({rows['train'] / (time.perf_counter() - t):,.0f} rows/s)")
-        files = {}
-        for split, subdir, mapping in (("train", "train", "train"), ("valid", "valid", "test")):
-            t = time.perf_counter()
-            num_parts = len(raw[split])
-            with _DaskProgress(f"transform {subdir}/", rows[mapping], out):
-                workflow.transform(datasets[split]).to_parquet(os.path.join(staging, subdir),
-                                                               output_files=num_parts, shuffle=None)
-            files[mapping] = _check_parts(os.path.join(staging, subdir), num_parts,
-                                          os.path.join(os.path.abspath(output_dir), subdir), subdir)
-            seconds = time.perf_counter() - t
-            out(f"[movielens.etl] wrote {subdir}/ ({rows[mapping]:,} rows, {num_parts} part(s)) in {seconds:.1f} s "
-                f"({rows[mapping] / seconds:,.0f} rows/s)")
+        if engine == "nvtabular":
+            cards, files = _run_nvtabular(staging, output_dir, movies, raw, rows, out)
+        else:
+            cards, files = _run_pyarrow(staging, output_dir, movies, raw, rows, out)
         shutil.rmtree(raw_dir)   # our own intermediate files, inside our own staging directory
-        cards = cardinalities(workflow)
         spec = build_feature_spec(staging, cards, max_hotness, rows, files)
         spec.to_yaml(os.path.join(staging, SPEC_NAME))
     seconds = time.perf_counter() - start
     out(f"[movielens.etl] done: cardinalities {cards}, max_hotness {max_hotness}, {seconds:.1f} s "
         f"({total / seconds:,.0f} rows/s) -> {os.path.abspath(output_dir)}")
     return {"rows": rows, "cardinalities": cards, "max_hotness": max_hotness, "seconds": seconds,
-            "rows_per_second": total / seconds, "parts": len(raw["train"]), "layout": layout.name}
+            "rows_per_second": total / seconds, "parts": len(raw["train"]), "layout": layout.name, "engine": engine}
+
+
+def _movies_table(movies: pd.DataFrame):
+    from .workflow import movies_table
+    return movies_table(movies[ITEM].to_numpy(), movies[GENRES])
+
+
+def _run_pyarrow(staging: str, output_dir: str, movies: pd.DataFrame, raw: Dict[str, List[str]],
+                 rows: Dict[str, int], out: Callable[[str], None]) -> Tuple[Dict[str, int], Dict[str, List[str]]]:
+    """Our engine: fit the vocabularies on the train parts, then transform every part into its output file."""
+    import pyarrow.parquet as pq
+    from .workflow import MovieLensWorkflow
+    t = time.perf_counter()
+    workflow = MovieLensWorkflow(_movies_table(movies))
+    progress = Progress("fit", rows["train"], out)
+    for path in raw["train"]:
+        part = pq.read_table(path)
+        workflow.fit_part(part)
+        progress.update(part.num_rows)
+    progress.update(0, final=True)
+    workflow.finish_fit()
+    workflow.save(os.path.join(staging, WORKFLOW_DIR))
+    out(f"[movielens.etl] fitted the workflow on train ({rows['train']:,} rows) in "
+        f"{time.perf_counter() - t:.1f} s ({rows['train'] / max(time.perf_counter() - t, 1e-9):,.0f} rows/s)")
+    files = {}
+    for split, subdir, mapping in (("train", "train", "train"), ("valid", "valid", "test")):
+        t = time.perf_counter()
+        os.makedirs(os.path.join(staging, subdir))
+        progress = Progress(f"transform {subdir}/", rows[mapping], out)
+        counts = []
+        for i, path in enumerate(raw[split]):
+            table = workflow.transform_table(pq.read_table(path))
+            # uncompressed, list items named "item": the files NVTabular (merlin.io) writes
+            pq.write_table(table, os.path.join(staging, subdir, f"part_{i}.parquet"), compression="none",
+                           use_compliant_nested_type=False)
+            counts.append(table.num_rows)
+            progress.update(table.num_rows)
+        progress.update(0, final=True)
+        names = [f"part_{i}.parquet" for i in range(len(raw[split]))]
+        final_dir = os.path.join(os.path.abspath(output_dir), subdir)
+        _write_reader_lists(os.path.join(staging, subdir), final_dir, names, counts)
+        files[mapping] = [f"{subdir}/{name}" for name in names]
+        seconds = max(time.perf_counter() - t, 1e-9)
+        out(f"[movielens.etl] wrote {subdir}/ ({rows[mapping]:,} rows, {len(names)} part(s)) in {seconds:.1f} s "
+            f"({rows[mapping] / seconds:,.0f} rows/s)")
+    return workflow.cardinalities(), files
+
+
+def _write_reader_lists(directory: str, final_dir: str, names: List[str], counts: List[int]) -> None:
+    """What HugeCTR's Parquet reader takes, as merlin.io writes it: ``_file_list.txt`` (the number of files, then
+    their paths, in the final directory) and ``_metadata.json`` (rows per file)."""
+    import json
+    with open(os.path.join(directory, "_file_list.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join([str(len(names))] + [os.path.join(final_dir, n) for n in names]) + "\n")
+    meta = {"file_stats": [{"file_name": n, "num_rows": int(c)} for n, c in zip(names, counts)],
+            "cats": [], "conts": [], "labels": []}
+    with open(os.path.join(directory, "_metadata.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+
+
+def _run_nvtabular(staging: str, output_dir: str, movies: pd.DataFrame, raw: Dict[str, List[str]],
+                   rows: Dict[str, int], out: Callable[[str], None]) -> Tuple[Dict[str, int], Dict[str, List[str]]]:
+    """``--engine nvtabular``: the NVTabular 23.8 workflow, fitted and applied a Dask partition (raw part) at a time;
+    its vocabularies are also saved in our format (``load_workflow`` reads either engine's output)."""
+    from merlin.io import Dataset
+    from .workflow import workflow_from_nvtabular_categories
+    t = time.perf_counter()
+    workflow = build_workflow(movies)
+    # one Dask partition per raw part: NVTabular fits its statistics and transforms a part at a time
+    datasets = {split: Dataset(raw[split], engine="parquet", cpu=_cpu(), part_size=_part_size(raw[split]))
+                for split in raw}
+    with _DaskProgress("fit", rows["train"], out):
+        workflow.fit(datasets["train"])
+    workflow.save(os.path.join(staging, WORKFLOW_DIR))
+    out(f"[movielens.etl] fitted the workflow on train ({rows['train']:,} rows) in "
+        f"{time.perf_counter() - t:.1f} s ({rows['train'] / (time.perf_counter() - t):,.0f} rows/s)")
+    files = {}
+    for split, subdir, mapping in (("train", "train", "train"), ("valid", "valid", "test")):
+        t = time.perf_counter()
+        num_parts = len(raw[split])
+        with _DaskProgress(f"transform {subdir}/", rows[mapping], out):
+            workflow.transform(datasets[split]).to_parquet(os.path.join(staging, subdir),
+                                                           output_files=num_parts, shuffle=None)
+        files[mapping] = _check_parts(os.path.join(staging, subdir), num_parts,
+                                      os.path.join(os.path.abspath(output_dir), subdir), subdir)
+        seconds = time.perf_counter() - t
+        out(f"[movielens.etl] wrote {subdir}/ ({rows[mapping]:,} rows, {num_parts} part(s)) in {seconds:.1f} s "
+            f"({rows[mapping] / seconds:,.0f} rows/s)")
+    cards = cardinalities(workflow)
+    ours = workflow_from_nvtabular_categories(os.path.join(staging, WORKFLOW_DIR, "categories"), _movies_table(movies))
+    ours.save(os.path.join(staging, WORKFLOW_DIR))
+    return cards, files
 
 
 def _part_size(paths: Sequence[str]) -> int:
@@ -522,6 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part_rows", type=int, default=DEFAULT_PART_ROWS,
                    help="ratings per part (raw and output parquet files): bounds the ETL's memory")
     p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in --output_dir")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help="pyarrow: our own workflow (no NVTabular); nvtabular: the NVTabular 23.8 workflow (needs "
+                        "nvtabular and merlin-core)")
     return p
 
 
@@ -529,7 +615,7 @@ def main(argv: Optional[Sequence[str]] = None):
     """Parse ``argv`` and run the ETL; returns :func:`run_etl`'s result."""
     args = build_parser().parse_args(argv)
     return run_etl(args.input_dir, args.output_dir, ratings_file=args.ratings_file, valid_fraction=args.valid_fraction,
-                   seed=args.seed, overwrite=args.overwrite, part_rows=args.part_rows)
+                   seed=args.seed, overwrite=args.overwrite, part_rows=args.part_rows, engine=args.engine)
 
 
 if __name__ == "__main__":
