@@ -4,7 +4,7 @@ The attack is CVE-2023-47248 (GHSA-5wvp-7f3h-6wmm, pyarrow 0.14.0 to 14.0.0): a 
 ``arrow.py_extension_type`` has its serialized form unpickled when the schema is read, so the file chooses a call
 to run. Our crafted file's pickle calls ``open(MARKER, "w")``: the marker file appearing means code from the file
 ran. ``test_the_crafted_file_runs_code_in_a_vulnerable_reader`` shows, in the NVTabular environment's pyarrow 12,
-that the file really is an exploit (and that pyarrow-hotfix, which that environment's engines import, stops it);
+that the file really is an exploit (and that importing recsys_common, which loads pyarrow-hotfix there, stops it);
 the other tests hand it to every tool of ours that takes a user's parquet: each must either read the plain
 columns or stop with an error naming the file, and the marker must never appear.
 
@@ -74,8 +74,9 @@ def crafted(tmp_path):
 
 
 def test_the_crafted_file_runs_code_in_a_vulnerable_reader(tmp_path):
-    """The test file is a real exploit: pyarrow 12 (the NVTabular environment) runs its pickle on read; with
-    pyarrow-hotfix imported first, as that environment's engines do, it does not."""
+    """The test file is a real exploit: pyarrow 12 (the NVTabular environment) runs its pickle on read; once
+    ``recsys_common`` is imported (every tool of ours imports it; it loads pyarrow-hotfix under such a pyarrow),
+    it does not."""
     from recsys_common.testing import nvtabular_python
     python = nvtabular_python()
     marker = tmp_path / "MARKER"
@@ -85,7 +86,7 @@ def test_the_crafted_file_runs_code_in_a_vulnerable_reader(tmp_path):
     subprocess.run([python, "-c", read], capture_output=True, text=True, timeout=120)
     assert marker.exists(), "pyarrow 12 did not run the crafted file's pickle: the test file is not an exploit"
     marker.unlink()
-    proc = subprocess.run([python, "-c", "import pyarrow_hotfix; " + read], capture_output=True, text=True,
+    proc = subprocess.run([python, "-c", "import recsys_common; " + read], capture_output=True, text=True,
                           timeout=120)
     assert not marker.exists(), "pyarrow-hotfix did not stop the crafted file"
     assert proc.returncode != 0 and "arrow.py_extension_type" in proc.stderr, proc.stderr[-2000:]

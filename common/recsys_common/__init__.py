@@ -19,3 +19,29 @@ Modules:
 """
 
 __version__ = "0.1.0"
+
+# Every tool of this library reads users' parquet with pyarrow. pyarrow 0.14.0 to 14.0.0 runs code from a crafted
+# Parquet / Arrow IPC file (CVE-2023-47248): where such a pyarrow is installed (an older image; the separate
+# NVTabular environment, which keeps pyarrow 12), pyarrow-hotfix turns that deserialization off before anything is
+# read, and without it nothing runs. Read from the package metadata: pyarrow itself is not imported here.
+PYARROW_FIXED = (14, 0, 1)
+
+
+def _guard_pyarrow() -> None:
+    import re
+    from importlib import metadata
+    try:
+        version = metadata.version("pyarrow")
+    except metadata.PackageNotFoundError:
+        return
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if release >= PYARROW_FIXED:
+        return
+    try:
+        import pyarrow_hotfix  # noqa: F401  (unregisters the pickled extension type on import)
+    except ImportError:
+        raise ImportError(f"pyarrow {version} runs code from crafted parquet files (CVE-2023-47248): install "
+                          f"pyarrow>=14.0.1, or pyarrow-hotfix where pyarrow cannot change") from None
+
+
+_guard_pyarrow()
