@@ -79,11 +79,12 @@ def prepare_avazu_splits(tmp_path_factory, seeds: Sequence[int] = AVAZU_SPLIT_SE
     return out
 
 
-def ci_pins() -> Dict[str, str]:
+def ci_pins(constraints: str = "ci/constraints.txt") -> Dict[str, str]:
     """``{package: version}`` of ``ci/constraints.txt`` (names lower-case, ``_`` as ``-``): what CI tests, which
-    the recipes' Dockerfiles and requirements must agree with (their ``tests/test_packaging.py``)."""
+    the recipes' Dockerfiles and requirements must agree with (their ``tests/test_packaging.py``).
+    ``constraints``: another constraints file of the repository (``ci/nvtabular-env/constraints.txt``)."""
     pins = {}
-    with open(os.path.join(repo_root(), "ci", "constraints.txt")) as f:
+    with open(os.path.join(repo_root(), constraints)) as f:
         for line in f:
             m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line)
             if m:
