@@ -63,6 +63,7 @@ TOOL = "wide_deep.data.outbrain.preproc"
 SPEC_NAME = "feature_spec.yaml"
 WORKFLOW_DIR = "workflow"
 NUM_STEPS = 7
+ENGINES = ("default", "nvtabular")
 
 
 def skip_unused_frameworks() -> None:
@@ -341,14 +342,14 @@ class EtlState:
 def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Progress, out: Callable[[str], None], *,
                 use_dask: bool, dask_workers: int, dask_scheduler: Optional[str], cpu: bool, seed: int,
                 num_partitions: Optional[int], partition_rows: int, num_train_files: Optional[int],
-                num_valid_files: Optional[int], overwrite: bool, block_bytes: Optional[int]):
+                num_valid_files: Optional[int], overwrite: bool, block_bytes: Optional[int], engine: str):
     """The stages of :func:`run_etl` after the checks; returns (rows, the join stage's record, stages skipped)."""
     work_dir = state.work_dir
     resumed = [s for s in STAGES if state.done(s)]
-    # Imported after the cheap checks: NVTabular takes seconds to import.
-    from merlin.io import Dataset
-    from nvtabular import Workflow
-    from .nvtabular.workflow import build_workflow, document_tables
+    if engine == "nvtabular":
+        # Imported after the cheap checks: NVTabular takes seconds to import.
+        from merlin.io import Dataset  # noqa: F401  (fails early where NVTabular is missing)
+        from nvtabular import Workflow  # noqa: F401
 
     with progress("read, join and split (streamed; pandas per display range)") as p:
         joined = state.done("join")
@@ -368,6 +369,32 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
     join_dir = os.path.join(work_dir, "join")
     files = {m: [os.path.join(join_dir, f) for f in joined[m]] for m in ("train", "test")}
     rows = dict(joined["rows"])
+    stage2 = _stage2_default if engine == "default" else _stage2_nvtabular
+    stage2(state, input_dir, output_dir, progress, out, files, rows, join_dir, use_dask=use_dask,
+           dask_workers=dask_workers, dask_scheduler=dask_scheduler, cpu=cpu, num_train_files=num_train_files,
+           num_valid_files=num_valid_files)
+    with progress("feature spec and move into place"):
+        with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
+            for name in (WORKFLOW_DIR, "train", "valid"):
+                shutil.move(os.path.join(work_dir, name), os.path.join(staging, name))
+            spec = build_feature_spec(staging, [f"train/{n}" for n in _parquet_files(os.path.join(staging, "train"))],
+                                      [f"valid/{n}" for n in _parquet_files(os.path.join(staging, "valid"))], rows)
+            spec.to_yaml(os.path.join(staging, SPEC_NAME))
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return rows, joined, resumed
+
+
+def _stage2_nvtabular(state: EtlState, input_dir: str, output_dir: str, progress: Progress,
+                      out: Callable[[str], None], files: Dict[str, List[str]], rows: Dict[str, int], join_dir: str, *,
+                      use_dask: bool, dask_workers: int, dask_scheduler: Optional[str], cpu: bool,
+                      num_train_files: Optional[int], num_valid_files: Optional[int]) -> None:
+    """Stage 2 on NVTabular (``--engine nvtabular``): the workflow of :mod:`.nvtabular.workflow`, fitted and applied
+    on Dask, saved with ``Workflow.save``."""
+    from merlin.io import Dataset
+    from nvtabular import Workflow
+    from .nvtabular.workflow import build_workflow
+    from .tables import document_tables
+    work_dir = state.work_dir
     with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(work_dir, "dask")) as client:
         if state.done("fit") is None:
             with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
@@ -408,15 +435,50 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
                 _fix_file_list(written, os.path.join(os.path.abspath(output_dir), subdir))
             state.commit(subdir)
             state.finish(mapping, {})
-    with progress("feature spec and move into place"):
-        with atomic_directory(output_dir, overwrite=overwrite, tool=TOOL, marker=SPEC_NAME) as staging:
-            for name in (WORKFLOW_DIR, "train", "valid"):
-                shutil.move(os.path.join(work_dir, name), os.path.join(staging, name))
-            spec = build_feature_spec(staging, [f"train/{n}" for n in _parquet_files(os.path.join(staging, "train"))],
-                                      [f"valid/{n}" for n in _parquet_files(os.path.join(staging, "valid"))], rows)
-            spec.to_yaml(os.path.join(staging, SPEC_NAME))
-        shutil.rmtree(work_dir, ignore_errors=True)
-    return rows, joined, resumed
+
+
+def _stage2_default(state: EtlState, input_dir: str, output_dir: str, progress: Progress,
+                    out: Callable[[str], None], files: Dict[str, List[str]], rows: Dict[str, int], join_dir: str, *,
+                    use_dask: bool, dask_workers: int, dask_scheduler: Optional[str], cpu: bool,
+                    num_train_files: Optional[int], num_valid_files: Optional[int]) -> None:
+    """Stage 2 on the default engine (:mod:`wide_deep.data.outbrain.engine`): fitted partition by partition,
+    statistics saved without pickle; with ``--use_dask`` / ``--dask_scheduler`` the partitions run as tasks of a
+    ``distributed`` cluster (plain Dask, no NVTabular)."""
+    from . import engine as E
+    from .tables import document_tables
+    work_dir = state.work_dir
+    with dask_client(use_dask, dask_workers, dask_scheduler, True, os.path.join(work_dir, "dask")) as client:
+        if state.done("fit") is None:
+            with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
+                tables = {source: read_document_terms(input_dir, source, column)
+                          for source, column in sorted(set(F.LIST_SOURCES.values()))}
+                lists, matrices = document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
+                p["rows"] = sum(len(t[0]) for t in tables.values())
+                del tables
+            with progress("fit workflow on train (pandas/numpy)", rows["train"]):
+                E.fit(files["train"], lists, matrices, state.fresh(WORKFLOW_DIR), client=client,
+                      on_rows=progress.rows, total_rows=rows["train"])
+            del lists, matrices
+            state.commit(WORKFLOW_DIR)
+            state.finish("fit", {})
+        else:
+            with progress("document lists and TF-IDF matrices: finished by an earlier run (skipped)"):
+                pass
+            with progress("fit workflow on train: finished by an earlier run (skipped)"):
+                pass
+        workflow_dir = os.path.join(work_dir, WORKFLOW_DIR)
+        for mapping, subdir, count in (("train", "train", num_train_files), ("test", "valid", num_valid_files)):
+            if state.done(mapping) is not None:
+                with progress(f"transform and write {subdir}/: finished by an earlier run (skipped)"):
+                    pass
+                continue
+            with progress(f"transform and write {subdir}/ (pandas/numpy)", rows[mapping]):
+                written = state.fresh(subdir)
+                E.transform(files[mapping], workflow_dir, written, count or len(files[mapping]), client=client,
+                            on_rows=progress.rows, what=f"transform and write {subdir}/", total_rows=rows[mapping])
+                _fix_file_list(written, os.path.join(os.path.abspath(output_dir), subdir))
+            state.commit(subdir)
+            state.finish(mapping, {})
 
 
 def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_workers: int = 2,
@@ -424,12 +486,14 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
             num_partitions: Optional[int] = None, partition_rows: int = DEFAULT_PARTITION_ROWS,
             num_train_files: Optional[int] = None, num_valid_files: Optional[int] = None, overwrite: bool = False,
             block_bytes: Optional[int] = None, work_dir: Optional[str] = None, restart: bool = False,
-            out: Callable[[str], None] = print) -> Dict[str, object]:
+            engine: str = "default", out: Callable[[str], None] = print) -> Dict[str, object]:
     """Run the ETL; returns ``{"rows": {"train": n, "test": n}, "clicks_rows": n, "seconds": {step: s},
     "rows_per_second": r, "resumed": [stages skipped]}`` (``rows_per_second``: clicks_train rows per second, end to
     end).
 
-    ``cpu``: None picks the GPU when cuDF is importable. ``num_partitions``: parquet pieces of the joined train and
+    ``engine``: ``default`` (pandas/numpy, :mod:`wide_deep.data.outbrain.engine`; CPU only) or ``nvtabular`` (the
+    NVTabular workflow; needs NVTabular 23.8 installed). ``cpu``: NVTabular only: None picks the GPU when cuDF is
+    importable. ``num_partitions``: parquet pieces of the joined train and
     of the joined valid data, i.e. Dask partitions of the workflow (None: 4, or one per ``partition_rows`` rows
     when there are more; keep it fixed to compare runs: outputs are equal for equal partitions, whatever the
     scheduler). ``partition_rows`` also bounds the clicks rows joined at once. ``num_train_files`` /
@@ -443,7 +507,11 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
     Raises ``RawInputError`` (missing file or column, bad value, an empty split), ``OutputDirectoryError``,
     ``ResumeError``.
     """
-    if cpu is None:
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "default":
+        cpu = True
+    elif cpu is None:
         cpu = not gpu_available()
     for flag, value in (("--num_partitions", num_partitions), ("--num_train_files", num_train_files),
                         ("--num_valid_files", num_valid_files), ("--dask_workers", dask_workers),
@@ -451,7 +519,9 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     progress = Progress(out=out)
-    out(f"[preproc] NVTabular on {'CPU (pandas; experimental in NVTabular 23.8)' if cpu else 'GPU (cuDF)'}, "
+    where = ('default engine (pandas/numpy) on CPU' if engine == "default" else
+             f"NVTabular on {'CPU (pandas; experimental in NVTabular 23.8)' if cpu else 'GPU (cuDF)'}")
+    out(f"[preproc] {where}, "
         f"{'Dask scheduler ' + dask_scheduler if dask_scheduler else f'LocalCluster of {dask_workers} workers' if use_dask else 'one process'}")
     start = time.perf_counter()
     work_dir = os.path.abspath(work_dir or default_work_dir(output_dir))
@@ -461,14 +531,14 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
         if os.path.abspath(output_dir) == work_dir:
             raise ResumeError(f"--work_dir must differ from --output_dir ({work_dir})")
         state = EtlState(work_dir, _input_fingerprint(input_dir, {
-            "seed": seed, "cpu": cpu, "num_partitions": num_partitions, "partition_rows": partition_rows,
+            "engine": engine, "seed": seed, "cpu": cpu, "num_partitions": num_partitions, "partition_rows": partition_rows,
             "num_train_files": num_train_files, "num_valid_files": num_valid_files}), restart, out)
     try:
         rows, joined, resumed = _run_stages(
             state, input_dir, output_dir, progress, out, use_dask=use_dask, dask_workers=dask_workers,
             dask_scheduler=dask_scheduler, cpu=cpu, seed=seed, num_partitions=num_partitions,
             partition_rows=partition_rows, num_train_files=num_train_files, num_valid_files=num_valid_files,
-            overwrite=overwrite, block_bytes=block_bytes)
+            overwrite=overwrite, block_bytes=block_bytes, engine=engine)
     except BaseException:
         if not state.data["done"]:   # nothing to resume (bad input is found in the first stage): leave nothing
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -493,12 +563,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="directory of the seven raw Outbrain CSVs")
     p.add_argument("--output_dir", "--metadata_path", dest="output_dir", default="/outbrain/data",
                    help="output directory: train/, valid/, feature_spec.yaml, workflow/")
+    p.add_argument("--engine", choices=ENGINES, default="default",
+                   help="stage 2 engine: default (pandas/numpy, no NVTabular) or nvtabular (the NVTabular 23.8 "
+                        "workflow; needs NVTabular installed)")
     p.add_argument("--use_dask", action="store_true",
-                   help="run the workflow on a distributed.LocalCluster of --dask_workers processes")
+                   help="run stage 2 on a distributed.LocalCluster of --dask_workers processes")
     p.add_argument("--dask_workers", type=int, default=2, help="workers of the --use_dask LocalCluster")
     p.add_argument("--dask_scheduler", default=None,
                    help="address of a running Dask scheduler (tcp://host:8786) to run the workflow on")
-    p.add_argument("--cpu", action="store_true", help="use the CPU (pandas) even where a GPU (cuDF) is available")
+    p.add_argument("--cpu", action="store_true", help="--engine nvtabular: use the CPU (pandas) even where a GPU "
+                                                       "(cuDF) is available (the default engine always runs on CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/valid split draw")
     p.add_argument("--num_partitions", type=int, default=None,
                    help="Dask partitions of the joined train (and of the joined valid) data; default 4, or one per "
@@ -528,7 +602,7 @@ def run(argv: Optional[Sequence[str]] = None):
                    num_partitions=args.num_partitions, partition_rows=args.partition_rows,
                    num_train_files=args.num_train_files,
                    num_valid_files=args.num_valid_files, overwrite=args.overwrite, work_dir=args.work_dir,
-                   restart=args.restart)
+                   restart=args.restart, engine=args.engine)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
