@@ -1,5 +1,6 @@
-"""The Outbrain ETL (NVTabular on CPU): output schema = feature_spec, reloadable workflow, and feature values checked
-against pandas on a tiny hand-made input (CTR with thresholds, days since published, list slicing)."""
+"""The Outbrain ETL on its default engine (pandas/numpy, no NVTabular): output schema = feature_spec, reloadable
+fitted statistics, and feature values checked against pandas on a tiny hand-made input (CTR with thresholds, days
+since published, list slicing). Equality with ``--engine nvtabular``: tests/test_etl_engines.py."""
 import os
 
 import numpy as np
@@ -72,42 +73,45 @@ def test_output_schema_is_the_feature_spec(etl_single, raw_outbrain):
 
 
 def test_output_equals_the_in_memory_etl(etl_single, raw_outbrain, tmp_path):
-    """The whole ETL against the former in-memory one, rebuilt here: all seven tables read whole, stage 1 on them
-    (``join_and_split``), the joined rows cut with ``numpy.array_split`` and the page lists through NVTabular's
-    JoinExternal >> Categorify >> ListSlice on every row. Same rows, values and dtypes, same feature spec."""
+    """The whole ETL against the in-memory one, rebuilt here: all seven tables read whole, stage 1 on them
+    (``join_and_split``), the joined rows cut with ``numpy.array_split``, stage 2 fitted on them and applied
+    (:mod:`wide_deep.data.outbrain.engine`). Same rows, values and dtypes, same feature spec."""
     import pyarrow as pa
-    from merlin.io import Dataset
     from test_preproc_dask import assert_same_rows
-    from wide_deep.data.outbrain.nvtabular.workflow import build_workflow, document_tables, join_and_split
+    from wide_deep.data.outbrain import engine
+    from wide_deep.data.outbrain.tables import document_tables, join_and_split
     tables = raw.read_raw_tables(raw_outbrain)
     train, valid = join_and_split(tables, seed=ETL_OPTIONS["seed"])
     pages = np.concatenate([train["document_id"].to_numpy(), valid["document_id"].to_numpy()])
     lists, matrices = document_tables(tables, pages)
-    workflow = build_workflow(lists, matrices, str(tmp_path / "stats"), list_encoding="per_row",
-                              similarity="nvtabular")
-    datasets = {}
+    paths = {}
     for mapping, df in (("train", train), ("test", valid)):
-        paths = []
+        paths[mapping] = []
         for i, rows in enumerate(np.array_split(np.arange(len(df)), ETL_OPTIONS["num_partitions"])):
-            paths.append(str(tmp_path / f"{mapping}_{i}.parquet"))
-            pq.write_table(pa.Table.from_pandas(df.iloc[rows], preserve_index=False), paths[-1])
-        datasets[mapping] = Dataset(paths, engine="parquet", cpu=True)
-    workflow.fit(datasets["train"])
+            paths[mapping].append(str(tmp_path / f"{mapping}_{i}.parquet"))
+            pq.write_table(pa.Table.from_pandas(df.iloc[rows], preserve_index=False), paths[mapping][-1])
+    engine.fit(paths["train"], lists, matrices, str(tmp_path / "workflow"))
     spec = FeatureSpec.from_yaml(os.path.join(etl_single, "feature_spec.yaml"))
     for mapping in ("train", "test"):
-        want = workflow.transform(datasets[mapping]).to_ddf().compute().reset_index(drop=True)
+        out = tmp_path / f"out_{mapping}"
+        engine.transform(paths[mapping], str(tmp_path / "workflow"), str(out), ETL_OPTIONS["num_partitions"])
+        want = pd.concat([pd.read_parquet(out / f"part_{i}.parquet") for i in range(ETL_OPTIONS["num_partitions"])],
+                         ignore_index=True)
         assert_same_rows(read_mapping(spec, mapping), want)
     assert spec.metadata["rows"] == {"train": len(train), "test": len(valid)}
 
 
 def test_saved_workflow_reloads_and_reproduces(etl_single, raw_outbrain):
-    import nvtabular as nvt
-    from merlin.io import Dataset
-    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
-    workflow = nvt.Workflow.load(os.path.join(etl_single, "workflow"))
-    assert set(workflow.output_schema.column_names) == set(F.OUTPUT_COLUMNS)
+    """``workflow/`` holds the fitted statistics (JSON, parquet, npz: no pickle); ``load_fitted(path).transform``
+    turns new joined rows into the written rows."""
+    from wide_deep.data.outbrain.engine import load_fitted
+    from wide_deep.data.outbrain.tables import join_and_split
+    names = sorted(os.listdir(os.path.join(etl_single, "workflow")))
+    assert not [n for n in names if n.endswith((".pkl", ".pickle"))], names
+    fitted = load_fitted(os.path.join(etl_single, "workflow"))
     _, valid = join_and_split(raw.read_raw_tables(raw_outbrain), seed=ETL_OPTIONS["seed"])
-    again = workflow.transform(Dataset(valid.iloc[:200], cpu=True)).to_ddf().compute().reset_index(drop=True)
+    again = fitted.transform(valid.iloc[:200])
+    assert set(again.columns) == set(F.OUTPUT_COLUMNS)
     spec = FeatureSpec.from_yaml(os.path.join(etl_single, "feature_spec.yaml"))
     written = read_mapping(spec, "test").iloc[:200]
     for name in F.ONEHOT_FEATURES + ["display_id", "clicked"]:
@@ -160,7 +164,7 @@ def hand_made(tmp_path_factory):
     write_tables(hand_made_tables(), raw_dir)
     out = str(tmp_path_factory.mktemp("hand_made_etl") / "out")
     run_etl(raw_dir, out, cpu=True, **ETL_OPTIONS)
-    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    from wide_deep.data.outbrain.tables import join_and_split
     train, valid = join_and_split(raw.read_raw_tables(raw_dir), seed=ETL_OPTIONS["seed"])
     spec = FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"))
     outputs = {"train": read_mapping(spec, "train"), "test": read_mapping(spec, "test")}
@@ -241,30 +245,42 @@ def test_geo_splits_and_platform(hand_made):
     assert us.nunique() == 1 and gb.nunique() == 1 and us.iloc[0] != gb.iloc[0]
     assert set(j["platform"]) == {0, 1, 2}
     # Hash buckets are a function of the value: equal raw ids, equal bucket (NVTabular 23.8's CPU HashBucket
-    # also hashes the row index; ValueHashBucket does not).
+    # also hashes the row index; our ValueHashBucket and the default engine do not).
     for column in ("ad_id", "document_id", "geo_location", "platform", "campaign_id"):
         for mapping in ("train", "test"):
             groups = pd.Series(outputs[mapping][column].to_numpy()).groupby(joined[mapping][column].to_numpy())
             assert (groups.nunique() == 1).all(), column
 
 
-def test_value_hash_bucket_ignores_row_position():
-    from merlin.io import Dataset
-    import nvtabular as nvt
-    from wide_deep.data.outbrain.nvtabular.workflow import ValueHashBucket
-    df = pd.DataFrame({"g": ["US>CA", "GB>H9", "--"] * 4, "i": [7, 8, 9] * 4})
-    out = nvt.Workflow(["g", "i"] >> ValueHashBucket({"g": 50, "i": 1000})).fit_transform(
-        Dataset(df, cpu=True, npartitions=3)).to_ddf().compute()
-    assert out.groupby(df["g"].to_numpy())["g"].nunique().max() == 1
-    assert out.groupby(df["i"].to_numpy())["i"].nunique().max() == 1
-    assert out["g"].nunique() == 3 and out["i"].between(0, 999).all() and out["i"].dtype == np.int32
+def test_hash_bucket_is_pandas_value_hash_whatever_the_string_dtype():
+    """The default engine's HashBucket is ``hash_pandas_object(column, index=False) % buckets`` (what the NVTabular
+    engine's ValueHashBucket computes under pandas 1.5 on object strings); pandas 3's ``str`` dtype, object strings
+    and missing values (None or NaN) hash alike, and the row position plays no part."""
+    from wide_deep.data.outbrain.engine import geo_prefix, hash_bucket
+    geo = ["US>CA>803", "GB>H9", "--", None] * 3
+    objects = pd.Series(geo, dtype=object)
+    want = (pd.util.hash_pandas_object(objects, index=False).to_numpy() % np.uint64(50)).astype(np.int32)
+    for values in (objects, objects.to_numpy(), pd.Series(geo, dtype="string"),
+                   pd.Series(geo, dtype="string[pyarrow]"), pd.Series(geo).astype(object).fillna(np.nan)):
+        got = hash_bucket(values, 50)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    ids = pd.Series([7, 8, 9, -1] * 3, dtype=np.int64)
+    np.testing.assert_array_equal(
+        hash_bucket(ids.to_numpy(), 1000),
+        (pd.util.hash_pandas_object(ids, index=False).to_numpy() % np.uint64(1000)).astype(np.int32))
+    assert len(set(hash_bucket(ids.to_numpy(), 1000)[:4])) == 4
+    # Pinned values (pandas' hash is stable across versions: pandas 1.5 gives these too).
+    assert hash_bucket(np.array(["US", "GB"], dtype=object), 300).tolist() == [246, 95]
+    assert list(geo_prefix(np.array(geo[:4], dtype=object), 2)[:3]) == ["US", "GB", "--"]
+    assert pd.isna(geo_prefix(np.array(geo[:4], dtype=object), 5)[3])
 
 
 def test_real_clicks_and_events_through_the_joins_and_split():
     """The project's real Outbrain rows (clicks joined with events, all on 14 June) through stage 1."""
     from recsys_common.testing import shared_data_path
     from wide_deep.data.outbrain.generator import metadata_for
-    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    from wide_deep.data.outbrain.tables import join_and_split
     tables = raw.read_joined_sample(shared_data_path("outbrain", "clicks-joined-events-sample.csv"))
     tables.update(metadata_for(tables["clicks_train"], tables["events"], seed=0))
     train, valid = join_and_split(tables, seed=0)
@@ -285,7 +301,7 @@ def test_streamed_joins_equal_the_in_memory_joins(raw_outbrain, tmp_path):
     """Small blocks and buckets (many display ranges, several CSV blocks per file): the same rows, in the same order
     and the same partitions as the whole-table definition."""
     from wide_deep.data.outbrain.joins import stream_join_and_split
-    from wide_deep.data.outbrain.nvtabular.workflow import join_and_split
+    from wide_deep.data.outbrain.tables import join_and_split
     train, valid = join_and_split(raw.read_raw_tables(raw_outbrain), seed=7)
     lines = []
     got = stream_join_and_split(raw_outbrain, str(tmp_path), seed=7, partition_rows=150, num_partitions=3,
@@ -309,36 +325,33 @@ def test_streamed_reader_types_like_the_text_reader(raw_outbrain):
         pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), whole)
 
 
-def test_document_lists_equal_joinexternal_categorify_listslice(raw_outbrain, tmp_path):
-    """``DocumentListCategorify`` (per page) against the chain it replaces (per row): NVTabular's JoinExternal of the
-    page lists, Categorify(max_size) fitted on train, ListSlice(3); caps small enough to cut the vocabulary."""
-    import nvtabular as nvt
-    from merlin.io import Dataset
-    from nvtabular import ops
-    from wide_deep.data.outbrain.nvtabular.workflow import DocumentListCategorify, document_tables, join_and_split
+def test_document_lists_equal_categorify_listslice_per_row(raw_outbrain):
+    """The default engine's per-page list encoding against the definition, per row in pandas: each training row's
+    page lists exploded, a term's count = its occurrences, the vocabulary = the terms by count descending (ties by
+    id), cut at ``cap - 3``, codes from 3 (2: out of vocabulary), then the first 3 of each list."""
+    from wide_deep.data.outbrain.engine import list_vocabularies
+    from wide_deep.data.outbrain.tables import document_tables, join_and_split
     tables = raw.read_raw_tables(raw_outbrain)
     train, valid = join_and_split(tables, seed=0)
     pages = np.unique(np.concatenate([train["document_id"], valid["document_id"]]))
     lists, _ = document_tables(tables, pages)
     caps = {"topic_id_list": 40, "entity_id_list": 60, "category_id_list": 100}
-    chains = []
+    page_ids, page_rows = np.unique(train["document_id"].to_numpy(), return_counts=True)
+    fitted = list_vocabularies(lists, page_ids, page_rows.astype(np.int64), caps)
+    cut_somewhere = False
     for name, (documents, index, terms) in lists.items():
         starts = np.searchsorted(index, np.arange(len(documents) + 1))
-        table = pd.DataFrame({"document_id": documents,
-                              name: [terms[starts[i]:starts[i + 1]] for i in range(len(documents))]})
-        joined = ["document_id"] >> ops.JoinExternal(table, on="document_id", columns_ext=["document_id", name])
-        chains.append(joined[name] >> ops.Categorify(max_size=caps[name], dtype=np.int32, out_path=str(tmp_path))
-                      >> ops.ListSlice(3))
-    reference = nvt.Workflow(chains[0] + chains[1] + chains[2])
-    ours = nvt.Workflow(["document_id"] >> DocumentListCategorify(lists, caps, 3))
-    train_ds = Dataset(train, cpu=True, npartitions=2)
-    reference.fit(train_ds)
-    ours.fit(train_ds)
-    for frame in (train, valid):
-        want = reference.transform(Dataset(frame, cpu=True, npartitions=2)).to_ddf().compute()
-        got = ours.transform(Dataset(frame, cpu=True, npartitions=3)).to_ddf().compute()
-        for name in caps:
-            assert [list(v) for v in got[name]] == [list(v) for v in want[name]], name
-        assert got["topic_id_list"].map(len).max() == 3   # up to 5 topics a page: cut
-    codes = np.concatenate(got["entity_id_list"].to_list())
-    assert (codes == 2).any() and codes.max() < caps["entity_id_list"]   # cut: out-of-vocabulary ids exist
+        page_list = {int(d): terms[starts[i]:starts[i + 1]].tolist() for i, d in enumerate(documents)}
+        counts = pd.Series([t for d in train["document_id"] for t in page_list.get(int(d), [])]).value_counts()
+        vocabulary = sorted(counts.index, key=lambda t: (-counts[t], t))[: caps[name] - 3]
+        code = {t: 3 + i for i, t in enumerate(vocabulary)}
+        got = fitted[name]
+        for frame in (train, valid):
+            for d in frame["document_id"].to_numpy()[::7]:
+                want = [code.get(t, 2) for t in page_list.get(int(d), [])][:3]
+                i = np.searchsorted(got["documents"], d)
+                have = got["codes"][got["offsets"][i]:got["offsets"][i + 1]].tolist() \
+                    if i < len(got["documents"]) and got["documents"][i] == d else []
+                assert have == want, (name, d)
+        cut_somewhere |= len(counts) > caps[name] - 3
+    assert cut_somewhere

@@ -66,7 +66,7 @@ def test_empty_training_set(raw_copy, tmp_path, capsys):
 
 
 def test_failure_mid_run_leaves_nothing(raw_copy, tmp_path, monkeypatch):
-    from wide_deep.data.outbrain.nvtabular import workflow
+    from wide_deep.data.outbrain import engine
     out = tmp_path / "out"
     calls = []
 
@@ -74,7 +74,7 @@ def test_failure_mid_run_leaves_nothing(raw_copy, tmp_path, monkeypatch):
         calls.append(1)
         raise RuntimeError("simulated crash in the workflow")
 
-    monkeypatch.setattr(workflow, "build_workflow", broken)
+    monkeypatch.setattr(engine, "fit", broken)
     with pytest.raises(RuntimeError, match="simulated crash"):
         preproc.run_etl(str(raw_copy), str(out), cpu=True, num_partitions=1)
     assert calls and not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]

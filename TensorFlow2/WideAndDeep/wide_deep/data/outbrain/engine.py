@@ -76,7 +76,10 @@ LISTS = list(F.LIST_SOURCES)
 # The column order of NVTabular's output files (the order of the workflow's output nodes).
 COLUMN_ORDER = ([F.LABEL, F.DISPLAY_ID] + HASHED + [f"{c}_ctr" for c in CTR_COLUMNS] + list(F.COUNT_FEATURES)
                 + DAYS + SIMILARITIES + LISTS)
-MOMENTS_SPLIT_EVERY = 32   # dask's tree reduction width in NVTabular's Normalize fit
+MOMENTS_SPLIT_EVERY = 32
+# List columns as NVTabular's pyarrow 12 writes them (``list<item: int32>``); pyarrow >= 13 defaults to the
+# Parquet-compliant ``list<element: ...>``, which readers of the older files may not expect.
+PARQUET_OPTIONS = {"use_compliant_nested_type": False}   # dask's tree reduction width in NVTabular's Normalize fit
 
 
 # ------------------------------------------------------------------------------------------------ operator definitions
@@ -302,13 +305,15 @@ class Fitted:
         return self.transform_table(df.reset_index(drop=True)).to_pandas()
 
 
-def list_vocabularies(lists, page_ids: np.ndarray, page_rows: np.ndarray) -> Dict[str, Dict[str, np.ndarray]]:
+def list_vocabularies(lists, page_ids: np.ndarray, page_rows: np.ndarray,
+                      caps: Optional[Dict[str, int]] = None) -> Dict[str, Dict[str, np.ndarray]]:
     """``Categorify(max_size=cap) >> ListSlice(MAX_HOTNESS)`` fitted per page: ``{name: {documents, offsets, codes,
     vocabulary, vocabulary_count}}``. ``lists`` from :func:`wide_deep.data.outbrain.tables.document_tables`;
-    ``page_ids``/``page_rows``: training rows per page."""
+    ``page_ids``/``page_rows``: training rows per page. ``caps``: vocabulary caps (default: the features'
+    cardinalities)."""
     out = {}
     for name, (documents, document_index, terms) in lists.items():
-        cap = F.FEATURE_BY_NAME[name].cardinality
+        cap = (caps or {}).get(name, F.FEATURE_BY_NAME[name].cardinality)
         weight = np.zeros(len(documents), dtype=np.int64)
         if len(documents):
             position = np.minimum(np.searchsorted(documents, page_ids), len(documents) - 1)
@@ -414,7 +419,7 @@ def transform_partition(path: str, workflow_dir: str, out_path: str) -> int:
     """Transform one joined partition with the saved statistics and write it to ``out_path``; its rows."""
     import pyarrow.parquet as pq
     table = load_fitted(workflow_dir, cache=True).transform_table(read_partition(path))
-    pq.write_table(table, out_path)
+    pq.write_table(table, out_path, **PARQUET_OPTIONS)
     return table.num_rows
 
 
@@ -525,7 +530,7 @@ def write_files(pieces: List[str], out_dir: str, num_files: int) -> List[str]:
                     bounds = split_bounds(table.num_rows, count)
                     table = table.slice(int(bounds[k]), int(bounds[k + 1] - bounds[k]))
                 if writer is None:
-                    writer = pq.ParquetWriter(os.path.join(out_dir, name), table.schema)
+                    writer = pq.ParquetWriter(os.path.join(out_dir, name), table.schema, **PARQUET_OPTIONS)
                 writer.write_table(table)
             writer.close()
             names.append(name)
@@ -539,7 +544,8 @@ def write_files(pieces: List[str], out_dir: str, num_files: int) -> List[str]:
         collected.append(meta)
         schema = schema or pq.read_schema(os.path.join(out_dir, name))
     if schema is not None:
-        pq.write_metadata(schema, os.path.join(out_dir, "_metadata"), metadata_collector=collected)
+        pq.write_metadata(schema, os.path.join(out_dir, "_metadata"), metadata_collector=collected,
+                          **PARQUET_OPTIONS)
     with open(os.path.join(out_dir, "_file_list.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join([str(len(names))] + [os.path.join(out_dir, n) for n in names]) + "\n")
     return names

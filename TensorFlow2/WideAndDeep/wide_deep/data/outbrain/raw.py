@@ -321,7 +321,7 @@ def read_document_terms(input_dir: str, name: str, column: str):
 
 
 def _frame_terms(frame: pd.DataFrame, column: str):
-    if frame[column].dtype == object:
+    if not pd.api.types.is_numeric_dtype(frame[column].dtype):   # object (pandas 1.5) or str (pandas 3) ids
         first_seen, uniques = pd.factorize(frame[column].astype(str), sort=False)
         rank = np.empty(len(uniques), dtype=np.int64)
         rank[np.argsort(uniques.to_numpy(dtype=object))] = np.arange(len(uniques))
