@@ -135,3 +135,12 @@ def test_truncated_file_names_the_last_row(raw_copy, tmp_path, capsys):
     rc, err = _run(raw_copy, tmp_path / "out", capsys)
     assert rc == 2 and f"clicks_train.csv: row {rows}, column 'clicked': missing value" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_nvtabular_engine_without_nvtabular_is_one_clear_error(raw_copy, tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "nvtabular", None)   # as where NVTabular is not installed
+    out = tmp_path / "out"
+    rc, err = _run(raw_copy, out, capsys, "--engine", "nvtabular")
+    assert rc == 2 and "--engine nvtabular needs NVTabular" in err and "--engine default" in err
+    assert not out.exists() and not os.path.exists(preproc.default_work_dir(str(out)))

@@ -7,10 +7,15 @@ Modules (data flow top to bottom):
   (``python -m wide_deep.data.outbrain.generator``).
 - ``features``: the 29 model features (reference B.4): names, kinds, hash buckets, max hotness, embedding sizes.
 - ``joins``: stage 1 out of core: the joins and the train/valid split, display range by display range.
-- ``nvtabular.workflow``: the joins and split on whole tables (the definition), the per-page lists and TF-IDF
-  matrices, and the NVTabular workflow that makes the 29 features.
-- ``preproc``: the ETL entry point (``python -m wide_deep.data.outbrain.preproc``, ``scripts/preproc.sh``), writing
-  ``train/`` and ``valid/`` parquet, ``feature_spec.yaml`` and the saved workflow.
+- ``tables``: the joins and split on whole tables (the definition stage 1 is tested against), the per-page lists
+  and TF-IDF matrices (pandas/numpy/scipy).
+- ``engine``: the default stage 2 engine (pandas/numpy/pyarrow/scipy, no NVTabular): NVTabular 23.8's operators
+  written out, fitted on train and applied partition by partition, statistics saved without pickle
+  (``load_fitted``).
+- ``nvtabular.workflow``: the NVTabular workflow that makes the 29 features (``--engine nvtabular``; the only module
+  here that imports NVTabular, and only that engine imports it).
+- ``preproc``: the ETL entry point (``python -m wide_deep.data.outbrain.preproc [--engine default|nvtabular]``,
+  ``scripts/preproc.sh``), writing ``train/`` and ``valid/`` parquet, ``feature_spec.yaml`` and ``workflow/``.
 - ``benchmark``, ``benchmark_joins``: ETL speed and memory at several sizes (JSON), and the join engines compared.
 - ``embedding_sizes.json``: the default embedding widths (``--embedding_sizes_file``), equal to
   ``features.EMBEDDING_SIZES`` (a test checks).

@@ -1,4 +1,5 @@
-"""Stage 2 of the Outbrain ETL on the default engine: pandas, numpy, pyarrow and scipy, no NVTabular, merlin or dask.
+"""Stage 2 of the Outbrain ETL on the default engine: pandas, numpy, pyarrow and scipy (``distributed`` only when asked
+for a cluster); no NVTabular or merlin.
 
 It computes the columns, dtypes, row order and files of the NVTabular workflow of
 :mod:`wide_deep.data.outbrain.nvtabular.workflow` (``--engine nvtabular``), with each NVTabular 23.8 operator's
@@ -188,9 +189,16 @@ def click_through_rate(clicks: np.ndarray, count: np.ndarray, threshold: int) ->
     return out.astype(np.float32)
 
 
-def row_inner_products(left: np.ndarray, right: np.ndarray, matrix) -> np.ndarray:
+def entry_keys(matrix) -> np.ndarray:
+    """``row * columns + column`` of each stored entry of the CSR ``matrix``: sorted when its indices are."""
+    rows = np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(matrix.indptr))
+    return rows * matrix.shape[1] + matrix.indices
+
+
+def row_inner_products(left: np.ndarray, right: np.ndarray, matrix, keys: Optional[np.ndarray] = None) -> np.ndarray:
     """Per pair ``(left[i], right[i])`` of rows of the CSR ``matrix`` (sorted indices), the sum of the products of
-    their common columns, accumulated in column order from 0.0 as NVTabular's loop does (float64)."""
+    their common columns, accumulated in column order from 0.0 as NVTabular's loop does (float64). ``keys``:
+    :func:`entry_keys` of ``matrix``, if computed already."""
     indptr, indices, data = matrix.indptr, matrix.indices, matrix.data
     num_columns = matrix.shape[1]
     out = np.zeros(len(left), dtype=np.float64)
@@ -201,8 +209,8 @@ def row_inner_products(left: np.ndarray, right: np.ndarray, matrix) -> np.ndarra
     pair = np.repeat(np.arange(len(left)), lengths)
     starts = np.repeat(indptr[left].astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     entry = starts + np.arange(total)                      # the left row's entries, in column order
-    row_of_entry = np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(indptr))
-    keys = row_of_entry * num_columns + indices            # sorted: canonical CSR
+    if keys is None:
+        keys = entry_keys(matrix)
     wanted = right[pair].astype(np.int64) * num_columns + indices[entry]
     found = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
     match = keys[found] == wanted
@@ -229,6 +237,7 @@ class Fitted:
         self.lists, self.similarity_documents, self.similarity = lists, similarity_documents, similarity
         self._lookups: Dict[str, Tuple[pd.Index, np.ndarray, np.ndarray]] = {}
         self._similarity_index = None
+        self._similarity_keys: Dict[str, np.ndarray] = {}
 
     def lookup(self, column: str, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(clicks, count) of each value in train, float64, NaN where unseen."""
@@ -278,7 +287,12 @@ class Fitted:
             position = self._similarity_index.get_indexer(df[column].to_numpy().astype(np.int64))
             rows.append(np.where(position >= 0, position, len(self.similarity_documents)).astype(np.int64))
         for name, suffix in zip(SIMILARITIES, F.SIMILARITY_SOURCES):
-            columns[name] = row_inner_products(rows[0], rows[1], self.similarity[suffix]).astype(np.float32)
+            matrix = self.similarity[suffix]
+            if suffix not in self._similarity_keys:
+                matrix.sort_indices()
+                self._similarity_keys[suffix] = entry_keys(matrix)
+            columns[name] = row_inner_products(rows[0], rows[1], matrix,
+                                               self._similarity_keys[suffix]).astype(np.float32)
         pages = df["document_id"].to_numpy().astype(np.int64)
         for name in LISTS:
             columns[name] = self._list_column(name, pages)

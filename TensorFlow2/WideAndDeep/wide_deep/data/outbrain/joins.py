@@ -1,6 +1,6 @@
 """Stage 1 of the Outbrain ETL out of core: the joins and the train/valid split, display range by display range.
 
-:func:`wide_deep.data.outbrain.nvtabular.workflow.join_and_split` defines the result on whole in-memory tables; this
+:func:`wide_deep.data.outbrain.tables.join_and_split` defines the result on whole in-memory tables; this
 module computes the same rows in the same order with memory bounded by ``partition_rows``, whatever the size of
 ``clicks_train.csv`` and ``events.csv``:
 

@@ -1,42 +1,57 @@
 """Outbrain ETL: the seven raw CSVs -> parquet ``train/`` and ``valid/`` with the 29 features, ``feature_spec.yaml``
-and the fitted NVTabular workflow.
+and the fitted statistics (``workflow/``).
 
     python -m wide_deep.data.outbrain.preproc --input_dir /outbrain/orig --output_dir /outbrain/data
     python -m wide_deep.data.outbrain.preproc ... --use_dask --dask_workers 2   # a LocalCluster on this machine
     python -m wide_deep.data.outbrain.preproc ... --dask_scheduler tcp://host:8786   # a running Dask cluster
+    python -m wide_deep.data.outbrain.preproc ... --engine nvtabular   # NVTabular 23.8's workflow (CPU or GPU)
 
-(``scripts/preproc.sh`` wraps this.) What it computes is in :mod:`wide_deep.data.outbrain.nvtabular.workflow`.
+(``scripts/preproc.sh`` wraps this.) Two engines compute stage 2 (the features, after the joins):
+
+- ``--engine default``: our own code, :mod:`wide_deep.data.outbrain.engine` (pandas, numpy, pyarrow, scipy; no
+  NVTabular, merlin or dask needed), CPU only. It reproduces NVTabular 23.8's operators (HashBucket, FillMedian with
+  dask's approximate median, LogOp, JoinGroupby CTR and counts, Normalize, TF-IDF ColumnSimilarity, Categorify and
+  ListSlice of the page lists): the same files, columns, dtypes, row order and ``feature_spec.yaml``, every value
+  equal bit for bit but the list codes of equally frequent terms (ordered by term id here, by numpy's unstable
+  quicksort in NVTabular); ``tests/test_etl_engines.py`` compares them. ``workflow/`` holds the fitted statistics
+  without pickle (JSON, parquet, npz): ``wide_deep.data.outbrain.engine.load_fitted(path).transform(joined_rows)``.
+- ``--engine nvtabular``: the NVTabular workflow of :mod:`wide_deep.data.outbrain.nvtabular.workflow` (imported only
+  then; NVTabular 23.8 with its own pins, e.g. ``make setup-nvtabular``'s environment, or the Merlin image), on CPU
+  (pandas) where there is no GPU or with ``--cpu``, on GPU (cuDF) otherwise; ``workflow/`` is
+  ``nvtabular.Workflow.load(path)``'s (needs ``wide_deep`` importable).
 
 Output directory (written to a staging directory and moved into place at the end: on any error nothing is left):
 
     train/part_<i>.parquet   label ``clicked`` (int32), ``display_id`` (int64), 13 one-hot int32 ids, 3 multi-hot
     valid/part_<i>.parquet   int32 lists (at most 3 ids), 13 float32 numericals; valid sorted by display_id
+    train/_file_list.txt     the files by absolute path (HugeCTR), and ``_metadata`` (parquet summary); NVTabular
+                             also writes its schema files there
     feature_spec.yaml        recsys_common FeatureSpec: mappings ``train`` and ``test`` (= valid/), channels
                              ``label``, ``map``, ``onehot_categorical``, ``multihot_categorical``, ``numerical``;
                              categoricals with ``cardinality``, multi-hot with ``max_hotness: 3``
-    workflow/                the fitted workflow: ``nvtabular.Workflow.load(path)`` (needs ``wide_deep`` importable)
+    workflow/                the fitted statistics (see the engines above)
 
 Model-side interface: read ``feature_spec.yaml`` with ``recsys_common.feature_spec.FeatureSpec.from_yaml``; the
 channel lists give the feature order; embedding widths are ``features.EMBEDDING_SIZES`` (``embedding_sizes.json``).
 
 Out of core: the raw CSVs are read in blocks with typed columns, the joins and the split run display range by
 display range (:mod:`wide_deep.data.outbrain.joins`, pandas in this process, ``--partition_rows`` clicks rows at
-a time), and NVTabular fits and applies the workflow partition by partition (``--num_partitions``, default one per
+a time), and stage 2 is fitted and applied partition by partition (``--num_partitions``, default one per
 ``--partition_rows`` joined rows, at least 4). Memory is bounded by the partition size and the catalogue tables
 (ads, documents), not by the click log. Every step prints its rows and rows/s; long steps print rows done of the
 total, rows/s and time left every few seconds.
 
 Resume: the stages (join and split; fit; transform train; transform valid) write into ``--work_dir`` (default
 ``<output_dir>.preproc.work``) and record each finished stage in its ``state.json``; after an error, Ctrl-C or a
-kill, the same command skips the finished stages (``--restart`` starts over; other inputs or settings are refused).
-The work directory is removed when the output is in place.
+kill, the same command skips the finished stages (``--restart`` starts over; other inputs or settings, the engine
+included, are refused). The work directory is removed when the output is in place.
 
-Runs with NVTabular on CPU (``nvtabular``/``merlin.io.Dataset(..., cpu=True)``, pandas) where there is no GPU or
-with ``--cpu``, and on GPU (cuDF) otherwise. The workflow's fit and transform run on Dask: the local threaded
-scheduler by default, ``--use_dask`` a
-``distributed.LocalCluster`` of ``--dask_workers`` processes on 127.0.0.1 (``LocalCUDACluster`` on GPU), or
-``--dask_scheduler`` an existing cluster, whose workers must see ``--output_dir`` at the same path and be able to
-import ``wide_deep`` (same code on ``PYTHONPATH``).
+Dask: by default stage 2 runs in this process (the default engine: one partition after another; NVTabular: the
+local threaded Dask scheduler). ``--use_dask`` starts a ``distributed.LocalCluster`` of ``--dask_workers``
+processes on 127.0.0.1 (``LocalCUDACluster`` for NVTabular on GPU), ``--dask_scheduler`` uses an existing cluster,
+whose workers must see ``--output_dir`` at the same path and be able to import ``wide_deep`` (same code on
+``PYTHONPATH``). With either, the default engine runs each partition's fit passes and transform as a task on the
+workers (plain ``distributed``, no NVTabular; the output is the same as in one process), NVTabular its workflow.
 """
 from __future__ import annotations
 
@@ -208,6 +223,17 @@ def _scheduler_task_counts(dask_scheduler=None):
     return done, max(1, len(dask_scheduler.tasks))
 
 
+def require_nvtabular() -> None:
+    """Import NVTabular (seconds) for ``--engine nvtabular``, or raise :class:`EngineUnavailableError`."""
+    try:
+        import merlin.io  # noqa: F401
+        import nvtabular  # noqa: F401
+    except ImportError as e:
+        raise EngineUnavailableError(
+            f"--engine nvtabular needs NVTabular 23.8 (and merlin-core), which this Python lacks ({e}); run it "
+            f"with the NVTabular environment's python (make setup-nvtabular) or use --engine default") from e
+
+
 def gpu_available() -> bool:
     from merlin.core.compat import cudf
     return cudf is not None
@@ -258,6 +284,10 @@ def build_feature_spec(base_directory: str, train_files: List[str], valid_files:
 STATE_NAME = "state.json"
 STATE_VERSION = 1
 STAGES = ("join", "fit", "train", "test")   # the stages a resumed run skips once recorded as finished
+
+
+class EngineUnavailableError(ValueError):
+    """``--engine nvtabular`` where NVTabular is not installed."""
 
 
 class ResumeError(ValueError):
@@ -346,10 +376,6 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
     """The stages of :func:`run_etl` after the checks; returns (rows, the join stage's record, stages skipped)."""
     work_dir = state.work_dir
     resumed = [s for s in STAGES if state.done(s)]
-    if engine == "nvtabular":
-        # Imported after the cheap checks: NVTabular takes seconds to import.
-        from merlin.io import Dataset  # noqa: F401  (fails early where NVTabular is missing)
-        from nvtabular import Workflow  # noqa: F401
 
     with progress("read, join and split (streamed; pandas per display range)") as p:
         joined = state.done("join")
@@ -511,8 +537,10 @@ def run_etl(input_dir: str, output_dir: str, *, use_dask: bool = False, dask_wor
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "default":
         cpu = True
-    elif cpu is None:
-        cpu = not gpu_available()
+    else:
+        require_nvtabular()
+        if cpu is None:
+            cpu = not gpu_available()
     for flag, value in (("--num_partitions", num_partitions), ("--num_train_files", num_train_files),
                         ("--num_valid_files", num_valid_files), ("--dask_workers", dask_workers),
                         ("--partition_rows", partition_rows)):

@@ -285,7 +285,7 @@ def read_document_terms(input_dir: str, name: str, column: str):
     int64 code and ``confidence_level`` (float64), one element per row in file order.
 
     Integer terms are their ids; string terms (``entity_id``) are their rank among the file's sorted distinct values
-    (what :func:`wide_deep.data.outbrain.nvtabular.workflow.document_tables` does with a frame). Read by pyarrow
+    (what :func:`wide_deep.data.outbrain.tables.document_tables` does with a frame). Read by pyarrow
     with typed columns and coded in Arrow (dictionary_encode, sort), so no Python string is made: for the 6.4M
     entity rows of the real-size generated catalogue, 19 s instead of 56 s (2026-11-25, AMD EPYC, load 11).
     A file pyarrow cannot type goes through :func:`read_raw_table_streamed`, whose errors name file, row and column.
