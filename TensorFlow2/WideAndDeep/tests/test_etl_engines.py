@@ -11,7 +11,8 @@ each mapped pair of codes stands for terms of the same training count (same voca
 
 3 partitions written as 2 train files (fewer files than partitions) and 4 valid files (more) check NVTabular's
 mapping of partitions onto files. The default engine is also run by the NVTabular environment's python (pandas 1.5,
-numpy 1.26): the same output, bit for bit, as under pandas 3 / numpy 2.
+numpy 1.26): the same output, bit for bit, as under pandas 3 / numpy 2. Normalize's sums are held to numpy 1.26's
+on arrays large enough (16,000 values) for numpy 2's float32 sum to differ, which the small ETL input is not.
 
 Skips without that python; fails instead under ``RECSYS_REQUIRE_NVTABULAR=1`` (CI builds the environment).
 """
@@ -126,3 +127,34 @@ def test_default_engine_same_under_pandas_1_5_and_3(outputs):
             assert a.equals(b), (subdir, name)
     with open(os.path.join(old, "feature_spec.yaml")) as f, open(os.path.join(new, "feature_spec.yaml")) as g:
         assert f.read() == g.read()
+
+
+SUMS_PROGRAM = """
+import json, sys
+import numpy as np
+rng = np.random.default_rng(1)
+out = []
+for dtype in (np.float32, np.float64):
+    for n in (7, 9, 128, 1000, 8191, 8193, 16000, 16385, 100003):
+        v = (rng.integers(1, 300, n).astype(dtype) / dtype(7)) * dtype(rng.random())
+        out.append(float(np.sum(v)))
+print(json.dumps(out))
+"""
+
+
+def test_numpy1_sum_is_numpy_1_26s_sum():
+    """Normalize's moments are float32 and float64 sums that numpy 2 rounds otherwise than numpy 1.26 (its float32
+    reduction): ``engine.numpy1_sum`` gives numpy 1.26's, checked against the NVTabular environment's numpy on the
+    same arrays (sizes around the pairwise block of 128 and the reduction runs of 8192)."""
+    import json
+    from wide_deep.data.outbrain.engine import numpy1_sum
+    proc = subprocess.run([_nvtabular_python(), "-c", SUMS_PROGRAM], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = json.loads(proc.stdout)
+    rng = np.random.default_rng(1)
+    got = []
+    for dtype in (np.float32, np.float64):
+        for n in (7, 9, 128, 1000, 8191, 8193, 16000, 16385, 100003):
+            v = (rng.integers(1, 300, n).astype(dtype) / dtype(7)) * dtype(rng.random())
+            got.append(float(numpy1_sum(v)))
+    assert got == want

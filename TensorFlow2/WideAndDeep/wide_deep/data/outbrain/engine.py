@@ -17,9 +17,9 @@ definition written out here (the tests compare the two engines column by column,
 - ``<col>_ctr``: ``JoinGroupby(cont_cols=[clicked], stats=[sum, count])`` fitted on train, then clicks / count in
   float64 where count >= ``CTR_THRESHOLDS[col]``, else 0 (also for a value unseen in train); float32.
 - ``ad_id_count``, ``document_id_promo_count``: the training count (0 if unseen), ``LogOp``, then ``Normalize``:
-  NVTabular's moments, per partition the non-null count, the float32 sum (numpy's pairwise sum, as pandas 1.5 sums
-  float32) as float64 and the float64 sum of squares, summed over partitions in a tree of 32 (dask's
-  ``split_every``); std with ddof 1 from ``sum2 - sum**2 / n``; transform ``(x - mean) / std`` in float32 (the
+  NVTabular's moments, per partition the non-null count, the float32 sum (pandas 1.5 sums float32 in float32) as
+  float64 and the float64 sum of squares, summed over partitions in a tree of 32 (dask's ``split_every``), every
+  sum as numpy 1.26 adds (:func:`numpy1_sum`: numpy 2's float32 sum differs); std with ddof 1 from ``sum2 - sum**2 / n``; transform ``(x - mean) / std`` in float32 (the
   statistics cast to float32, as numpy does for a float32 column minus a Python float).
 - ``document_id_document_id_promo_sim_<categories|topics|entities>``: ``ColumnSimilarity(metric="tfidf")``: the
   TF-IDF weights of :func:`wide_deep.data.outbrain.tables.compact_tfidf` (shared with the NVTabular engine), and the
@@ -33,9 +33,10 @@ definition written out here (the tests compare the two engines column by column,
   permuted between the engines (the test allows exactly that; every other code is equal).
 
 Equal where exactness is possible, and the tests check it: every column but the lists bit for bit (the lists up
-to the tie order above). Not guaranteed bit for bit: ``FillMedian`` with more than 5 partitions (numpy's quicksort
-of the partition percentiles, ties in which can move the median between equal-count neighbours), and ``Normalize``
-with more than 8 partitions (numpy's pairwise sum of the partition sums); both stay within a float32 ulp or two.
+to the tie order above). Not guaranteed bit for bit: ``FillMedian`` with more than 5 partitions (dask sorts the
+partitions' percentiles with numpy's quicksort, here a stable sort; equal values in another order can move the
+merged median to a neighbouring value), and the TF-IDF weights wherever numpy 2's float64 ``log`` rounds
+differently from numpy 1.26's (not seen in the tests; a float32 ulp at most in a similarity).
 
 Partition by partition (one parquet file of stage 1 at a time, bounded memory): fit reads the training partitions
 twice (counts, sums, percentiles and page counts; then the moments of the normalized counts), transform reads each
@@ -148,12 +149,73 @@ def merged_median(parts: Sequence[Tuple[Optional[List[float]], int]]) -> float:
     return float(values[min(left, right)])
 
 
+PAIRWISE_BLOCK = 128   # numpy's pairwise summation: blocks of up to 128 values, 8 partial sums each
+REDUCE_BUFFER = 8192   # numpy 1.x's reduction calls its inner loop on at most this many values at a time
+
+
+def _pairwise_leaves(start: int, n: int, out: List[Tuple[int, int]]) -> None:
+    if n <= PAIRWISE_BLOCK:
+        out.append((start, n))
+        return
+    half = n // 2
+    half -= half % 8
+    _pairwise_leaves(start, half, out)
+    _pairwise_leaves(start + half, n - half, out)
+
+
+def _pairwise_combine(start: int, n: int, leaf: Dict[int, object]):
+    if n <= PAIRWISE_BLOCK:
+        return leaf[start]
+    half = n // 2
+    half -= half % 8
+    return _pairwise_combine(start, half, leaf) + _pairwise_combine(start + half, n - half, leaf)
+
+
+def numpy1_sum(values: np.ndarray):
+    """``numpy.sum`` of a contiguous float array as numpy 1.26 computes it (what NVTabular's pandas 1.5 sums give):
+    the array cut into runs of 8192 values, each run summed pairwise (blocks of at most 128 values in 8 partial
+    sums, halves of multiples of 8 above that), the runs' sums added in order from 0, all in the array's dtype.
+    numpy 2 sums float32 otherwise (its own SIMD blocking: a float32 ulp apart at 16,000 values), and without the
+    8192-value runs; this is the same sum under both."""
+    values = np.ascontiguousarray(values)
+    scalar = values.dtype.type
+    leaves: List[Tuple[int, int]] = []
+    runs = [(start, min(REDUCE_BUFFER, len(values) - start)) for start in range(0, len(values), REDUCE_BUFFER)]
+    for start, n in runs:
+        _pairwise_leaves(start, n, leaves)
+    leaf: Dict[int, object] = {}
+    by_length: Dict[int, List[int]] = {}
+    for start, n in leaves:
+        by_length.setdefault(n, []).append(start)
+    for n, starts in by_length.items():   # every leaf of one length at once: the same float ops, vectorized
+        block = values[np.asarray(starts)[:, None] + np.arange(n)]
+        if n < 8:
+            total = np.zeros(len(starts), dtype=values.dtype)
+            for i in range(n):
+                total = total + block[:, i]
+        else:
+            partial = block[:, :8].copy()
+            i = 8
+            while i < n - n % 8:
+                partial = partial + block[:, i:i + 8]
+                i += 8
+            total = (((partial[:, 0] + partial[:, 1]) + (partial[:, 2] + partial[:, 3]))
+                     + ((partial[:, 4] + partial[:, 5]) + (partial[:, 6] + partial[:, 7])))
+            for j in range(i, n):
+                total = total + block[:, j]
+        leaf.update(zip(starts, total))
+    result = scalar(0)
+    for start, n in runs:
+        result = scalar(result + _pairwise_combine(start, n, leaf))
+    return result
+
+
 def chunk_moments(values: np.ndarray) -> Tuple[int, float, float]:
     """NVTabular's per-partition moments of a float32 column: (non-null count, float32 sum as float64, float64 sum of
     squares)."""
     values = values[~np.isnan(values)]
-    return (int(len(values)), float(np.float64(np.sum(values, dtype=values.dtype))),
-            float(np.sum(np.square(values.astype(np.float64)))))
+    return (int(len(values)), float(np.float64(numpy1_sum(values))),
+            float(numpy1_sum(np.square(values.astype(np.float64)))))
 
 
 def reduce_moments(chunks: Sequence[Tuple[int, float, float]]) -> Dict[str, float]:
@@ -161,7 +223,7 @@ def reduce_moments(chunks: Sequence[Tuple[int, float, float]]) -> Dict[str, floa
     ``_finalize_moments`` computes them."""
     level = [(np.int64(n), np.float64(s), np.float64(s2)) for n, s, s2 in chunks]
     while len(level) > 1:
-        level = [tuple(np.sum(np.array([c[k] for c in level[i:i + MOMENTS_SPLIT_EVERY]])) for k in range(3))
+        level = [tuple(numpy1_sum(np.array([c[k] for c in level[i:i + MOMENTS_SPLIT_EVERY]])) for k in range(3))
                  for i in range(0, len(level), MOMENTS_SPLIT_EVERY)]
     n, x, x2 = level[0]
     var = x2 - np.square(x) / n
