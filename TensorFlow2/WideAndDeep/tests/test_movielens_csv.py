@@ -38,7 +38,7 @@ def test_generated_files_have_grouplens_layout(ml_csv):
 
 def test_etl_reads_the_csv_layout_and_parts_match_one_part(ml_csv, tmp_path):
     """ratings.csv -> label rating > 3 (3.5 is positive), genres multi-hot; three parts of 2,000 ratings give the same
-    rows and the same NVTabular statistics as one part (memory is bounded by --part_rows, not the output)."""
+    rows and the same vocabulary statistics as one part (memory is bounded by --part_rows, not the output)."""
     from recsys_common.datasets import read_columns
     from recsys_common.feature_spec import FeatureSpec
     from wide_deep.movielens.etl import run_etl

@@ -175,6 +175,7 @@ class ParquetBatches:
     def _parts(self) -> Iterator[Dict[str, np.ndarray]]:
         """The shard's rows, a partition (file) at a time when shuffling (a partition is shuffled whole, as the
         Merlin loader does), else streamed a few row groups at a time (the batches are the same either way)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
         for path in self.shard:
             if self.shuffle:
@@ -182,7 +183,6 @@ class ParquetBatches:
             else:
                 f = pq.ParquetFile(path)
                 for batch in f.iter_batches(batch_size=max(self.batch_size, 1 << 16), columns=self._columns):
-                    import pyarrow as pa
                     yield self._arrays(pa.Table.from_batches([batch]))
 
     def _numpy_batches(self, rng: Optional[np.random.RandomState]) -> Iterator[Dict[str, np.ndarray]]:
