@@ -14,6 +14,10 @@ RECIPE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO="$(cd "$RECIPE/../.." && pwd)"
 PY="${PYTHON:-python}"
 if [[ -z "${PYTHON:-}" && -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; fi
+# --engine nvtabular runs in NVTabular's own environment (make setup-nvtabular), where there is one.
+if [[ -z "${PYTHON:-}" && " $* " =~ \ --engine(=|\ )nvtabular\  && -x "$REPO/.venv-nvtabular/bin/python" ]]; then
+  PY="$REPO/.venv-nvtabular/bin/python"
+fi
 RAW="${1:-/outbrain/orig}"
 OUT="${2:-/outbrain/data}"
 shift $(( $# < 2 ? $# : 2 ))

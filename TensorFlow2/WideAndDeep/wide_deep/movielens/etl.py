@@ -443,6 +443,8 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     SplitDraw(valid_fraction, seed)   # a bad fraction fails before any work
+    if engine == "nvtabular":
+        _require_nvtabular()
     check_output_directory(output_dir, overwrite)
     layout = detect_layout(input_dir, ratings_file)
     movies = read_movies(layout)
@@ -566,6 +568,18 @@ def _part_size(paths: Sequence[str]) -> int:
     import pyarrow.parquet as pq
     largest = max(pq.ParquetFile(p).metadata.num_rows for p in paths)
     return max(1 << 20, largest * 64)
+
+
+def _require_nvtabular() -> None:
+    """``--engine nvtabular`` where NVTabular is not installed (the default environment): a ValueError saying where it
+    is (exit status 2 on the command line), before any work."""
+    try:
+        import merlin.io  # noqa: F401
+        import nvtabular  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"--engine nvtabular needs NVTabular 23.8 (and merlin-core), which this Python lacks ({e}); "
+                         f"run it with the NVTabular environment's python (make setup-nvtabular: "
+                         f".venv-nvtabular/bin/python) or use the default engine") from None
 
 
 def _cpu() -> bool:
