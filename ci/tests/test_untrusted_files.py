@@ -143,6 +143,46 @@ def test_criteo_parquet_to_split_binary(tmp_path):
     assert not marker.exists(), "a crafted parquet ran code (CVE-2023-47248)"
 
 
+_WIDE_DEEP_READERS = """
+import sys
+from recsys_common.feature_spec import FeatureSpec
+from wide_deep.trainer.dataloader import ParquetBatches
+from wide_deep.serving.predict import _read_table
+spec = FeatureSpec.from_yaml(sys.argv[1])
+rows = sum(len(labels) for _, labels, _ in ParquetBatches(spec, "train", batch_size=16, shuffle=True))
+print("loader rows", rows)
+print("predict rows", len(_read_table(sys.argv[2])["click"]))
+"""
+
+
+def test_wide_deep_loader_and_predict(crafted, tmp_path):
+    """The Wide & Deep parquet loader (training, evaluation) and predict.py's reader, given the crafted file."""
+    path, _ = crafted
+    spec = tmp_path / "feature_spec.yaml"
+    spec.write_text(f"""feature_spec:
+  click: {{dtype: int64}}
+  C1: {{dtype: int64, cardinality: 10}}
+  n1: {{dtype: float64}}
+source_spec:
+  train:
+  - {{type: parquet, features: [click, C1, n1], files: [{path.name}]}}
+channel_spec:
+  label: [click]
+  onehot_categorical: [C1]
+  numerical: [n1]
+""")
+    rng = np.random.default_rng(0)
+    write_crafted_parquet(path, pa.table({"click": rng.integers(0, 2, ROWS), "C1": rng.integers(0, 10, ROWS),
+                                          "n1": rng.normal(size=ROWS)}), crafted[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "TensorFlow2" / "WideAndDeep"), str(REPO / "common")]),
+               TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([PYTHON, "-c", _WIDE_DEEP_READERS, str(spec), str(path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert_read_or_refused(proc, path)
+    if proc.returncode == 0:
+        assert f"loader rows {ROWS}" in proc.stdout and f"predict rows {ROWS}" in proc.stdout, proc.stdout
+
+
 # ------------------------------------------------------------------------------ odd but legal inputs, same result
 def _dataset_files(directory):
     return {name: (directory / name).read_bytes() for name in
