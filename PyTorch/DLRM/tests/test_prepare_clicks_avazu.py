@@ -22,7 +22,7 @@ DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_tabl
 BASELINE = [0.6832, 0.6381, 0.7071]      # LR test AUC of splits 0, 1, 2 (mean 0.6761)
 # The LR fit is deterministic on one machine, not across CPUs: lbfgs stops at its tolerance (1e-4), and where it
 # stops depends on the float summation order, which the BLAS kernels pick per CPU. The same problem with its
-# training rows or one-hot columns permuted (10 + 10 orders and float64 per split, measured 2026-11-25, AMD EPYC)
+# training rows or one-hot columns permuted (10 + 10 orders and float64 per split, measured 2026-11-28, AMD EPYC)
 # moved the test AUC by up to 0.0010; an Intel Xeon without AVX512-BF16 gave 0.6389 on split 1 (+0.0008).
 # BASELINE_TOLERANCE is 3x the measured spread, still far below what a change of the data moves (another split or
 # row set: +-0.05 and more).
