@@ -410,6 +410,16 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
     return rows, joined, resumed
 
 
+def _document_inputs(input_dir: str, join_dir: str, progress: Progress):
+    """The per-page term lists and TF-IDF matrices of the pages the joins met (both engines' first fit step)."""
+    from .tables import document_tables
+    with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
+        tables = {source: read_document_terms(input_dir, source, column)
+                  for source, column in sorted(set(F.LIST_SOURCES.values()))}
+        p["rows"] = sum(len(t[0]) for t in tables.values())
+        return document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
+
+
 def _stage2_nvtabular(state: EtlState, input_dir: str, output_dir: str, progress: Progress,
                       out: Callable[[str], None], files: Dict[str, List[str]], rows: Dict[str, int], join_dir: str, *,
                       use_dask: bool, dask_workers: int, dask_scheduler: Optional[str], cpu: bool,
@@ -419,16 +429,10 @@ def _stage2_nvtabular(state: EtlState, input_dir: str, output_dir: str, progress
     from merlin.io import Dataset
     from nvtabular import Workflow
     from .nvtabular.workflow import build_workflow
-    from .tables import document_tables
     work_dir = state.work_dir
     with dask_client(use_dask, dask_workers, dask_scheduler, cpu, os.path.join(work_dir, "dask")) as client:
         if state.done("fit") is None:
-            with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
-                tables = {source: read_document_terms(input_dir, source, column)
-                          for source, column in sorted(set(F.LIST_SOURCES.values()))}
-                lists, matrices = document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
-                p["rows"] = sum(len(t[0]) for t in tables.values())
-                del tables
+            lists, matrices = _document_inputs(input_dir, join_dir, progress)
             stats = state.fresh("stats")
             workflow = build_workflow(lists, matrices, stats, client=client)
             del lists, matrices
@@ -471,16 +475,10 @@ def _stage2_default(state: EtlState, input_dir: str, output_dir: str, progress: 
     statistics saved without pickle; with ``--use_dask`` / ``--dask_scheduler`` the partitions run as tasks of a
     ``distributed`` cluster (plain Dask, no NVTabular)."""
     from . import engine as E
-    from .tables import document_tables
     work_dir = state.work_dir
     with dask_client(use_dask, dask_workers, dask_scheduler, True, os.path.join(work_dir, "dask")) as client:
         if state.done("fit") is None:
-            with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
-                tables = {source: read_document_terms(input_dir, source, column)
-                          for source, column in sorted(set(F.LIST_SOURCES.values()))}
-                lists, matrices = document_tables(tables, np.load(os.path.join(join_dir, "document_ids.npy")))
-                p["rows"] = sum(len(t[0]) for t in tables.values())
-                del tables
+            lists, matrices = _document_inputs(input_dir, join_dir, progress)
             with progress("fit workflow on train (pandas/numpy)", rows["train"]):
                 E.fit(files["train"], lists, matrices, state.fresh(WORKFLOW_DIR), client=client,
                       on_rows=progress.rows, total_rows=rows["train"])
