@@ -179,3 +179,152 @@ def log_loss_from_logits(labels: Any, logits: Any) -> float:
     if labels.size == 0:
         raise ValueError("log loss of an empty set is undefined")
     return float(np.mean(np.maximum(x, 0.0) - x * labels + np.log1p(np.exp(-np.abs(x)))))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Calibration metrics of a click model: log loss, normalized entropy, calibration, reliability.
+#
+# With y the labels, p the predicted probabilities over n rows and c = sum(y) / n the background (observed) CTR:
+#
+#     log loss     LL = -(1/n) sum[ y log p + (1 - y) log(1 - p) ]
+#     entropy      H(c) = -[ c log c + (1 - c) log(1 - c) ]       (the log loss of always predicting c)
+#     NE           LL / H(c)     (He et al. 2014; < 1 beats the background rate; undefined if c is 0 or 1)
+#     calibration  sum(p) / sum(y)   (1 = as many clicks predicted as observed; undefined without positives)
+#
+# Every one of them is a function of four sums over the rows, SUMS = [n, sum y, sum p, sum of the row losses], so
+# several ranks add their sums (one all-reduce of four float64s) and get the exact whole-set figures: nothing is
+# gathered. The row loss is computed from logits when there are logits (stable at any magnitude: a logit of 40 in
+# bf16 gives a probability that rounds to 1, not an infinite loss), else from probabilities clipped to
+# [eps, 1 - eps] (float64's epsilon, as scikit-learn's log_loss clips). Undefined figures are NaN, as documented above; input that
+# cannot be a prediction (NaN, a probability outside [0, 1], labels other than 0/1) raises ValueError.
+#
+# Negative down-sampling: a model trained on data whose negatives were kept with probability w predicts
+# p = P(click) on that data; the probability on the full data is q = p / (p + (1 - p) / w), i.e.
+# logit(q) = logit(p) + log(w). :func:`correct_downsampled_logits` applies it.
+# ------------------------------------------------------------------------------------------------------------------
+SUMS_FIELDS = ("rows", "positives", "sum_probability", "sum_log_loss")
+# Reliability diagram buckets: log-spaced edges of the predicted probability, fixed so that ranks' counts add up.
+RELIABILITY_EDGES = np.concatenate([[0.0], np.logspace(-4, 0, 17)[:-1], [1.0]])
+
+
+def _labels_01(labels: Any) -> np.ndarray:
+    y = _as_float64_vector(labels)
+    if y.size and not np.isin(y, (0.0, 1.0)).all():
+        bad = y[~np.isin(y, (0.0, 1.0))][0]
+        raise ValueError(f"labels must be 0 or 1, found {bad!r}")
+    return y
+
+
+def _probabilities_and_losses(y: np.ndarray, logits: Any = None, probabilities: Any = None
+                              ) -> Tuple[np.ndarray, np.ndarray]:
+    if (logits is None) == (probabilities is None):
+        raise ValueError("give either logits or probabilities")
+    if logits is not None:
+        x = _as_float64_vector(logits)
+        if x.size != y.size:
+            raise ValueError(f"{y.size} labels but {x.size} logits")
+        if np.isnan(x).any():
+            raise ValueError(f"{int(np.isnan(x).sum())} NaN logit(s)")
+        p = 0.5 * (1.0 + np.tanh(0.5 * x))          # the logistic function, without overflow
+        return p, np.maximum(x, 0.0) - x * y + np.log1p(np.exp(-np.abs(x)))
+    p = _as_float64_vector(probabilities)
+    if p.size != y.size:
+        raise ValueError(f"{y.size} labels but {p.size} probabilities")
+    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+        bad = p[np.isnan(p) | (p < 0) | (p > 1)][0]
+        raise ValueError(f"probabilities must lie in [0, 1], found {bad!r}")
+    eps = np.finfo(np.float64).eps   # scikit-learn's log_loss clips at its input dtype's epsilon
+    clipped = np.clip(p, eps, 1.0 - eps)
+    return p, -(y * np.log(clipped) + (1.0 - y) * np.log1p(-clipped))
+
+
+def ctr_sums(labels: Any, logits: Any = None, probabilities: Any = None) -> np.ndarray:
+    """The four float64 sums ``SUMS_FIELDS`` of one rank's (or one batch's) rows: add them across batches and ranks,
+    then :func:`ctr_metrics_from_sums`. Give ``logits`` (preferred) or ``probabilities``."""
+    y = _labels_01(labels)
+    p, losses = _probabilities_and_losses(y, logits, probabilities)
+    return np.array([y.size, y.sum(), p.sum(), losses.sum()], dtype=np.float64)
+
+
+def binary_entropy(rate: float) -> float:
+    """H(rate) in nats; NaN outside (0, 1), where normalized entropy is undefined."""
+    if not 0.0 < rate < 1.0:
+        return float("nan")
+    return float(-(rate * math.log(rate) + (1.0 - rate) * math.log1p(-rate)))
+
+
+def ctr_metrics_from_sums(sums: Any) -> dict:
+    """``{"log_loss", "normalized_entropy", "calibration", "ctr", "predicted_ctr"}`` from :func:`ctr_sums`'s sums.
+
+    NaN where a figure is undefined: NE when the observed CTR is 0 or 1, calibration when there is no positive.
+    An empty set raises ValueError."""
+    rows, positives, sum_probability, sum_log_loss = (float(v) for v in np.asarray(sums, dtype=np.float64))
+    if rows <= 0:
+        raise ValueError("metrics of an empty set are undefined")
+    ctr = positives / rows
+    log_loss_value = sum_log_loss / rows
+    return {"log_loss": log_loss_value, "normalized_entropy": log_loss_value / binary_entropy(ctr)
+            if 0.0 < ctr < 1.0 else float("nan"),
+            "calibration": sum_probability / positives if positives > 0 else float("nan"),
+            "ctr": ctr, "predicted_ctr": sum_probability / rows}
+
+
+def ctr_metrics(labels: Any, logits: Any = None, probabilities: Any = None) -> dict:
+    """:func:`ctr_metrics_from_sums` of one set of rows (``logits`` preferred, or ``probabilities``)."""
+    return ctr_metrics_from_sums(ctr_sums(labels, logits=logits, probabilities=probabilities))
+
+
+def reliability_sums(labels: Any, logits: Any = None, probabilities: Any = None,
+                     edges: np.ndarray = RELIABILITY_EDGES) -> np.ndarray:
+    """Per bucket of predicted probability (``edges``, log-spaced by default), ``[rows, positives, sum p]``: a
+    ``(buckets, 3)`` float64 array that ranks and batches add up. :func:`plot_reliability` draws it."""
+    y = _labels_01(labels)
+    p, _ = _probabilities_and_losses(y, logits, probabilities)
+    bucket = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2)
+    out = np.zeros((len(edges) - 1, 3), dtype=np.float64)
+    np.add.at(out, (bucket, 0), 1.0)
+    np.add.at(out, (bucket, 1), y)
+    np.add.at(out, (bucket, 2), p)
+    return out
+
+
+def plot_reliability(bucket_sums: Any, path: str, title: str = "", sums: Any = None) -> str:
+    """A PNG reliability diagram at ``path``: mean predicted vs observed CTR per non-empty bucket (log-log, the
+    diagonal is perfect calibration; marker area ~ rows), with the whole-set calibration in the title when
+    ``sums`` (:func:`ctr_sums`) are given. Written atomically; returns ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .io import atomic_write_bytes
+    import io
+    b = np.asarray(bucket_sums, dtype=np.float64)
+    kept = b[:, 0] > 0
+    predicted, observed, rows = b[kept, 2] / b[kept, 0], b[kept, 1] / b[kept, 0], b[kept, 0]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    low = max(min(predicted.min(initial=1.0), observed[observed > 0].min(initial=1.0)) / 2, 1e-5)
+    ax.plot([low, 1], [low, 1], color="grey", linewidth=1, label="perfect calibration")
+    ax.scatter(predicted, np.maximum(observed, low), s=20 + 180 * rows / rows.max(initial=1.0), alpha=0.7,
+               label="buckets (area ~ rows)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("mean predicted CTR")
+    ax.set_ylabel("observed CTR")
+    heading = title
+    if sums is not None:
+        m = ctr_metrics_from_sums(sums)
+        heading += (" " if heading else "") + (f"calibration {m['calibration']:.3f}, NE {m['normalized_entropy']:.4f}")
+    ax.set_title(heading, fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def correct_downsampled_logits(logits: Any, negative_rate: float) -> np.ndarray:
+    """Logits of a model trained on negatives kept with probability ``negative_rate`` (w), corrected to the full
+    data: ``logit(q) = logit(p) + log(w)``, i.e. ``q = p / (p + (1 - p) / w)``. ``w`` must lie in (0, 1]."""
+    if not 0.0 < float(negative_rate) <= 1.0:
+        raise ValueError(f"a negative down-sampling rate must lie in (0, 1], got {negative_rate!r}")
+    return _as_float64_vector(logits) + math.log(float(negative_rate))
