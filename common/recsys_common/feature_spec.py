@@ -378,3 +378,30 @@ class FeatureSpec:
     def __repr__(self) -> str:
         return (f"FeatureSpec({len(self.feature_spec)} features, mappings={list(self.source_spec)}, "
                 f"channels={ {k: len(v) for k, v in self.channel_spec.items()} }, base={self.base_directory})")
+
+
+NEGATIVE_DOWNSAMPLING_KEY = "negative_downsampling_rate"
+
+
+def negative_downsampling_rate(spec: FeatureSpec) -> float:
+    """The rate ``w`` at which the train mapping's negatives were kept (``metadata.negative_downsampling_rate``,
+    written by ``recsys_common.prepare_clicks --negative_downsampling_rate``); 1.0 when the key is absent (nothing
+    dropped). Evaluation adds ``log(w)`` to the logits (``recsys_common.metrics.correct_downsampled_logits``) so the
+    predicted CTR is that of the full data. A value that is not a number in (0, 1] is a FeatureSpecError (a
+    ValueError) naming the spec file.
+
+        >>> negative_downsampling_rate(FeatureSpec.get_default_feature_spec(1, [10]))
+        1.0
+    """
+    value = (spec.metadata or {}).get(NEGATIVE_DOWNSAMPLING_KEY)
+    if value is None:
+        return 1.0
+    where = spec.origin or "feature spec"
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = float("nan")
+    if isinstance(value, bool) or not 0.0 < rate <= 1.0:
+        raise FeatureSpecError(f"{where}: metadata.{NEGATIVE_DOWNSAMPLING_KEY} must be a number in (0, 1] (the "
+                               f"probability a train negative was kept), got {value!r}")
+    return rate

@@ -23,6 +23,15 @@ The same semantics as the Criteo preprocessing (``recsys_common.criteo``), for a
   the rows by that column's value are train, then validation, then test; rows of one timestamp stay together;
   values are compared as numbers when they all are, else as text, so ISO dates and Avazu's ``YYMMDDHH`` both sort).
   Train rows are shuffled within each block of ``--block_rows`` rows (``--no_shuffle_train`` keeps file order).
+- **negative down-sampling** (``--negative_downsampling_rate W``, default 1 = keep every row): in the train split
+  only, each negative row is kept with probability ``W`` (by a hash of its row number and ``--seed``, salted apart
+  from the split's: the same rows whatever ``--block_rows``); positives are always kept, and validation and test
+  are untouched, so they measure the real distribution. The dictionaries and ``standardize`` statistics are still
+  counted over the whole train split. ``W`` is recorded in ``feature_spec.yaml``'s ``metadata``
+  (``negative_downsampling_rate``, read by ``feature_spec.negative_downsampling_rate``) and in
+  ``prepare_clicks.json`` with the train rows before and after; a model trained on it predicts the CTR of the
+  down-sampled data, and evaluation corrects its logits by ``+ log(W)``
+  (``recsys_common.metrics.correct_downsampled_logits``). ``apply`` never down-samples.
 
 Output (``--output_format split_binary``, NVIDIA's layout that both DLRM recipes read)::
 
@@ -83,6 +92,9 @@ LABEL_FEATURE = "label"
 _ROW = "__row"          # global 0-based data-row number (across --input files, in order)
 _SPLIT = "__split"      # 0 train, 1 validation, 2 test
 _MASK32 = 0xFFFFFFFF
+# Mixed into --seed for the down-sampling hash, so that which train negatives are kept does not depend on where in
+# the train fraction a row's split hash fell (the split uses random_unit(row, seed) itself).
+_DOWNSAMPLING_SALT = 0x6E656773          # "negs"
 
 
 class ClickLogError(ValueError):
@@ -227,6 +239,27 @@ def random_unit(row, seed: int):
     """Uniform number in [0, 1) for a row number (Polars expression or numpy int64): depends on (row, seed) only."""
     salted = (row & _MASK32) ^ _hash32(row // (1 << 32) + (seed & _MASK32) * 2654435761)
     return _hash32(_hash32(salted)) / float(1 << 32)
+
+
+def negative_kept(rows: np.ndarray, labels: np.ndarray, rate: float, seed: int) -> np.ndarray:
+    """Boolean mask of the train rows kept by negative down-sampling at ``rate``: every positive, and a negative when
+    the uniform number of its global row number (``random_unit`` with ``seed`` salted) is below ``rate``."""
+    if rate >= 1.0:
+        return np.ones(len(rows), dtype=bool)
+    u = random_unit(np.asarray(rows, dtype=np.int64), (int(seed) ^ _DOWNSAMPLING_SALT) & _MASK32)
+    return np.asarray(labels).astype(bool) | (u < rate)
+
+
+def check_downsampling_rate(rate: Any) -> float:
+    """``--negative_downsampling_rate`` as a float in (0, 1], else ClickLogError naming the flag."""
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise ClickLogError(f"--negative_downsampling_rate must be a number in (0, 1] (the probability a train "
+                            f"negative is kept; 1 keeps every row), got {rate!r}")
+    return value
 
 
 def _split_expr(split: Dict[str, Any]):
@@ -605,7 +638,8 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             numerical_transform: str = "log", split: str = "random",
             split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
             shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 18,
-            overwrite: bool = False, work_dir: Optional[str] = None) -> Dict[str, Any]:
+            overwrite: bool = False, work_dir: Optional[str] = None,
+            negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
     """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
     pl = _polars()
     started = time.time()
@@ -625,6 +659,7 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         raise ClickLogError(f"--frequency_limit must be >= 1, got {frequency_limit}")
     if block_rows < 1:
         raise ClickLogError(f"--block_rows must be >= 1, got {block_rows}")
+    downsampling = check_downsampling_rate(negative_downsampling_rate)
     names = feature_names(categorical, numerical, label)
     check_output_directory(output, overwrite)   # refused before the passes over the data, not after
 
@@ -703,13 +738,15 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
                                 "standardize": "(x - train mean) / train std; missing -> 0",
                                 "none": "x; missing -> 0"}[numerical_transform],
         "split": {k: v for k, v in split_config.items()},
-        "num_samples": {s: split_rows[s] for s in splits},
+        "num_samples": {s: split_rows[s] for s in splits},    # train: the rows written (after down-sampling)
+        "negative_downsampling_rate": downsampling,
     }
 
     pass2 = lf.select([pl.col(_ROW), pl.col(_SPLIT)] + mapped_columns(config))
     lookups = [DictionaryLookup(d) for d in dictionaries]
     progress = _Progress(rows, "pass 2 (map and write)")
     positives = {s: 0 for s in splits}
+    seen = {s: 0 for s in splits}            # rows of each split before down-sampling (pass 1's counts)
     with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         spec = make_feature_spec(config, cardinalities, splits, output_format, metadata)
         spec.base_directory = tmp
@@ -724,6 +761,10 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
                     if name not in writers:
                         continue
                     rows_here = np.flatnonzero(split_of_row == index)
+                    seen[name] += int(rows_here.size)
+                    if name == "train" and downsampling < 1.0:
+                        rows_here = rows_here[negative_kept(block[_ROW].to_numpy()[rows_here],
+                                                            arrays[LABEL_FEATURE][rows_here], downsampling, seed)]
                     if not rows_here.size:
                         continue
                     if name == "train" and shuffle_train:
@@ -740,17 +781,24 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             w.__exit__(None, None, None)
         progress.update(0, final=True)
         written = {s: writers[s].rows_written for s in splits}
-        if written != {s: split_rows[s] for s in splits}:
-            raise ClickLogError(f"{described}: pass 2 wrote {written} rows, pass 1 counted {split_rows}: "
+        if seen != {s: split_rows[s] for s in splits}:
+            raise ClickLogError(f"{described}: pass 2 read {seen} rows, pass 1 counted {split_rows}: "
                                 f"did the input change while it was being read?")
+        spec.metadata["num_samples"] = dict(written)
         os.makedirs(os.path.join(tmp, "dictionaries"))
         for i, d in enumerate(dictionaries):
             d.write_parquet(os.path.join(tmp, "dictionaries", f"{i}.parquet"))
+        # Every train positive is kept, so the train positive rate before down-sampling is positives / rows seen.
+        positives_before = positives["train"]
         report = {
             "tool": TOOL, "config": config, "split": split_config, "rows": rows, "num_samples": written,
             "positive_rate": {s: round(positives[s] / written[s], 6) if written[s] else None for s in splits},
             "cardinalities": dict(zip(names["categorical"], cardinalities)),
             "values_seen": {c: int(counts[i].height) for i, c in enumerate(categorical)},
+            "negative_downsampling": {"rate": downsampling, "train_rows_before": seen["train"],
+                                      "train_rows_after": written["train"],
+                                      "train_positive_rate_before": round(positives_before / seen["train"], 6),
+                                      "seed": int(seed)},
             "output_format": output_format, "seconds": round(time.time() - started, 2),
             "polars": pl.__version__,
         }
@@ -759,7 +807,8 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     _remove_work_dir(work_dir, len(counts))
     print(f"[prepare_clicks] wrote {output}: " + ", ".join(
         f"{s} {written[s]:,} rows (positive rate {report['positive_rate'][s]})" for s in splits)
-        + f"; {time.time() - started:.1f} s", flush=True)
+        + (f"; train negatives kept at rate {downsampling} ({seen['train']:,} -> {written['train']:,} train rows)"
+           if downsampling < 1.0 else "") + f"; {time.time() - started:.1f} s", flush=True)
     return {"spec": FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml")), "report": report}
 
 
@@ -842,7 +891,10 @@ class ClickEncoder:
 def apply(dataset: str, inputs: Sequence[str], output: str, mapping: str = "test", input_format_name: str = "auto",
           delimiter: Optional[str] = None, block_rows: int = 1 << 18, overwrite: bool = False) -> FeatureSpec:
     """Map new rows with a prepared dataset's dictionaries into a dataset of one mapping (same layout and spec),
-    which the recipes' ``predict`` and ``evaluate`` tools read. Rows without the label column get label 0."""
+    which the recipes' ``predict`` and ``evaluate`` tools read. Rows without the label column get label 0.
+
+    Nothing is down-sampled; the metadata keeps the source dataset's ``negative_downsampling_rate`` (that of the
+    rows a model trained on it saw), so evaluating that model on these rows corrects its logits the same way."""
     pl = _polars()
     encoder = ClickEncoder.load(dataset)
     config = encoder.config
@@ -921,6 +973,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time_column", default=None, help="column ordering the rows in time (--split time)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random split and the train shuffle")
     parser.add_argument("--no_shuffle_train", action="store_true", help="keep train rows in file order")
+    parser.add_argument("--negative_downsampling_rate", type=float, default=1.0, metavar="W",
+                        help="keep each train negative with probability W in (0, 1] (a seeded hash of its row "
+                             "number); positives, validation and test are kept whole; 1 keeps every row")
     parser.add_argument("--output_format", choices=FORMATS, default="split_binary",
                         help="split_binary (NVIDIA's layout, both DLRM recipes) or parquet")
     parser.add_argument("--block_rows", type=int, default=1 << 18,
@@ -965,7 +1020,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                    numerical_transform=args.numerical_transform, split=args.split,
                    split_fractions=args.split_fractions, time_column=args.time_column, seed=args.seed,
                    shuffle_train=not args.no_shuffle_train, output_format=args.output_format,
-                   block_rows=args.block_rows, overwrite=args.overwrite, work_dir=args.work_dir)
+                   block_rows=args.block_rows, overwrite=args.overwrite, work_dir=args.work_dir,
+                   negative_downsampling_rate=args.negative_downsampling_rate)
 
 
 # Bad input (a malformed log, a non-empty --output): one error line and exit 2 (recsys_common.cli).
