@@ -8,8 +8,9 @@ loader in batches of ``--batch_size`` (at most ``--max_steps`` batches). The ser
 (``numerical`` float32 [b, n], ``cat_<t>`` int64 [b, hotness_t]) and returns ``probability``; the recipe runs its
 ``Evaluator`` (the one ``--mode eval`` uses) on the checkpoint's model. Reported for each side: the exact AUC
 (``recsys_common.metrics.roc_auc_score``; the recipe's on its logits, the server's on the probabilities) and
-NVIDIA's approximate AUC (``tf.keras.metrics.AUC(--auc_thresholds)``), plus the largest per-row probability
-difference. The run fails (exit status 1) when an exact AUC differs from the recipe's by more than
+NVIDIA's approximate AUC (``tf.keras.metrics.AUC(--auc_thresholds)``), the click-model figures log loss,
+normalized entropy and calibration (``dlrm_dcnv2.nn.evaluator.click_metrics``) with the served side's differences,
+plus the largest per-row probability difference. The run fails (exit status 1) when an exact AUC differs from the recipe's by more than
 ``--tolerance``.
 
 The seed's flags ``--dataset_path --dataset_type --feature_spec --batch_size --auc_thresholds --max_steps
@@ -108,11 +109,14 @@ def metrics(labels: np.ndarray, scores: np.ndarray, probabilities: np.ndarray, t
 def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls: Dict[str, str], *,
                       dataset_type: str = "tf_raw", feature_spec: str = "feature_spec.yaml", batch_size: int = 32768,
                       max_steps: Optional[int] = None, test_on_train: bool = False, auc_thresholds: int = 8000,
-                      tolerance: float = 1e-4, timeout_s: float = 60.0) -> Dict[str, Any]:
+                      tolerance: float = 1e-4, timeout_s: float = 60.0,
+                      negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
     """The report (see the module docstring); ``urls``: {protocol: host:port}. ``report["passed"]`` tells whether
-    every protocol's exact AUC is within ``tolerance`` of the recipe's."""
+    every protocol's exact AUC is within ``tolerance`` of the recipe's. Each side also has ``log_loss``,
+    ``normalized_entropy`` and ``calibration`` (``dlrm_dcnv2.nn.evaluator.click_metrics``: the recipe's from its
+    logits, the server's from the probabilities) and each served entry their ``*_difference``."""
     from dlrm_dcnv2.dataloading.dataloader import load_spec
-    from dlrm_dcnv2.nn.evaluator import Evaluator
+    from dlrm_dcnv2.nn.evaluator import CLICK_METRICS, CORRECTED_CLICK_METRICS, Evaluator, click_metrics
     from deployment.export import load_checkpoint_model
     mapping = "train" if test_on_train else "test"
     spec = load_spec(dataset_path, feature_spec, "--feature_spec")
@@ -127,6 +131,7 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
         "model_name": model_name, "checkpoint": loaded.path, "dataset_path": dataset_path, "split": mapping,
         "rows": int(labels.size), "tolerance": tolerance,
         "recipe": dict(metrics(labels, logits, recipe_probabilities, auc_thresholds),
+                       **click_metrics(labels, logits=logits, negative_downsampling_rate=negative_downsampling_rate),
                        seconds=time.perf_counter() - begin),
         "served": {}}
     requests = [serving_inputs(b, loaded.hotness, loaded.num_numerical) for b in batches]
@@ -136,10 +141,15 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
         probabilities = served_probabilities(url, protocol, model_name, requests, timeout_s)
         if probabilities.size != labels.size:
             raise ValueError(f"{model_name} at {url}: {probabilities.size} probabilities for {labels.size} rows")
-        entry = dict(metrics(labels, probabilities, probabilities, auc_thresholds), url=url,
-                     seconds=time.perf_counter() - begin)
+        entry = dict(metrics(labels, probabilities, probabilities, auc_thresholds),
+                     **click_metrics(labels, probabilities=probabilities,
+                                     negative_downsampling_rate=negative_downsampling_rate),
+                     url=url, seconds=time.perf_counter() - begin)
         entry["auc_exact_difference"] = entry["auc_exact"] - report["recipe"]["auc_exact"]
         entry["auc_difference"] = entry["auc"] - report["recipe"]["auc"]
+        for key in CLICK_METRICS + CORRECTED_CLICK_METRICS:   # reported; the pass/fail check stays the exact AUC
+            if key in entry:
+                entry[f"{key}_difference"] = entry[key] - report["recipe"][key]
         entry["max_abs_probability_difference"] = float(np.abs(probabilities - recipe_probabilities).max())
         entry["passed"] = abs(entry["auc_exact_difference"]) <= tolerance
         passed = passed and entry["passed"]
@@ -164,10 +174,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                                batch_size=args.batch_size, max_steps=args.max_steps, test_on_train=args.test_on_train,
                                auc_thresholds=args.auc_thresholds, tolerance=args.tolerance, timeout_s=args.timeout)
     recipe = report["recipe"]
-    print(f"recipe ({report['rows']} rows): exact AUC {recipe['auc_exact']:.6f}, AUC {recipe['auc']:.6f}")
+    print(f"recipe ({report['rows']} rows): exact AUC {recipe['auc_exact']:.6f}, AUC {recipe['auc']:.6f}, log loss "
+          f"{recipe['log_loss']:.6f}, NE {recipe['normalized_entropy']:.6f}, calibration {recipe['calibration']:.6f}")
     for protocol, entry in report["served"].items():
         print(f"served {args.model_name} over {protocol}: exact AUC {entry['auc_exact']:.6f} (difference "
-              f"{entry['auc_exact_difference']:+.2e}), AUC {entry['auc']:.6f}, max |probability difference| "
+              f"{entry['auc_exact_difference']:+.2e}), AUC {entry['auc']:.6f}, log loss {entry['log_loss']:.6f} "
+              f"({entry['log_loss_difference']:+.2e}), NE {entry['normalized_entropy']:.6f} "
+              f"({entry['normalized_entropy_difference']:+.2e}), calibration {entry['calibration']:.6f} "
+              f"({entry['calibration_difference']:+.2e}), max |probability difference| "
               f"{entry['max_abs_probability_difference']:.2e} -> {'ok' if entry['passed'] else 'ABOVE TOLERANCE'}")
     if args.output_json:
         write_json_output(args.output_json, report)

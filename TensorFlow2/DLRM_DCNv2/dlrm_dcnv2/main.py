@@ -126,6 +126,9 @@ def build_parser(model: str = "dlrm") -> argparse.ArgumentParser:
     g.add_argument("--profiler_start_step", type=int, default=None,
                    help="start the TensorFlow profiler at this step (10 steps, trace next to --log_path)")
     g.add_argument("--profiled_rank", type=int, default=1, help="the rank that runs the profiler")
+    g.add_argument("--reliability_plot", default=None, metavar="PATH",
+                   help="extension: write a reliability diagram (PNG; predicted vs observed CTR per log-spaced "
+                        "bucket, every rank's rows) of the final evaluation here")
     _add_bool(g, "overwrite", False,
               "replace the checkpoints of an earlier run under --save_checkpoint_path (refused otherwise; an "
               "existing --log_path is always kept as <path>.N)")
@@ -474,7 +477,7 @@ def run(args) -> Dict[str, Any]:
     import tensorflow as tf
     from recsys_common.logger import Logger
     from dlrm_dcnv2.distributed import hvd_utils
-    from dlrm_dcnv2.nn.evaluator import Evaluator
+    from dlrm_dcnv2.nn.evaluator import Evaluator, click_metrics_text
     from dlrm_dcnv2.nn.model import build_model
     from dlrm_dcnv2.utils import checkpointing
 
@@ -501,7 +504,8 @@ def run(args) -> Dict[str, Any]:
         params = {k: v for k, v in vars(args).items()}
         params.update(world_size=ctx.world_size, precision=policy, table_sizes=table_sizes, hotness=hotness)
         logger.log_parameters(params)
-        for metric, unit in (("loss", None), ("auc", None), ("auc_exact", None), ("throughput", "samples/s"),
+        for metric, unit in (("loss", None), ("auc", None), ("auc_exact", None), ("log_loss", None),
+                             ("normalized_entropy", None), ("calibration", None), ("throughput", "samples/s"),
                              ("samples_per_s", "samples/s"), ("mean_step_time_ms", "ms")):
             logger.metadata(metric, {"unit": unit})  # DLLogger METADATA lines, as NVIDIA's log tools expect
 
@@ -522,7 +526,8 @@ def run(args) -> Dict[str, Any]:
         train_config = TrainConfig.from_flags(args, policy)
         training = train_config.resume_settings(ctx.world_size)
         evaluator = Evaluator(model, ctx, auc_thresholds=args.auc_thresholds, xla=args.xla,
-                              run_eagerly=args.run_eagerly)
+                              run_eagerly=args.run_eagerly,
+                              negative_downsampling_rate=getattr(args, "negative_downsampling_rate", 1.0))
 
         if args.mode in ("eval", "inference"):
             if args.restore_checkpoint_path:
@@ -532,11 +537,13 @@ def run(args) -> Dict[str, Any]:
                 LOG.warning("--mode %s without --restore_checkpoint_path: the model is untrained", args.mode)
             if args.mode == "eval":
                 test_data = open_data(data, ctx, model.sparse, "test", args.valid_batch_size)
-                results = evaluator.evaluate(test_data)
+                stats: Dict[str, Any] = {}
+                results = evaluator.evaluate(test_data, stats)
                 if ctx.is_chief:
                     print(f"eval: auc {results['auc']:.5f} | exact auc {results['auc_exact']:.5f} | loss "
-                          f"{results['loss']:.5f} | {results['samples']} samples | {results['throughput']:,.0f} "
-                          f"samples/s", flush=True)
+                          f"{results['loss']:.5f}{click_metrics_text(results)} | {results['samples']} samples | "
+                          f"{results['throughput']:,.0f} samples/s", flush=True)
+                write_reliability_plot(args.reliability_plot, stats, ctx, f"{args.model} --mode eval")
             else:
                 from dlrm_dcnv2.nn.inference import benchmark_inference
                 sizes = args.inference_batch_sizes or [args.valid_batch_size]
@@ -593,6 +600,7 @@ class TrainConfig:
     checkpoint_every_minutes: Optional[float] = None
     keep_checkpoints: int = 2
     overwrite: bool = False
+    reliability_plot: Optional[str] = None
 
     @classmethod
     def from_flags(cls, args, policy: str) -> "TrainConfig":
@@ -608,13 +616,23 @@ class TrainConfig:
                    restore_checkpoint_path=args.restore_checkpoint_path,
                    checkpoint_every_steps=args.checkpoint_every_steps,
                    checkpoint_every_minutes=args.checkpoint_every_minutes, keep_checkpoints=args.keep_checkpoints,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite, reliability_plot=args.reliability_plot)
 
     def resume_settings(self, world_size: int) -> Dict[str, Any]:
         """The settings a resumed run may change, with a warning (checkpointing.TRAINING_FIELDS)."""
         return {"batch_size": self.batch_size, "learning_rate": self.learning_rate,
                 "warmup_steps": self.warmup_steps, "decay_start_step": self.decay_start_step,
                 "decay_steps": self.decay_steps, "world_size": world_size}
+
+
+def write_reliability_plot(path: Optional[str], stats: Dict[str, Any], ctx, title: str) -> None:
+    """``--reliability_plot``: the chief draws the evaluation's summed reliability buckets (``Evaluator.evaluate``'s
+    ``stats``) with ``recsys_common.metrics.plot_reliability``; nothing when ``path`` is None."""
+    if not path or not ctx.is_chief:
+        return
+    from recsys_common.metrics import plot_reliability
+    plot_reliability(stats["reliability_sums"], path, title=title, sums=stats["ctr_sums"])
+    print(f"reliability diagram: {path}", flush=True)
 
 
 class _Profiler:
@@ -686,6 +704,7 @@ def _train(cfg: TrainConfig, ctx, model, evaluator, config, training, logger, po
     """
     import numpy as np
     from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables
+    from dlrm_dcnv2.nn.evaluator import CLICK_METRICS, CORRECTED_CLICK_METRICS, click_metrics_text
     from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
     from dlrm_dcnv2.nn.optimizers import create_optimizers
     from dlrm_dcnv2.nn.trainer import Trainer
@@ -752,15 +771,19 @@ def _train(cfg: TrainConfig, ctx, model, evaluator, config, training, logger, po
         logger.log(step=(epoch, global_step), data={"loss": mean_loss, "learning_rate": lr, "samples_per_s": rate})
         window_losses = []
 
+    last_stats: Dict[str, Any] = {}   # the last evaluation's summed sums, for --reliability_plot
+
     def evaluate_now(epoch: int) -> None:
-        result = evaluator.evaluate(test_data)
+        result = evaluator.evaluate(test_data, last_stats)
         result.update(step=global_step, epoch=epoch)
         evaluations.append(result)
         if chief:
             print(f"eval at step {global_step}: auc {result['auc']:.5f} | exact auc {result['auc_exact']:.5f} | "
-                  f"loss {result['loss']:.5f} | {result['throughput']:,.0f} samples/s", flush=True)
+                  f"loss {result['loss']:.5f}{click_metrics_text(result)} | {result['throughput']:,.0f} samples/s",
+                  flush=True)
         logger.log(step=(epoch, global_step), data={f"eval_{k}": result[k] for k in
-                                                    ("auc", "auc_exact", "loss", "throughput")})
+                                                    ("auc", "auc_exact", "loss", "throughput", *CLICK_METRICS,
+                                                     *CORRECTED_CLICK_METRICS) if k in result})
 
     epoch = start_epoch
     position = (start_epoch, start_batch)
@@ -806,7 +829,9 @@ def _train(cfg: TrainConfig, ctx, model, evaluator, config, training, logger, po
     if evaluations:
         last = evaluations[-1]
         results.update(auc=last["auc"], auc_exact=last["auc_exact"], loss=last["loss"],
+                       **{k: last[k] for k in CLICK_METRICS + CORRECTED_CLICK_METRICS if k in last},
                        eval_throughput=last["throughput"], best_auc=max(e["auc"] for e in evaluations))
+        write_reliability_plot(cfg.reliability_plot, last_stats, ctx, f"{cfg.model} step {global_step}")
     if manager is not None and manager.last_path:
         results["checkpoint"] = manager.last_path
     if chief:

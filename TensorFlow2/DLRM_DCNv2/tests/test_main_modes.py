@@ -12,11 +12,13 @@ from recsys_common.logger import read_log
 
 @pytest.fixture(scope="module")
 def trained(small_dataset, tmp_path_factory):
-    """A DCNv2 trained one epoch with a final checkpoint; returns (flags, results, checkpoint root, log path)."""
+    """A DCNv2 trained one epoch with a final checkpoint (and its final evaluation's reliability diagram next to
+    the log); returns (flags, results, checkpoint root, log path)."""
     out = tmp_path_factory.mktemp("trained")
     flags = tiny_model_flags("dcnv2") + ["--dataset_path", small_dataset, "--seed", "1"]
     log = str(out / "log.json")
-    results = main(flags + ["--save_checkpoint_path", str(out / "ckpt"), "--log_path", log], model="dcnv2")
+    results = main(flags + ["--save_checkpoint_path", str(out / "ckpt"), "--log_path", log, "--reliability_plot",
+                            str(out / "reliability.png")], model="dcnv2")
     return flags, results, str(out / "ckpt"), log
 
 
@@ -42,6 +44,41 @@ def test_eval_mode_reproduces_the_final_evaluation(trained):
     assert evaluated["auc_exact"] == pytest.approx(results["auc_exact"], abs=1e-6)
     assert evaluated["loss"] == pytest.approx(results["loss"], abs=1e-6)
     assert evaluated["samples"] == 2048
+
+
+CLICK_KEYS = ("log_loss", "normalized_entropy", "calibration")
+
+
+def test_train_reports_click_metrics_next_to_auc_and_draws_the_reliability_diagram(trained):
+    """Issue 33: log loss, NE and calibration in the results, the eval log lines, the summary and the metadata;
+    --reliability_plot writes the final evaluation's PNG."""
+    _, results, _, log = trained
+    assert results["log_loss"] == pytest.approx(results["loss"], rel=1e-9)   # the same BCE, from the same sums
+    assert 0.5 < results["normalized_entropy"] < 1.0     # trained (AUC > 0.5): better than the base rate
+    assert 0.5 < results["calibration"] < 2.0
+    assert "calibration_corrected" not in results        # no down-sampling: no corrected figures
+    records = read_log(log, kinds=("LOG",))
+    summary = [r for r in records if r["step"] == []][0]["data"]
+    evals = [r["data"] for r in records if isinstance(r["step"], list) and r["step"] and "eval_auc" in r["data"]]
+    for key in CLICK_KEYS:
+        assert summary[key] == pytest.approx(results[key]) and evals[-1][f"eval_{key}"] == pytest.approx(results[key])
+    metadata = {r["metric"]: r["metadata"] for r in read_log(log, kinds=("METADATA",))}
+    assert all(key in metadata for key in CLICK_KEYS)
+    png = os.path.join(os.path.dirname(log), "reliability.png")
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_mode_click_metrics_and_reliability_plot(trained, tmp_path, capsys):
+    flags, results, ckpt, _ = trained
+    png = tmp_path / "eval.png"
+    evaluated = main(flags + ["--mode", "eval", "--restore_checkpoint_path", ckpt, "--reliability_plot", str(png)],
+                     model="dcnv2")
+    for key in CLICK_KEYS:
+        assert evaluated[key] == pytest.approx(results[key], abs=1e-6)
+    out = capsys.readouterr().out
+    assert f"| log loss {evaluated['log_loss']:.5f} | NE {evaluated['normalized_entropy']:.5f} | calibration " in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_eval_mode_without_checkpoint_is_untrained(trained):

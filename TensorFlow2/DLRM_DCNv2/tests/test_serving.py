@@ -164,6 +164,8 @@ def test_evaluate_accuracy_matches_the_recipe_over_http_and_grpc(deployed, serve
     for protocol in ("grpc", "http"):
         entry = report["served"][protocol]
         assert abs(entry["auc_exact_difference"]) <= 1e-6 and entry["max_abs_probability_difference"] <= TOLERANCE
+        for key in ("log_loss", "normalized_entropy", "calibration"):   # issue 33: served = recipe
+            assert abs(entry[f"{key}_difference"]) <= 1e-5, (protocol, key, entry)
     assert 0.2 < report["recipe"]["auc_exact"] < 0.8  # random labels: near 0.5, and the same on both sides
     # Another checkpoint of the same shape as the recipe's side: the comparison fails, exit status 1.
     other = write_checkpoint(tmp_path / "other", "dcnv2", seed=99)

@@ -1,7 +1,8 @@
 """Evaluation over a split: binary cross-entropy, NVIDIA's approximate AUC and the exact AUC, gathered over ranks.
 
 ``Evaluator(model, ctx, auc_thresholds=8000, xla=False)``; ``evaluate(batches) -> {"auc", "auc_exact", "loss",
-"samples", "throughput", "seconds"}`` where ``batches`` yields ``(numerical, categorical, labels)`` of this rank.
+"log_loss", "normalized_entropy", "calibration", "samples", "throughput", "seconds"}`` where ``batches`` yields
+``(numerical, categorical, labels)`` of this rank.
 
 * Every rank predicts its own batch slices; the logits and labels are then allgathered (``hvd_utils.allgather``,
   rank order), so every rank holds the whole split's predictions and computes the same metrics (NVIDIA gathers to
@@ -11,6 +12,15 @@
 * ``auc_exact``: ``recsys_common.metrics.roc_auc_score`` (tie-aware Mann-Whitney AUC, the one every recipe uses) on
   the float32 logits, which rank the rows as the probabilities do without sigmoid's saturation to exact ties.
 * ``loss``: mean binary cross-entropy over the whole split, computed from the logits (numerically stable).
+* ``log_loss``, ``normalized_entropy``, ``calibration`` (issue 33, :func:`click_metrics`): the click-model figures of
+  ``recsys_common.metrics.ctr_metrics_from_sums``. Each rank adds up ``ctr_sums`` of its rows (four float64 sums:
+  rows, positives, sum of p, sum of row losses) and the sums are added over ranks with the allreduce that already
+  sums the BCE; no prediction is gathered for them. ``log_loss`` equals ``loss`` (up to float64 rounding order);
+  NE = log loss / entropy of the observed CTR (< 1: better than predicting the base rate), calibration =
+  sum p / positives (1: as many clicks predicted as observed). With ``negative_downsampling_rate`` w < 1 (a model
+  trained on data whose negatives were kept with probability w), ``calibration_corrected`` and
+  ``normalized_entropy_corrected`` are the same figures of the logits corrected by ``log w``
+  (``correct_downsampled_logits``).
 """
 from __future__ import annotations
 
@@ -39,6 +49,64 @@ def bce_sum_from_logits_np(labels: np.ndarray, logits: np.ndarray) -> float:
     return float(np.sum(np.maximum(x, 0.0) - x * y + np.log1p(np.exp(-np.abs(x)))))
 
 
+CLICK_METRICS = ("log_loss", "normalized_entropy", "calibration")
+CORRECTED_CLICK_METRICS = ("calibration_corrected", "normalized_entropy_corrected")
+
+
+def _logits_of_probabilities(probabilities: np.ndarray) -> np.ndarray:
+    """log(p / (1 - p)) in float64, p clipped to [eps, 1 - eps] so that a saturated probability stays finite."""
+    eps = np.finfo(np.float64).eps
+    p = np.clip(np.asarray(probabilities, np.float64).reshape(-1), eps, 1.0 - eps)
+    return np.log(p) - np.log1p(-p)
+
+
+def click_sums(labels: np.ndarray, logits: Optional[np.ndarray] = None, probabilities: Optional[np.ndarray] = None,
+               negative_downsampling_rate: float = 1.0) -> np.ndarray:
+    """The float64 sums behind :func:`click_metrics_from_sums` of one rank's (or batch's) rows: ``ctr_sums`` (4),
+    then, when ``negative_downsampling_rate`` < 1, ``ctr_sums`` of the corrected logits (4 more). They add up over
+    batches and ranks. Give ``logits`` (preferred) or ``probabilities`` (a served model's output)."""
+    from recsys_common.metrics import correct_downsampled_logits, ctr_sums
+    sums = ctr_sums(labels, logits=logits, probabilities=probabilities)
+    if float(negative_downsampling_rate) < 1.0:
+        scores = logits if logits is not None else _logits_of_probabilities(probabilities)
+        corrected = correct_downsampled_logits(scores, negative_downsampling_rate)
+        sums = np.concatenate([sums, ctr_sums(labels, logits=corrected)])
+    return sums
+
+
+def click_metrics_from_sums(sums: np.ndarray) -> Dict[str, float]:
+    """``{"log_loss", "normalized_entropy", "calibration"}`` (NaN where undefined) of :func:`click_sums`' sums
+    (added over ranks), plus ``calibration_corrected`` / ``normalized_entropy_corrected`` when they hold the
+    corrected sums too."""
+    from recsys_common.metrics import ctr_metrics_from_sums
+    sums = np.asarray(sums, np.float64).reshape(-1)
+    metrics = ctr_metrics_from_sums(sums[:4])
+    out = {k: float(metrics[k]) for k in CLICK_METRICS}
+    if sums.size == 8:
+        corrected = ctr_metrics_from_sums(sums[4:])
+        out.update(calibration_corrected=float(corrected["calibration"]),
+                   normalized_entropy_corrected=float(corrected["normalized_entropy"]))
+    return out
+
+
+def click_metrics(labels: np.ndarray, logits: Optional[np.ndarray] = None,
+                  probabilities: Optional[np.ndarray] = None, negative_downsampling_rate: float = 1.0
+                  ) -> Dict[str, float]:
+    """:func:`click_metrics_from_sums` of one set of rows (the whole split in one process: the served side of
+    ``deployment/evaluate_accuracy.py``), e.g. ``click_metrics([0, 1], logits=[-2.0, 1.0])["log_loss"]``."""
+    return click_metrics_from_sums(click_sums(labels, logits, probabilities, negative_downsampling_rate))
+
+
+def click_metrics_text(metrics: Dict[str, Any]) -> str:
+    """`` | log loss 0.45 | NE 0.91 | calibration 1.02`` (and the corrected pair when present): the printed form."""
+    text = (f" | log loss {metrics['log_loss']:.5f} | NE {metrics['normalized_entropy']:.5f} | calibration "
+            f"{metrics['calibration']:.4f}")
+    if "calibration_corrected" in metrics:
+        text += (f" | corrected NE {metrics['normalized_entropy_corrected']:.5f} calibration "
+                 f"{metrics['calibration_corrected']:.4f}")
+    return text
+
+
 def approximate_auc(labels: np.ndarray, probabilities: np.ndarray, num_thresholds: int,
                     sum_over_ranks: bool = False) -> float:
     """NVIDIA's metric: ``tf.keras.metrics.AUC(num_thresholds)`` (ROC, interpolation) of one set of predictions.
@@ -58,9 +126,12 @@ class Evaluator:
     """Predicts a split with ``model`` (``RecModel``) and scores it; see the module docstring."""
 
     def __init__(self, model, ctx: Optional[hvd_utils.Context] = None, auc_thresholds: int = 8000,
-                 xla: bool = False, run_eagerly: bool = False):
+                 xla: bool = False, run_eagerly: bool = False, negative_downsampling_rate: float = 1.0):
         if auc_thresholds < 2:
             raise ValueError(f"--auc_thresholds must be at least 2, got {auc_thresholds}")
+        if not 0.0 < float(negative_downsampling_rate) <= 1.0:
+            raise ValueError(f"a negative down-sampling rate must lie in (0, 1], got {negative_downsampling_rate!r}")
+        self.negative_downsampling_rate = float(negative_downsampling_rate)
         self.model = model
         self.ctx = ctx if ctx is not None else hvd_utils.context()
         self.auc_thresholds = int(auc_thresholds)
@@ -86,14 +157,21 @@ class Evaluator:
 
     def evaluate(self, batches: Iterable, stats: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
         """Metrics of every rank's rows (collective). ``stats`` (a dict), when given, receives ``rows_gathered``:
-        the scores this rank received for the exact AUC (the smaller class of the whole split)."""
-        from recsys_common.metrics import distributed_roc_auc_score
+        the scores this rank received for the exact AUC (the smaller class of the whole split), ``ctr_sums`` and
+        ``reliability_sums`` (every rank's, added: what ``plot_reliability`` draws)."""
+        from recsys_common.metrics import distributed_roc_auc_score, reliability_sums
         begin = time.perf_counter()
         local = self.predict_local(batches)
         seconds = time.perf_counter() - begin
         logits, labels = local["logits"].numpy(), local["labels"].numpy()
-        sums = hvd_utils.allreduce(tf.constant([float(labels.size), bce_sum_from_logits_np(labels, logits)],
-                                               tf.float64), average=False, name="eval_bce_sum").numpy()
+        # One allreduce of float64 sums: [rows, BCE sum], the click-model sums, the reliability buckets.
+        clicks = click_sums(labels, logits, negative_downsampling_rate=self.negative_downsampling_rate)
+        buckets = reliability_sums(labels, logits=logits)
+        local_sums = np.concatenate([[float(labels.size), bce_sum_from_logits_np(labels, logits)], clicks,
+                                     buckets.reshape(-1)])
+        sums = hvd_utils.allreduce(tf.constant(local_sums, tf.float64), average=False, name="eval_bce_sum").numpy()
+        clicks = sums[2:2 + clicks.size]
+        buckets = sums[2 + clicks.size:].reshape(buckets.shape)
         samples = int(sums[0])
         if samples == 0:
             raise ValueError("the evaluation split produced no rows (is the test split empty, or smaller than "
@@ -114,9 +192,11 @@ class Evaluator:
         auc_exact = distributed_roc_auc_score(labels, logits, all_gather, all_reduce_sum)
         if stats is not None:
             stats["rows_gathered"] = gathered["rows"] if self.ctx.world_size > 1 else 0
+            stats["ctr_sums"], stats["reliability_sums"] = clicks[:4], buckets
         probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         return {"auc": approximate_auc(labels, probabilities, self.auc_thresholds, sum_over_ranks=True),
                 "auc_exact": float(auc_exact),
                 "loss": float(sums[1] / samples),
+                **click_metrics_from_sums(clicks),
                 "samples": samples, "seconds": seconds,
                 "throughput": samples / seconds if seconds > 0 else float("nan")}
