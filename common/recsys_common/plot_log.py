@@ -16,6 +16,11 @@ Parameters (``step: "PARAMETER"``) and the summary (``step: []``) are not plotte
 ``throughput`` (``*throughput*``, ``*samples/s*``, ``*_per_s*``), ``time`` (``*time*``), ``learning_rate`` (``lr``,
 ``*learning_rate*``) and ``metrics`` (every other number: AUC, HR@10, ...). A group whose keys were logged against
 both kinds of step gets two files, ``<group>.png`` (steps) and ``<group>_by_epoch.png``.
+
+A log whose last summary holds reliability buckets (``test_reliability_sums``: ``[rows, positives, sum of predicted
+probability]`` per bucket, as ``recsys_common.metrics.reliability_sums``; PyTorch/DLRM writes them at its final
+evaluation) also gets ``reliability.png``, the reliability diagram (``recsys_common.metrics.plot_reliability``), with
+the whole-set calibration and NE in its title when the summary has ``test_ctr_sums`` too.
 """
 from __future__ import annotations
 
@@ -155,13 +160,40 @@ def build_figures(path: str) -> Dict[str, "object"]:
     return figures
 
 
+RELIABILITY_KEY = "test_reliability_sums"
+CTR_SUMS_KEY = "test_ctr_sums"
+
+
+def reliability_from_log(path: str) -> Optional[Tuple[list, Optional[list]]]:
+    """``(bucket sums, ctr sums or None)`` from the last summary (``step: []``) that has ``test_reliability_sums``;
+    None when no summary has them."""
+    found = None
+    for record in read_log(path):
+        data = record.get("data") or {}
+        if record.get("step") == [] and isinstance(data.get(RELIABILITY_KEY), list):
+            found = (data[RELIABILITY_KEY], data.get(CTR_SUMS_KEY))
+    return found
+
+
 def plot(path: str, output_dir: str) -> List[str]:
-    """Write one PNG per group (see module docstring) into ``output_dir``; returns the paths written."""
+    """Write one PNG per group (see module docstring) into ``output_dir``, and ``reliability.png`` when the log has
+    reliability buckets; returns the paths written."""
     import matplotlib.pyplot as plt
 
-    figures = build_figures(path)
+    reliability = reliability_from_log(path)
+    try:
+        figures = build_figures(path)
+    except ValueError:
+        if reliability is None:
+            raise
+        figures = {}   # e.g. an evaluation-only run: a summary, no step-indexed records
     os.makedirs(output_dir, exist_ok=True)
     written = []
+    if reliability is not None:
+        from .metrics import plot_reliability
+        buckets, sums = reliability
+        written.append(plot_reliability(buckets, os.path.join(output_dir, "reliability.png"),
+                                        f"{os.path.basename(path)}:", sums))
     for name, fig in figures.items():
         target = os.path.join(output_dir, name)
         with atomic_path(target) as tmp:

@@ -7,9 +7,10 @@
 Reads mapping ``--mapping`` (default ``test``) of the dataset's FeatureSpec in batches of ``--batch_size`` rows, sends
 each batch to the server with tritonclient (``recsys_common.serving.client``: a Triton server, or MLServer with our
 onnxruntime runtime), and scores the same batch with the checkpoint's eager PyTorch model (float32, the recipe's model
-code: the framework's own evaluation). Exact ROC AUC (``recsys_common.metrics``) of both over all rows, the AUC
-difference and the largest probability difference per protocol are printed as JSON (and written atomically to
-``--output_json``). Exits 1 when an AUC differs from PyTorch's by more than ``--tolerance`` (default 1e-4; measured:
+code: the framework's own evaluation). Exact ROC AUC (``recsys_common.metrics``) and the click-model metrics
+``log_loss``, ``normalized_entropy`` and ``calibration`` (summed batch by batch, ``dlrm.utils.metrics.ClickMetrics``)
+of both over all rows, their differences and the largest probability difference per protocol are printed as JSON
+(and written atomically to ``--output_json``). Exits 1 when an AUC differs from PyTorch's by more than ``--tolerance`` (default 1e-4; measured:
 ~1e-7 in probability and 5e-7 in AUC on 2,048 rows, where one flipped pair moves the AUC by ~1e-6), 2 on bad input
 or an unreachable server (every request has a ``--timeout``).
 """
@@ -58,6 +59,7 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     import os
 
     from dlrm import serving
+    from dlrm.utils.metrics import ClickMetrics
     from recsys_common.datasets import open_reader
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.metrics import roc_auc_score
@@ -87,6 +89,7 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     served: Dict[str, List[np.ndarray]] = {protocol: [] for protocol in clients}
     seconds = {protocol: 0.0 for protocol in clients}
     framework, labels = [], []
+    click = {name: ClickMetrics() for name in ("framework", *clients)}
     rows = 0
     try:
         for client in clients.values():
@@ -101,11 +104,13 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
             framework.append(serving.predict_probabilities(module, inputs[serving.NUMERICAL],
                                                            inputs[serving.CATEGORICAL]))
             labels.append(np.asarray(batch["label"][:keep], np.float64).reshape(-1))
+            click["framework"].add(labels[-1], probabilities=framework[-1])
             for protocol, client in clients.items():
                 begin = time.perf_counter()
                 out = client.infer(model_name, inputs, [serving.OUTPUT_NAME])[serving.OUTPUT_NAME]
                 seconds[protocol] += time.perf_counter() - begin
                 served[protocol].append(np.asarray(out, np.float32).reshape(-1))
+                click[protocol].add(labels[-1], probabilities=served[protocol][-1])
             rows += keep
     finally:
         for client in clients.values():
@@ -116,14 +121,18 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     reference = np.concatenate(framework).astype(np.float64)
     result: Dict[str, Any] = {"model_name": model_name, "rows": rows, "checkpoint": path, "dataset": dataset,
                               "mapping": mapping, "framework": {"auc": roc_auc_score(y, reference),
+                                                                **click["framework"].metrics(),
                                                                 "engine": "PyTorch eager float32"}}
     for protocol, parts in served.items():
         got = np.concatenate(parts).astype(np.float64)
         auc = roc_auc_score(y, got)
         result[protocol] = {"url": urls[protocol], "auc": auc,
                             "auc_difference": abs(auc - result["framework"]["auc"]),
-                            "max_abs_probability_difference": float(np.abs(got - reference).max()),
-                            "seconds_in_requests": seconds[protocol]}
+                            **click[protocol].metrics()}
+        for name in ("log_loss", "normalized_entropy", "calibration"):
+            result[protocol][f"{name}_difference"] = abs(result[protocol][name] - result["framework"][name])
+        result[protocol]["max_abs_probability_difference"] = float(np.abs(got - reference).max())
+        result[protocol]["seconds_in_requests"] = seconds[protocol]
     return result
 
 

@@ -133,6 +133,8 @@ def _define_flags(f: flags.FlagValues) -> None:
     d.DEFINE_integer("inference_benchmark_steps", 200, "Number of steps for measuring inference latency and "
                      "throughput", flag_values=f)
     d.DEFINE_float("auc_threshold", None, "Stop the training after achieving this AUC", flag_values=f)
+    d.DEFINE_string("reliability_plot", None, "Write a reliability diagram (PNG: predicted vs observed CTR per "
+                    "bucket of predicted probability) of the final evaluation here", flag_values=f)
     d.DEFINE_integer("seed", 12345, "Random seed", flag_values=f)
     d.DEFINE_boolean("Adam_embedding_optimizer", False, "Use Adam for the embeddings (default SGD)", flag_values=f)
     d.DEFINE_boolean("Adam_MLP_optimizer", False, "Use Adam for the MLPs (default SGD)", flag_values=f)
@@ -280,15 +282,19 @@ class _Amp:
 
 
 # ------------------------------------------------------------------------------------------------------ evaluation
-def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
-    """Exact AUC and mean BCE over the whole mapping, every process scoring its own rows.
+def evaluate(trainable, data, amp: _Amp, negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
+    """Exact AUC, mean BCE and the click-model metrics over the whole mapping, every process scoring its own rows.
 
-    No process gathers every logit: the AUC all-gathers only the smaller class (``distributed_roc_auc_score``)."""
+    No process gathers every logit: the AUC all-gathers only the smaller class (``distributed_roc_auc_score``); log
+    loss, normalized entropy, calibration and the reliability buckets are sums all-reduced once (``ClickMetrics``).
+    ``negative_downsampling_rate`` < 1 also reports ``normalized_entropy_corrected`` / ``calibration_corrected``.
+    ``ctr_sums`` and ``reliability_sums`` (lists) are the summed sums, for the log and the reliability diagram."""
     import torch
     from dlrm.utils.distributed import all_reduce_sum
-    from dlrm.utils.metrics import binary_cross_entropy_sum, distributed_roc_auc_score
+    from dlrm.utils.metrics import ClickMetrics, binary_cross_entropy_sum, distributed_roc_auc_score
     model = trainable.core  # no DDP wrapper: evaluation needs no gradient sync
     model.eval()
+    click = ClickMetrics(negative_downsampling_rate)
     logits_parts, label_parts = [], []
     with torch.no_grad():
         for numerical, categorical, label, valid in data:
@@ -296,16 +302,43 @@ def evaluate(trainable, data, amp: _Amp) -> Dict[str, float]:
                 logits = model(numerical, categorical)
             logits_parts.append(logits[:valid].float())
             label_parts.append(label[:valid])
+            click.add(label_parts[-1], logits=logits_parts[-1])
     model.train()
     device = data.device if hasattr(data, "device") else torch.device("cpu")
     logits = torch.cat(logits_parts) if logits_parts else torch.zeros(0, device=device)
     labels = torch.cat(label_parts) if label_parts else torch.zeros(0, device=device)
     loss_sum, count = all_reduce_sum([binary_cross_entropy_sum(logits, labels).item(), float(labels.numel())],
                                      logits.device)
+    click.all_reduce(logits.device)
     stats: Dict[str, int] = {}
     auc = distributed_roc_auc_score(labels, logits, stats)
     return {"auc": auc, "loss": loss_sum / max(count, 1.0), "samples": int(count),
-            "auc_rows_gathered": stats["rows_gathered"]}
+            "auc_rows_gathered": stats["rows_gathered"], **click.metrics(),
+            "ctr_sums": click.ctr_sums.tolist(), "reliability_sums": click.reliability_sums.tolist()}
+
+
+# Evaluation keys that are figures (logged, and in the summary with a ``test_`` prefix), next to auc and loss.
+CLICK_METRIC_KEYS = ("log_loss", "normalized_entropy", "calibration", "normalized_entropy_corrected",
+                     "calibration_corrected")
+
+
+def _click_metric_entries(metrics: Dict[str, Any]) -> Dict[str, float]:
+    """``test_<key>`` of the click metrics an evaluation has (``CLICK_METRIC_KEYS``)."""
+    return {f"test_{k}": metrics[k] for k in CLICK_METRIC_KEYS if k in metrics}
+
+
+def _final_evaluation_entries(metrics: Dict[str, Any], reliability_plot: Optional[str], ctx) -> Dict[str, Any]:
+    """The summary's entries of the final evaluation beyond AUC and loss: the click metrics, the summed
+    ``test_ctr_sums`` and ``test_reliability_sums`` (lists; ``recsys_common.plot_log`` draws the reliability diagram
+    from them), and the diagram itself at ``reliability_plot`` (rank 0 writes it)."""
+    out = {**_click_metric_entries(metrics), "test_ctr_sums": metrics["ctr_sums"],
+           "test_reliability_sums": metrics["reliability_sums"]}
+    if reliability_plot and ctx.is_main and metrics["samples"] > 0:
+        from recsys_common.metrics import plot_reliability
+        os.makedirs(os.path.dirname(os.path.abspath(reliability_plot)), exist_ok=True)
+        out["reliability_plot"] = plot_reliability(metrics["reliability_sums"], reliability_plot,
+                                                   f"DLRM test, {metrics['samples']} rows:", metrics["ctr_sums"])
+    return out
 
 
 # -------------------------------------------------------------------------------------------------------- training
@@ -456,7 +489,8 @@ def train(config: TrainConfig, ctx, trainable, amp: _Amp, train_data, test_data,
         last_eval_step = global_step
         metrics = evaluate(trainable, test_data(), amp)
         results["evaluations"].append({"step": global_step, **metrics})
-        logger.log(step=(tag_epoch, global_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"]})
+        logger.log(step=(tag_epoch, global_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"],
+                                                        **_click_metric_entries(metrics)})
         return config.auc_threshold is not None and metrics["auc"] >= config.auc_threshold
 
     def position() -> Dict[str, Any]:
@@ -722,12 +756,14 @@ def run(args) -> Dict[str, Any]:
                 results["test_samples"] = last["samples"]
                 results["test_auc_rows_gathered"] = last["auc_rows_gathered"]
                 results["best_auc"] = max(e["auc"] for e in results["evaluations"])
+                results.update(_final_evaluation_entries(last, args.reliability_plot, ctx))
             if saver is not None:  # the final checkpoint (no second copy when the last step was just saved)
                 results["checkpoint"] = saver.save(results["position"])
         elif args.mode == "test":
             metrics = evaluate(trainable, test_data(), amp)
             results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"],
-                            "test_auc_rows_gathered": metrics["auc_rows_gathered"]})
+                            "test_auc_rows_gathered": metrics["auc_rows_gathered"],
+                            **_final_evaluation_entries(metrics, args.reliability_plot, ctx)})
         else:
             results["inference"] = inference_benchmark(
                 _ints(args.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),

@@ -6,8 +6,9 @@
 The rows are mapping ``--mapping`` of the FeatureSpec ``--dataset/--feature_spec``: split-binary, headerless CSV or
 parquet files, as training reads them (``recsys_common.datasets``). The FeatureSpec needs the channels
 ``numerical`` and ``categorical`` in the checkpoint's order and sizes; a ``label`` is optional (when the mapping has
-it, the AUC of the predictions is printed too). The model is the checkpoint's eager DLRM in float32
-(:func:`dlrm.serving.load_model`; any embedding type, any number of training processes).
+it, the AUC, log loss, normalized entropy and calibration of the predictions are printed too). The model is the
+checkpoint's eager DLRM in float32 (:func:`dlrm.serving.load_model`; any embedding type, any number of training
+processes).
 
 Output (``--output``): ``.csv`` with a header ``probability`` and one line per input row, in input order, or
 ``.npy`` (float32 ``[rows]``). It is written to a temporary name and renamed, so it is complete or absent; an
@@ -15,7 +16,8 @@ existing file is replaced only with ``--overwrite``. A bad row stops the run bef
 file, feature and row: an id below 0 or at or above its table's size (unless the model was trained with
 ``--hash_indices``), a NaN or infinite numerical value, a CSV value its feature's dtype cannot hold.
 
-Prints (and returns from :func:`main`) a JSON summary: rows, output path, checkpoint, AUC when labels exist.
+Prints (and returns from :func:`main`) a JSON summary: rows, output path, checkpoint; AUC, ``log_loss``,
+``normalized_entropy`` and ``calibration`` when labels exist.
 """
 from __future__ import annotations
 
@@ -121,6 +123,7 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
     from recsys_common.datasets import DatasetError, open_reader
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.io import write_predictions
+    from dlrm.utils.metrics import ClickMetrics
     from recsys_common.metrics import roc_auc_score
 
     check_output(output, overwrite, batch_size)
@@ -169,6 +172,9 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
                                if len(probabilities) else None}
     if with_label and len(probabilities):
         summary["auc"] = roc_auc_score(np.concatenate(labels), probabilities.astype(np.float64))
+        click = ClickMetrics()
+        click.add(np.concatenate(labels), probabilities=probabilities)
+        summary.update(click.metrics())   # log_loss, normalized_entropy, calibration
     return summary
 
 
