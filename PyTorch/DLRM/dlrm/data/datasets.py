@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from recsys_common.datasets import DatasetError, open_reader
-from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+from recsys_common.feature_spec import FeatureSpec, FeatureSpecError, negative_downsampling_rate
 
 from .prefetch import DeviceTransfer, Prefetcher
 
@@ -54,6 +54,12 @@ class DatasetInfo:
     def __post_init__(self):
         if self.hotness is None:
             self.hotness = [1] * len(self.categorical_features)
+
+    @property
+    def negative_downsampling_rate(self) -> float:
+        """The probability a train negative was kept (the spec's ``metadata.negative_downsampling_rate``, written by
+        ``recsys_common.prepare_clicks``); evaluation adds its log to the logits. 1.0 without a spec or the key."""
+        return negative_downsampling_rate(self.spec) if self.spec is not None else 1.0
 
     @property
     def num_numerical_features(self) -> int:

@@ -32,7 +32,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from recsys_common.datasets import DatasetError
-from recsys_common.feature_spec import FeatureSpec, is_categorical_channel
+from recsys_common.feature_spec import FeatureSpec, is_categorical_channel, negative_downsampling_rate
 from recsys_common.prefetch import prefetched
 
 LOG = logging.getLogger("dlrm_dcnv2.dataloading")
@@ -52,6 +52,9 @@ class DatasetMetadata:
     num_numerical: int
     categorical_features: List[str]
     numerical_features: List[str]
+    # The probability a train negative was kept (feature_spec metadata, recsys_common.prepare_clicks
+    # --negative_downsampling_rate); evaluation adds log of it to the logits. 1.0: nothing dropped.
+    negative_downsampling_rate: float = 1.0
 
     @property
     def num_tables(self) -> int:
@@ -296,7 +299,8 @@ def metadata_from_spec(spec) -> DatasetMetadata:
             if not is_categorical_channel(ch) and "label" not in ch.lower() for f in names]
     return DatasetMetadata(table_sizes=[spec.cardinality(f) for f in cats],
                            hotness=[spec.max_hotness(f) for f in cats], num_numerical=len(nums),
-                           categorical_features=cats, numerical_features=nums)
+                           categorical_features=cats, numerical_features=nums,
+                           negative_downsampling_rate=negative_downsampling_rate(spec))
 
 
 def label_feature(spec) -> str:
