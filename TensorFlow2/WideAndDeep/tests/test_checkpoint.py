@@ -121,5 +121,8 @@ def test_an_evaluation_that_fails_on_the_data_keeps_the_epochs_checkpoint(etl_tr
     assert "--use_checkpoint" in err
     meta = tmp_path / "model" / "checkpoint" / "meta.json"
     assert json.loads(meta.read_text())["step"] == 31                 # the whole epoch (31 steps) was saved
-    final = main(one_epoch + ["--use_checkpoint", "--disable_map_calculation"])
-    assert set(final) == {"eval_loss", "eval_auc"} and final["eval_auc"] > 0.55
+    plot = tmp_path / "reliability.png"
+    final = main(one_epoch + ["--use_checkpoint", "--disable_map_calculation", "--reliability_plot", str(plot)])
+    assert set(final) == {"eval_loss", "eval_auc", "eval_normalized_entropy", "eval_calibration"}
+    assert final["eval_auc"] > 0.55 and 0 < final["eval_normalized_entropy"] < 1.2
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # the final evaluation's reliability diagram

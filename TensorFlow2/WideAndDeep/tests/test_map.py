@@ -3,6 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from recsys_common.metrics import ctr_metrics
 from wide_deep.trainer.evaluator import MissingClickError, compute_metrics, gather_rows, map_at_k
 
 
@@ -60,6 +61,10 @@ def test_displays_split_across_batches_and_ranks():
     assert map_at_k(d, s, y) == pytest.approx(expected, abs=1e-12)
     metrics = compute_metrics(d, 1 / (1 + np.exp(-s)), y)
     assert metrics["map12"] == pytest.approx(expected, abs=1e-12)
+    clicks = ctr_metrics(y, probabilities=1 / (1 + np.exp(-s)))     # issue 33: NE and calibration next to AUC
+    assert metrics["normalized_entropy"] == clicks["normalized_entropy"]
+    assert metrics["calibration"] == clicks["calibration"]
+    assert metrics["loss"] == pytest.approx(clicks["log_loss"], rel=1e-9)
     assert gather_rows(display, scores, labels, None)[0] is display
 
 

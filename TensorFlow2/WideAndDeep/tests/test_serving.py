@@ -119,6 +119,9 @@ def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, proto
     assert result["framework"]["map12"] == pytest.approx(final["eval_map12"], abs=1e-9)
     assert result["framework"]["auc"] == pytest.approx(final["eval_auc"], abs=1e-9)
     assert abs(result["server"]["map12"] - final["eval_map12"]) <= 1e-6
+    for key in ("normalized_entropy", "calibration"):   # issue 33: served = framework = the training run's figure
+        assert result["framework"][key] == pytest.approx(final[f"eval_{key}"], abs=1e-9)
+        assert abs(result["difference"][key]) <= 1e-6
     from wide_deep.trainer.dataloader import count_rows, mapping_files, read_feature_spec
     spec = read_feature_spec(trained["flags"][3], "feature_spec.yaml")
     assert result["rows"] == count_rows(mapping_files(spec, "test")) and result["passed"] is True

@@ -6,7 +6,7 @@ tritonclient, compared with the recipe's own evaluation of the same checkpoint o
         --deep_hidden_units 32 32 --server-url 127.0.0.1:8001 --protocol grpc --model-name widedeep-onnx
 
 Wide & Deep: the ``test`` mapping read by the recipe's loader (``ParquetBatches``); the framework side is the recipe's
-``run.evaluate`` (exact BCE, AUC and MAP@12 per ``display_id``, :mod:`wide_deep.trainer.evaluator`); the server side
+``run.evaluate`` (exact BCE, AUC, MAP@12 per ``display_id``, normalized entropy and calibration, :mod:`wide_deep.trainer.evaluator`); the server side
 sends the same rows and computes the same metrics on the returned probabilities. MovieLens (``--model movielens``):
 AUC on its ``test`` mapping. Prints both, the differences and the largest per-row probability difference; writes them
 as JSON (``--output-json``); exits 1 when a metric differs by more than ``--tolerance``, 2 on bad flags or an
@@ -89,14 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=4096, help="rows per request (and per framework batch)")
     s.add_argument("--timeout", type=float, default=60.0, help="seconds per call (connect, ready, infer)")
     s.add_argument("--tolerance", type=float, default=1e-4,
-                   help="largest allowed |server - framework| of each metric (AUC, MAP@12, BCE)")
+                   help="largest allowed |server - framework| of each metric (AUC, MAP@12, BCE, NE, "
+                        "calibration)")
     add_flag(s, "--output-json", default=None, help="write the comparison here (atomically)")
     return p
 
 
 def compare(framework: Dict[str, float], served: Dict[str, float], tolerance: float) -> Dict[str, float]:
-    """``{metric: served - framework}``."""
-    return {k: float(served[k] - framework[k]) for k in framework}
+    """``{metric: served - framework}``; 0 where both are NaN (an undefined metric, e.g. NE of a split without
+    clicks, is undefined on both sides alike)."""
+    return {k: 0.0 if np.isnan(served[k]) and np.isnan(framework[k]) else float(served[k] - framework[k])
+            for k in framework}
 
 
 def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -136,7 +139,8 @@ def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
               "protocol": args.protocol, "rows": int(len(labels)), "framework": framework, "server": served,
               "difference": difference, "max_abs_probability_difference": float(np.max(np.abs(served_probs - fw_probs))),
               "tolerance": args.tolerance, "passed": passed}
-    names = {"loss": "BCE", "auc": "AUC", "map12": "MAP@12"}
+    names = {"loss": "BCE", "auc": "AUC", "map12": "MAP@12", "normalized_entropy": "NE",
+             "calibration": "calibration"}
     for k in framework:
         print(f"[evaluate_accuracy] {names.get(k, k)}: framework {framework[k]:.6f} server {served[k]:.6f} "
               f"difference {difference[k]:+.2e}")

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--checkpoint_every_steps", type=int, default=0,
                      help="Also save a checkpoint every N training steps (0: after each epoch only)")
     ext.add_argument("--print_freq", type=int, default=100, help="Log training loss every N steps")
+    ext.add_argument("--reliability_plot", type=str, default=None, metavar="PATH",
+                     help="Write a reliability diagram (PNG: predicted vs observed CTR per log-spaced bucket) of "
+                          "the final evaluation here")
     return p
 
 

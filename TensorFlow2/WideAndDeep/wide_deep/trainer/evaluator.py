@@ -1,4 +1,5 @@
-"""Exact evaluation metrics: BCE, ROC AUC and MAP@12 per display, over all ranks' rows.
+"""Exact evaluation metrics: BCE, ROC AUC, MAP@12 per display, normalized entropy and calibration, over all ranks'
+rows.
 
 Each rank collects its ``(display_id, score, label)`` rows; :func:`gather_rows` allgathers them (Horovod), and every
 rank computes the metrics once on the full set, so a display whose ads fall in different batches or on different
@@ -7,6 +8,10 @@ ranks is ranked whole.
 MAP@12 (Kaggle Outbrain): for each display, its ads sorted by score (descending; ties keep the earlier row first);
 AP = 1 / rank of the clicked ad if the rank is at most 12, else 0; MAP = mean AP over displays. Each display must
 have exactly one click.
+
+Normalized entropy and calibration (issue 33; ``recsys_common.metrics.ctr_metrics`` of the probabilities): NE = log
+loss / entropy of the observed CTR (< 1: better than predicting the base rate; NaN when the CTR is 0 or 1),
+calibration = sum of predicted probabilities / clicks (1: as many clicks predicted as observed).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from recsys_common.metrics import log_loss, roc_auc_score
+from recsys_common.metrics import ctr_metrics, log_loss, roc_auc_score
 
 
 class MissingClickError(ValueError):
@@ -47,10 +52,13 @@ def map_at_k(display_ids, scores, labels, k: int = 12) -> float:
 
 
 def compute_metrics(display_ids, probabilities, labels, with_map: bool = True) -> Dict[str, float]:
-    """``{"loss": BCE, "auc": exact ROC AUC, "map12": MAP@12}`` of the given rows."""
+    """``{"loss": BCE, "auc": exact ROC AUC, "map12": MAP@12, "normalized_entropy", "calibration"}`` of the given
+    rows (see the module docstring)."""
     metrics = {"loss": log_loss(labels, probabilities), "auc": roc_auc_score(labels, probabilities)}
     if with_map:
         metrics["map12"] = map_at_k(display_ids, probabilities, labels)
+    clicks = ctr_metrics(labels, probabilities=probabilities)
+    metrics.update(normalized_entropy=clicks["normalized_entropy"], calibration=clicks["calibration"])
     return metrics
 
 

@@ -133,8 +133,10 @@ def build_model(spec, embedding_sizes_file: str, hidden_units, dropout: float, c
     return WideDeepModel(config, seed=seed).build_from_config()
 
 
-def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True) -> Dict[str, float]:
-    """Exact metrics over every rank's rows of ``batches`` (see :mod:`wide_deep.trainer.evaluator`)."""
+def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True,
+             reliability_plot: Optional[str] = None, title: str = "") -> Dict[str, float]:
+    """Exact metrics over every rank's rows of ``batches`` (see :mod:`wide_deep.trainer.evaluator`);
+    ``reliability_plot``: rank 0 also draws these rows' reliability diagram (PNG) there."""
     from .evaluator import compute_metrics, gather_rows
     ids, probs, labels = [], [], []
     for features, y, display in batches:
@@ -145,7 +147,13 @@ def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True) ->
     ids, probs, labels = gather_rows(ids, probs, labels, dist.allgather if dist.size > 1 else None)
     if ids.size == 0:
         raise TrainingError("the validation set is empty: nothing to evaluate")
-    return compute_metrics(ids, probs, labels, with_map=with_map)
+    metrics = compute_metrics(ids, probs, labels, with_map=with_map)
+    if reliability_plot and dist.rank == 0:   # every rank holds every row: the buckets are the whole set's
+        from recsys_common.metrics import ctr_sums, plot_reliability, reliability_sums
+        plot_reliability(reliability_sums(labels, probabilities=probs), reliability_plot, title=title,
+                         sums=ctr_sums(labels, probabilities=probs))
+        print(f"reliability diagram: {reliability_plot}", flush=True)
+    return metrics
 
 
 def _print(dist: "Dist", text: str) -> None:
@@ -154,7 +162,8 @@ def _print(dist: "Dist", text: str) -> None:
 
 
 def _metric_text(metrics: Dict[str, float]) -> str:
-    names = {"loss": "BCE", "auc": "AUC", "map12": "MAP@12"}
+    names = {"loss": "BCE", "auc": "AUC", "map12": "MAP@12", "normalized_entropy": "NE",
+             "calibration": "calibration"}
     return " ".join(f"{names.get(k, k)} {v:.5f}" for k, v in metrics.items())
 
 
@@ -371,7 +380,7 @@ def _run(args, dist: Dist) -> Dict[str, object]:
     if args.evaluate:
         if args.benchmark:
             return _benchmark_eval(BenchmarkConfig.from_flags(args), valid, predict_fn, dist, logger)
-        metrics = evaluate(model, valid, dist, predict_fn, with_map)
+        metrics = evaluate(model, valid, dist, predict_fn, with_map, args.reliability_plot, "W&D --evaluate")
         results = {f"eval_{k}": v for k, v in metrics.items()}
         logger.log_summary(results)
         _print(dist, "[evaluate] " + _metric_text(metrics))
@@ -393,8 +402,10 @@ def _run(args, dist: Dist) -> Dict[str, object]:
         return _benchmark_train(BenchmarkConfig.from_flags(args), train, train_step, steps_per_epoch, dist, logger)
 
     def evaluate_epoch(epoch: int) -> Dict[str, float]:
+        final = epoch == args.num_epochs - 1   # --reliability_plot: the final evaluation's diagram
         try:
-            return evaluate(model, valid, dist, predict_fn, with_map)
+            return evaluate(model, valid, dist, predict_fn, with_map, args.reliability_plot if final else None,
+                            f"W&D epoch {epoch + 1}")
         except MissingClickError as e:
             raise TrainingError(f"evaluation after epoch {epoch + 1}: {e}. The epoch's checkpoint is saved in "
                                 f"{checkpointer.directory}: fix the validation data (or pass "
