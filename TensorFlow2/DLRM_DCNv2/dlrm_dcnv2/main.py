@@ -370,6 +370,16 @@ def dataset_shape(data: DataConfig):
     return list(meta.table_sizes), list(meta.hotness), int(meta.num_numerical)
 
 
+def dataset_negative_downsampling_rate(data: DataConfig) -> float:
+    """The probability a train negative was kept (the spec's ``metadata.negative_downsampling_rate``, written by
+    ``recsys_common.prepare_clicks``); 1.0 for the synthetic data without a spec."""
+    if data.dataset_type == "synthetic" and not data.synthetic_use_feature_spec:
+        return 1.0
+    from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
+    return metadata_from_spec(load_spec(data.dataset_path, data.feature_spec, "--feature_spec")
+                              ).negative_downsampling_rate
+
+
 def open_data(data: DataConfig, ctx, sparse_model, mapping: str, global_batch_size: int):
     """This rank's batches of ``mapping`` ("train" / "test"): an iterable with ``len()`` (and ``iterate(start)``)."""
     from dlrm_dcnv2.dataloading import create_input
@@ -527,7 +537,7 @@ def run(args) -> Dict[str, Any]:
         training = train_config.resume_settings(ctx.world_size)
         evaluator = Evaluator(model, ctx, auc_thresholds=args.auc_thresholds, xla=args.xla,
                               run_eagerly=args.run_eagerly,
-                              negative_downsampling_rate=getattr(args, "negative_downsampling_rate", 1.0))
+                              negative_downsampling_rate=dataset_negative_downsampling_rate(data))
 
         if args.mode in ("eval", "inference"):
             if args.restore_checkpoint_path:

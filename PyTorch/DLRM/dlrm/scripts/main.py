@@ -359,9 +359,10 @@ class TrainConfig:
     auc_threshold: Optional[float] = None
     benchmark_warmup_steps: int = 0
     cuda_graphs: bool = False
+    negative_downsampling_rate: float = 1.0   # the dataset's (DatasetInfo), for the evaluations' logit correction
 
     @classmethod
-    def from_flags(cls, args) -> "TrainConfig":
+    def from_flags(cls, args, negative_downsampling_rate: float = 1.0) -> "TrainConfig":
         return cls(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                    schedule={"base_lr": args.lr, "warmup_steps": args.warmup_steps,
                              "warmup_factor": args.warmup_factor, "decay_start_step": args.decay_start_step,
@@ -369,7 +370,7 @@ class TrainConfig:
                              "end_lr": args.decay_end_lr},
                    print_freq=args.print_freq, test_freq=args.test_freq, test_after=args.test_after,
                    auc_threshold=args.auc_threshold, benchmark_warmup_steps=args.benchmark_warmup_steps,
-                   cuda_graphs=args.cuda_graphs)
+                   cuda_graphs=args.cuda_graphs, negative_downsampling_rate=negative_downsampling_rate)
 
 
 class _LossWindow:
@@ -487,7 +488,7 @@ def train(config: TrainConfig, ctx, trainable, amp: _Amp, train_data, test_data,
         nonlocal last_eval_step
         nonfinite.check()
         last_eval_step = global_step
-        metrics = evaluate(trainable, test_data(), amp)
+        metrics = evaluate(trainable, test_data(), amp, config.negative_downsampling_rate)
         results["evaluations"].append({"step": global_step, **metrics})
         logger.log(step=(tag_epoch, global_step), data={"test_auc": metrics["auc"], "test_loss": metrics["loss"],
                                                         **_click_metric_entries(metrics)})
@@ -748,8 +749,8 @@ def run(args) -> Dict[str, Any]:
         if args.mode in ("train", "test"):
             test_data()  # open (and so check) the test mapping before spending time on training
         if args.mode == "train":
-            results.update(train(TrainConfig.from_flags(args), ctx, trainable, amp, train_data(), test_data, logger,
-                                 start, saver))
+            results.update(train(TrainConfig.from_flags(args, info.negative_downsampling_rate), ctx, trainable, amp,
+                                 train_data(), test_data, logger, start, saver))
             if results["evaluations"]:
                 last = results["evaluations"][-1]
                 results["auc"], results["test_loss"] = last["auc"], last["loss"]
@@ -760,7 +761,7 @@ def run(args) -> Dict[str, Any]:
             if saver is not None:  # the final checkpoint (no second copy when the last step was just saved)
                 results["checkpoint"] = saver.save(results["position"])
         elif args.mode == "test":
-            metrics = evaluate(trainable, test_data(), amp)
+            metrics = evaluate(trainable, test_data(), amp, info.negative_downsampling_rate)
             results.update({"auc": metrics["auc"], "test_loss": metrics["loss"], "test_samples": metrics["samples"],
                             "test_auc_rows_gathered": metrics["auc_rows_gathered"],
                             **_final_evaluation_entries(metrics, args.reliability_plot, ctx)})
