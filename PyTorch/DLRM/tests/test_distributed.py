@@ -2,8 +2,8 @@
 
 Checks that 2-process training equals 1-process training on the same global batches, table-wise and row-wise (the
 CPU row-wise sharder's forward and backward), on one node and on two nodes (two torchrun launchers on loopback, c10d
-rendezvous, as the README's multi-node command); that AUC covers every test row from both processes; and that
-checkpoints move between 1 and 2 processes. Every launcher must exit 0: an abort at exit after a good run fails.
+rendezvous, as the README's multi-node command); that AUC, log loss, NE and calibration cover every test row from
+both processes; and that checkpoints move between 1 and 2 processes. Every launcher must exit 0: an abort at exit after a good run fails.
 Failures (a NaN on one rank, a checkpoint directory not shared) are in ``test_distributed_failures.py``.
 """
 import os
@@ -59,6 +59,12 @@ def assert_matches_reference(run, reference_result):
     assert run["auc"] == pytest.approx(reference_result["auc"], abs=AUC_TOLERANCE)
     assert run["test_loss"] == pytest.approx(reference_result["test_loss"], rel=LOSS_TOLERANCE)
     assert run["auc"] > 0.55                        # and the model learned: the comparison is not of two untrained
+    # log loss, NE and calibration: each process's four sums all-reduced (nothing gathered) give the 1-process figures;
+    # the counts are exact, the sums differ as the test loss does (the same float32 model up to summation order)
+    assert run["test_ctr_sums"][:2] == reference_result["test_ctr_sums"][:2] == [2048.0, run["test_ctr_sums"][1]]
+    for key in ("test_log_loss", "test_normalized_entropy", "test_calibration"):
+        assert run[key] == pytest.approx(reference_result[key], rel=LOSS_TOLERANCE), key
+    assert sum(bucket[0] for bucket in run["test_reliability_sums"]) == 2048
 
 
 def test_teardown_leaves_no_gloo_thread(small_dataset, tmp_path):
@@ -97,9 +103,12 @@ def test_row_wise_training_on_one_node_matches_one_process(small_dataset, tmp_pa
     torchrun(train_args(small_dataset, tmp_path / "rw_train.json", "--embedding_type", "torchrec_fused",
                         "--sharding_type", "row_wise", "--max_steps", "20",
                         "--load_checkpoint_path", str(reference["init"]),
-                        "--save_checkpoint_path", str(tmp_path / "rw")))
+                        "--save_checkpoint_path", str(tmp_path / "rw"), "--reliability_plot", str(tmp_path / "rw.png")))
     rw = summary(tmp_path / "rw_train.json")
     assert_matches_reference(rw, reference["result"])
     single = main(train_args(small_dataset, tmp_path / "single.json", "--mode", "test", "--embedding_type",
                              "multi_table", "--load_checkpoint_path", str(tmp_path / "rw")))
     assert single["auc"] == pytest.approx(rw["auc"], abs=1e-6)
+    for key in ("test_log_loss", "test_normalized_entropy", "test_calibration"):
+        assert single[key] == pytest.approx(rw[key], rel=1e-6), key
+    assert open(tmp_path / "rw.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"   # written once, by rank 0

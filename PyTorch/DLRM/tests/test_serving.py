@@ -93,6 +93,11 @@ def test_evaluate_accuracy_through_http_and_grpc(server, checkpoint, small_datas
     for protocol in ("http", "grpc"):
         assert result[protocol]["auc_difference"] <= 1e-5  # measured 4.8e-7: one tie flipped is ~1e-6 here
         assert result[protocol]["max_abs_probability_difference"] <= SERVED_TOLERANCE
+        # the served log loss, NE and calibration agree with PyTorch's (measured 2026-11-28: 3e-9 to 6e-9 apart)
+        for name in ("log_loss", "normalized_entropy", "calibration"):
+            assert result[protocol][f"{name}_difference"] <= 1e-6, (protocol, name, result[protocol])
+            assert result[protocol][name] == pytest.approx(result["framework"][name], abs=1e-6)
+    assert 0 < result["framework"]["normalized_entropy"] < 1 and 0.5 < result["framework"]["calibration"] < 2
     # the tolerance check can fail: a negative tolerance rejects even identical AUCs
     assert evaluate_accuracy.main(["--grpc-url", server.grpc_url, "--dataset", small_dataset, "--model_checkpoint",
                                    checkpoint, "--max_rows", "500", "--tolerance", "-1"]) == 1
