@@ -5,7 +5,8 @@ MovieLens CTR dataset of ``recsys_common.movielens_ctr``, a preprocessed Criteo 
 through ``recsys_common.datasets``, one-hot encodes every single-hot categorical feature (ids never seen in training
 are ignored) and multi-hot encodes every multi-hot one (one column per id of its cardinality, 1 for each id a row
 holds), standardizes the numerical features, fits scikit-learn's L2-regularized ``LogisticRegression`` on the
-training mapping and prints the ROC AUC (``recsys_common.metrics``) on the test mapping. Needs scikit-learn and
+training mapping and prints the ROC AUC, log loss, normalized entropy and calibration (``recsys_common.metrics``)
+on the test mapping. Needs scikit-learn and
 scipy (not dependencies of recsys_common itself; imported only when run).
 
     python -m recsys_common.logistic_baseline --dataset /data/ml-1m-ctr
@@ -26,7 +27,7 @@ import numpy as np
 from .datasets import PAD, read_columns
 from .feature_spec import FeatureSpec
 from .io import check_json_output, write_json_output
-from .metrics import log_loss, roc_auc_score
+from .metrics import ctr_metrics, log_loss, roc_auc_score
 
 
 def load_mapping(spec: FeatureSpec, mapping: str, max_rows: Optional[int]) -> Dict[str, np.ndarray]:
@@ -117,9 +118,12 @@ def main(argv: Optional[Sequence[str]] = None) -> float:
     fit_seconds = time.perf_counter() - start
     probability = model.predict_proba(x_test)[:, 1]
     auc = roc_auc_score(test["label"], probability)
+    click = ctr_metrics(test["label"], probabilities=probability)   # NE < 1 beats the background rate; 1 = calibrated
     result = {
         "test_auc": round(auc, 6),
         "test_logloss": round(log_loss(test["label"], probability), 6),
+        "test_normalized_entropy": round(click["normalized_entropy"], 6),
+        "test_calibration": round(click["calibration"], 6),
         "train_rows": int(len(train["label"])), "test_rows": int(len(test["label"])),
         "one_hot_columns": int(x_train.shape[1]), "fit_seconds": round(fit_seconds, 2),
         "C": args.C, "iterations": int(np.max(model.n_iter_)),

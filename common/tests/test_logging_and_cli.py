@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from recsys_common import plot_log, synthetic, testing, transcode
@@ -92,6 +93,34 @@ def test_plot_log_writes_pngs(tmp_path):
         with open(w, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert len(read_log(path)) == 7
+
+
+def test_plot_log_draws_the_reliability_diagram_from_a_summary_with_buckets(tmp_path):
+    """An evaluation-only log (a summary, no step-indexed record) with reliability buckets gives reliability.png; a
+    training log gives it beside the step plots; without buckets nothing changes (an empty log is still an error)."""
+    from recsys_common.metrics import ctr_sums, reliability_sums
+    rng = np.random.default_rng(0)
+    logits = rng.normal(-1.0, 1.0, 500)
+    labels = (rng.random(500) < 1 / (1 + np.exp(-logits))).astype(np.float64)
+    buckets = reliability_sums(labels, logits=logits).tolist()
+    evaluation_only, training = str(tmp_path / "test.json"), str(tmp_path / "train.json")
+    with Logger(evaluation_only, stdout=False) as log:
+        log.log_summary({"auc": 0.7, "test_ctr_sums": ctr_sums(labels, logits=logits).tolist(),
+                         "test_reliability_sums": buckets})
+    with Logger(training, stdout=False) as log:
+        log.log(step=(0, 10), data={"loss": 0.6, "test_auc": 0.7})
+        log.log_summary({"test_reliability_sums": buckets})      # the whole-set sums are optional
+    written = plot_log.main([evaluation_only, "--output", str(tmp_path / "a")])
+    assert [os.path.basename(w) for w in written] == ["reliability.png"]
+    with open(written[0], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    written = plot_log.main([training, "--output", str(tmp_path / "b")])
+    assert sorted(os.path.basename(w) for w in written) == ["loss.png", "metrics.png", "reliability.png"]
+    empty = str(tmp_path / "empty.json")
+    with Logger(empty, stdout=False) as log:
+        log.log_summary({"auc": 0.7})
+    with pytest.raises(ValueError, match="nothing|no step"):
+        plot_log.plot(empty, str(tmp_path / "c"))
 
 
 def _plotted(path):

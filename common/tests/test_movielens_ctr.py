@@ -1,5 +1,6 @@
 """recsys_common.movielens_ctr (both genre layouts) and recsys_common.logistic_baseline on a tiny MovieLens-format
 directory written here, plus the multi-hot layout on the shared MovieLens-1M ratings (skipped when absent)."""
+import json
 import os
 
 import numpy as np
@@ -82,8 +83,13 @@ def test_logistic_baseline_reads_multi_hot_features(tiny_ml, tmp_path):
     matrix = logistic_baseline.multi_hot_matrix(np.array([[2, 0, -1], [-1, -1, -1]]), 4)
     assert matrix.toarray().tolist() == [[1, 0, 1, 0], [0, 0, 0, 0]]
     # The labels are an OR of a user and a movie indicator: separable by one-hot user + movie features.
-    auc = logistic_baseline.main(["--dataset", str(tmp_path / "out"), "--C", "100"])
+    auc = logistic_baseline.main(["--dataset", str(tmp_path / "out"), "--C", "100", "--output_json",
+                                  str(tmp_path / "baseline.json")])
     assert auc > 0.9
+    result = json.loads((tmp_path / "baseline.json").read_text())
+    assert result["test_auc"] == round(auc, 6)
+    # NE and calibration next to AUC and log loss: a separable problem fits far below the background rate's entropy
+    assert 0 < result["test_normalized_entropy"] < 0.5 and 0.5 < result["test_calibration"] < 2, result
 
 
 def test_bad_input_names_file_and_line(tiny_ml, tmp_path):
