@@ -120,7 +120,8 @@ def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, proto
     assert result["framework"]["auc"] == pytest.approx(final["eval_auc"], abs=1e-9)
     assert abs(result["server"]["map12"] - final["eval_map12"]) <= 1e-6
     for key in ("normalized_entropy", "calibration"):   # issue 33: served = framework = the training run's figure
-        assert result["framework"][key] == pytest.approx(final[f"eval_{key}"], abs=1e-9)
+        # (float32 probabilities of another batch size: equal to ~1e-8, where the rank-based AUC/MAP are exact)
+        assert result["framework"][key] == pytest.approx(final[f"eval_{key}"], rel=1e-6)
         assert abs(result["difference"][key]) <= 1e-6
     from wide_deep.trainer.dataloader import count_rows, mapping_files, read_feature_spec
     spec = read_feature_spec(trained["flags"][3], "feature_spec.yaml")
