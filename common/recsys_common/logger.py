@@ -132,6 +132,8 @@ class Logger:
         def fmt(v):
             if isinstance(v, float):
                 return f"{v:.6g}"
+            if isinstance(v, (list, tuple)) and v and isinstance(v[0], (list, tuple)):
+                return f"[{len(v)} rows in the JSON log]"   # a table (e.g. reliability buckets): unreadable inline
             return str(_jsonable(v))
         return f"[{label}] " + "  ".join(f"{k}: {fmt(v)}" for k, v in data.items())
 
