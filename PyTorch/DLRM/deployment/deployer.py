@@ -14,7 +14,8 @@ configuration is read from the checkpoint, so the model flags are optional and, 
 difference is an error naming the layer or table); ``--overwrite``; the models are float32 (no ``--fp16``).
 
 Served model: inputs ``numerical`` FP32 ``[N]`` and ``categorical`` INT64 ``[T]`` per row, output ``probability``
-FP32 ``[1]`` (``sigmoid`` of the logit); see :mod:`dlrm.serving`. The export itself, the ``--triton-*`` flags and the
+FP32 ``[1]`` (``sigmoid`` of the logit, plus ``log w`` for a model trained on negatives down-sampled to rate
+``w``: ``--negative_downsampling_rate``, default the dataset's recorded rate); see :mod:`dlrm.serving`. The export itself, the ``--triton-*`` flags and the
 format rule are ``recsys_common.serving.torch_export`` / ``triton_options``, shared with NCF's deployer; the batching
 delay is also accepted in microseconds (``--dynamic-batching-delay-us``, ``--max-queue-delay-us``). After export each
 written model is run on ``--check_rows`` random rows against the eager model (NVIDIA's "conversion correctness
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--bottom_mlp_sizes", nargs="+", default=None)
     model.add_argument("--top_mlp_sizes", nargs="+", default=None)
     model.add_argument("--interaction_op", choices=("dot", "cat"), default=None)
+    model.add_argument("--negative_downsampling_rate", type=float, default=None,
+                       help="w in (0, 1]: the training data kept each negative with probability w (as "
+                            "recsys_common.prepare_clicks'); the served probability is sigmoid(logit + log w), the "
+                            "full data's. Default: the rate recorded in --dataset's FeatureSpec (1.0 without "
+                            "--dataset or record: no correction)")
     model.add_argument("--opset", type=int, default=17, help="ONNX opset")
     model.add_argument("--check_rows", type=int, default=4096,
                        help="rows of the exported-vs-eager check after export (0: skip)")
@@ -87,7 +93,8 @@ def dataset_tables(dataset: str, feature_spec: str):
 
 
 def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
-    """Parse ``argv``, write the repository; returns ``{"models", "max_abs_diff", "config", "checkpoint"}``.
+    """Parse ``argv``, write the repository; returns ``{"models", "max_abs_diff", "config", "checkpoint",
+    "negative_downsampling_rate"}`` (the rate whose ``log`` the served logit gets, also in recsys_serving.json).
     Raises :class:`DeployError`, ``ModelMismatchError``, ``CheckpointError``, ``FileExistsError`` on bad input."""
     from dlrm import serving
     from recsys_common.serving import torch_export
@@ -103,16 +110,24 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
     expected = dict(num_numerical_features=args.num_numerical_features, embedding_dim=args.embedding_dim,
                     bottom_mlp_sizes=_sizes(args.bottom_mlp_sizes, "bottom_mlp_sizes"),
                     top_mlp_sizes=_sizes(args.top_mlp_sizes, "top_mlp_sizes"), interaction_op=args.interaction_op)
-    spec_dict = None
+    spec_dict, rate = None, 1.0
+    if args.negative_downsampling_rate is not None:   # checked before minutes of loading
+        rate = serving.check_negative_downsampling_rate(args.negative_downsampling_rate)
     if args.dataset:
         sizes, spec_dict, origin, num_numerical = dataset_tables(args.dataset, args.feature_spec)
+        if args.negative_downsampling_rate is None:
+            from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate
+            rate = negative_downsampling_rate(FeatureSpec.from_dict(spec_dict, origin=origin))
         expected.update(table_sizes=sizes, table_source=f"{origin} (cardinality)")
         if expected["num_numerical_features"] is None:
             expected["num_numerical_features"] = num_numerical
     model, config, path = serving.load_model(args.model_checkpoint, **expected)
-    module = serving.serving_module(model)
-    model_dirs = torch_export.write_repository(module, serving.sidecar(config, path, spec_dict), formats, options,
-                                               tool=TOOL_PATH, opset=args.opset)
+    module = serving.serving_module(model, rate)
+    print(f"{TOOL}: negative down-sampling rate {rate:g}: "
+          + (f"served probabilities are sigmoid(logit + log {rate:g})" if rate < 1.0 else "no correction"),
+          file=sys.stderr)
+    model_dirs = torch_export.write_repository(module, serving.sidecar(config, path, spec_dict, rate), formats,
+                                               options, tool=TOOL_PATH, opset=args.opset)
     diffs = {}
     if args.check_rows:
         diffs = torch_export.check_exported(module, model_dirs, options.version,
@@ -122,7 +137,8 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
         if worst > args.check_tolerance:
             raise DeployError(f"exported model differs from the eager model by {worst:.3g} (> --check_tolerance "
                               f"{args.check_tolerance}): {diffs}")
-    return {"models": model_dirs, "max_abs_diff": diffs, "config": config.to_dict(), "checkpoint": path}
+    return {"models": model_dirs, "max_abs_diff": diffs, "config": config.to_dict(), "checkpoint": path,
+            "negative_downsampling_rate": rate}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -10,9 +10,12 @@ onnxruntime runtime), and scores the same batch with the checkpoint's eager PyTo
 code: the framework's own evaluation). Exact ROC AUC (``recsys_common.metrics``) and the click-model metrics
 ``log_loss``, ``normalized_entropy`` and ``calibration`` (summed batch by batch, ``dlrm.utils.metrics.ClickMetrics``)
 of both over all rows, their differences and the largest probability difference per protocol are printed as JSON
-(and written atomically to ``--output_json``). Exits 1 when an AUC differs from PyTorch's by more than ``--tolerance`` (default 1e-4; measured:
-~1e-7 in probability and 5e-7 in AUC on 2,048 rows, where one flipped pair moves the AUC by ~1e-6), 2 on bad input
-or an unreachable server (every request has a ``--timeout``).
+(and written atomically to ``--output_json``). A model deployed from negatively down-sampled data serves
+``sigmoid(logit + log w)``; PyTorch's side gets the same correction (``--negative_downsampling_rate``, default the
+FeatureSpec's recorded rate, as the deployer's default), and ``framework_uncorrected`` adds the uncorrected model's
+metrics with their ``*_corrected`` forms. Exits 1 when an AUC differs from PyTorch's by more than ``--tolerance``
+(default 1e-4; measured: ~1e-7 in probability and 5e-7 in AUC on 2,048 rows, where one flipped pair moves the AUC
+by ~1e-6), 2 on bad input or an unreachable server (every request has a ``--timeout``).
 """
 from __future__ import annotations
 
@@ -43,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mapping", default="test", help="split to evaluate")
     p.add_argument("--model_checkpoint", "--load_checkpoint_path", dest="model_checkpoint", required=True,
                    help="the checkpoint the served model was deployed from (PyTorch's own evaluation)")
+    p.add_argument("--negative_downsampling_rate", type=float, default=None,
+                   help="the rate w the served model was deployed with (its recsys_serving.json): PyTorch's side "
+                        "gets the same sigmoid(logit + log w). Default: the rate recorded in the dataset's "
+                        "FeatureSpec, as the deployer's default (1.0: no correction)")
     p.add_argument("--batch_size", type=int, default=4096, help="rows per request")
     p.add_argument("--max_rows", type=int, default=None, help="evaluate only the first this many rows")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest accepted |AUC served - AUC PyTorch|")
@@ -53,15 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoint: str,
              feature_spec: str = "feature_spec.yaml", mapping: str = "test", batch_size: int = 4096,
-             max_rows: Optional[int] = None, timeout_s: float = 60.0) -> Dict[str, Any]:
+             max_rows: Optional[int] = None, timeout_s: float = 60.0,
+             negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
     """``urls``: protocol (``"http"`` / ``"grpc"``) -> ``host:port``. Returns the result dict (see the module
-    docstring); raises ``ServingError`` naming the url when a server is unreachable or refuses a request."""
+    docstring); raises ``ServingError`` naming the url when a server is unreachable or refuses a request.
+    ``negative_downsampling_rate``: the served model's ``w`` (``None``: the FeatureSpec's recorded rate)."""
     import os
 
     from dlrm import serving
     from dlrm.utils.metrics import ClickMetrics
     from recsys_common.datasets import open_reader
-    from recsys_common.feature_spec import FeatureSpec
+    from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate as recorded_rate
     from recsys_common.metrics import roc_auc_score
     from recsys_common.serving.client import InferenceClient
 
@@ -72,7 +81,11 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     if max_rows is not None and max_rows < 1:
         raise EvaluationError(f"--max_rows must be >= 1, got {max_rows}")
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
+    if negative_downsampling_rate is not None:
+        rate = serving.check_negative_downsampling_rate(negative_downsampling_rate)
     spec = FeatureSpec.from_yaml(spec_path)
+    if negative_downsampling_rate is None:
+        rate = recorded_rate(spec)
     for channel in ("numerical", "categorical", "label"):
         if channel not in spec.channel_spec:
             raise EvaluationError(f"{spec_path}: no {channel!r} channel (has {sorted(spec.channel_spec)})")
@@ -82,7 +95,8 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
         model_checkpoint, num_numerical_features=len(spec.channel_spec["numerical"]),
         table_sizes=[spec.cardinality(f) for f in spec.channel_spec["categorical"]],
         table_source=f"{spec_path} (cardinality)")
-    module = serving.serving_module(model)
+    # the served model's probabilities: sigmoid(logit + log w) when deployed from down-sampled data (w < 1)
+    module = serving.serving_module(model, rate)
     reader = open_reader(spec, mapping, batch_size, channels=["numerical", "categorical", "label"])
     clients = {protocol: InferenceClient(url, protocol=protocol, timeout_s=timeout_s)
                for protocol, url in urls.items()}
@@ -90,6 +104,9 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     seconds = {protocol: 0.0 for protocol in clients}
     framework, labels = [], []
     click = {name: ClickMetrics() for name in ("framework", *clients)}
+    if rate < 1.0:   # the uncorrected model's metrics, next to the corrected ones (ClickMetrics' *_corrected)
+        uncorrected = serving.serving_module(model)
+        click["framework_uncorrected"] = ClickMetrics(negative_downsampling_rate=rate)
     rows = 0
     try:
         for client in clients.values():
@@ -105,6 +122,9 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
                                                            inputs[serving.CATEGORICAL]))
             labels.append(np.asarray(batch["label"][:keep], np.float64).reshape(-1))
             click["framework"].add(labels[-1], probabilities=framework[-1])
+            if rate < 1.0:
+                click["framework_uncorrected"].add(labels[-1], probabilities=serving.predict_probabilities(
+                    uncorrected, inputs[serving.NUMERICAL], inputs[serving.CATEGORICAL]))
             for protocol, client in clients.items():
                 begin = time.perf_counter()
                 out = client.infer(model_name, inputs, [serving.OUTPUT_NAME])[serving.OUTPUT_NAME]
@@ -120,9 +140,12 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     y = np.concatenate(labels)
     reference = np.concatenate(framework).astype(np.float64)
     result: Dict[str, Any] = {"model_name": model_name, "rows": rows, "checkpoint": path, "dataset": dataset,
-                              "mapping": mapping, "framework": {"auc": roc_auc_score(y, reference),
-                                                                **click["framework"].metrics(),
-                                                                "engine": "PyTorch eager float32"}}
+                              "mapping": mapping, "negative_downsampling_rate": rate,
+                              "framework": {"auc": roc_auc_score(y, reference),
+                                            **click["framework"].metrics(),
+                                            "engine": "PyTorch eager float32"}}
+    if rate < 1.0:   # the down-sampled model's own metrics and their corrected forms (equal to the served ones)
+        result["framework_uncorrected"] = click["framework_uncorrected"].metrics()
     for protocol, parts in served.items():
         got = np.concatenate(parts).astype(np.float64)
         auc = roc_auc_score(y, got)
@@ -150,7 +173,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         urls = {p: u for p, u in (("http", args.http_url), ("grpc", args.grpc_url)) if u}
         check_json_output(args.output_json)
         result = evaluate(urls, args.model_name, args.dataset, args.model_checkpoint, args.feature_spec,
-                          args.mapping, args.batch_size, args.max_rows, args.timeout)
+                          args.mapping, args.batch_size, args.max_rows, args.timeout,
+                          args.negative_downsampling_rate)
         result["tolerance"] = args.tolerance
         result["passed"] = all(result[p]["auc_difference"] <= args.tolerance for p in urls)
         if args.output_json:

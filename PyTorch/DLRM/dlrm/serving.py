@@ -13,6 +13,11 @@ The served model (:class:`ServingDLRM`) takes
 and returns ``probability`` FP32 ``[B, 1]`` = ``sigmoid(logit)`` of the trained DLRM. These are NVIDIA's deployer's
 two inputs (``input__0`` numerical, ``input__1`` categorical) under names that say what they are.
 
+A model trained on negatives kept with probability ``w < 1`` (``prepare_clicks --negative_downsampling_rate``)
+predicts the click rate of the down-sampled data; :class:`CalibratedServingDLRM` serves the full data's
+``sigmoid(logit + log w)`` (``recsys_common.metrics.correct_downsampled_logits``), the ``log w`` a constant ``Add``
+in the exported graph. With ``w = 1`` :func:`serving_module` returns the plain :class:`ServingDLRM` (no extra op).
+
 Embeddings are served as one plain lookup per table (``F.embedding``, an ONNX ``Gather``), not the training path's
 ``EmbeddingBag`` or TorchRec collection: with one id per bag the result is the same row, and an id is checked
 against its own table (an index into one concatenated table would silently read the next table's rows). The check
@@ -33,6 +38,7 @@ difference is an error naming the layer or table (:class:`ModelMismatchError`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -75,7 +81,9 @@ class ServingDLRM(nn.Module):
         self.tables = nn.ModuleList([nn.Embedding.from_pretrained(w, freeze=True) for w in weights])
         self.register_buffer("sizes", torch.tensor(model.table_sizes, dtype=torch.int64), persistent=False)
 
-    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def logit_and_row_ok(self, numerical: torch.Tensor,
+                         categorical: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(logit [B, 1], row_ok [B, 1] bool)``: the DLRM's logit and whether every id of the row is in range."""
         if self.hash_indices:
             categorical = torch.remainder(categorical, self.sizes)
         # the id range check in the graph (``recsys_common.serving.id_range_torch``): a row with an id outside its
@@ -85,7 +93,37 @@ class ServingDLRM(nn.Module):
         columns = [F.embedding(categorical[:, i], table.weight) for i, table in enumerate(self.tables)]
         embedded = torch.stack(columns, dim=1)                                  # [B, T, d]
         logit = self.top_mlp(self.interaction(bottom, embedded))               # [B, 1]
+        return logit, row_ok
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        logit, row_ok = self.logit_and_row_ok(numerical, categorical)
         return flag_rows(torch.sigmoid(logit), row_ok)
+
+
+class CalibratedServingDLRM(ServingDLRM):
+    """:class:`ServingDLRM` of a model trained on negatives kept with probability ``negative_downsampling_rate``
+    (w in (0, 1)): ``probability = sigmoid(logit + log w)``, the full data's click probability
+    ``q = p / (p + (1 - p) / w)`` (``recsys_common.metrics.correct_downsampled_logits``)."""
+
+    def __init__(self, model: DLRM, negative_downsampling_rate: float):
+        super().__init__(model)
+        self.negative_downsampling_rate = float(negative_downsampling_rate)
+        self.log_negative_rate = math.log(self.negative_downsampling_rate)   # a float attribute: a constant in the graph
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        logit, row_ok = self.logit_and_row_ok(numerical, categorical)
+        return flag_rows(torch.sigmoid(logit + self.log_negative_rate), row_ok)
+
+
+def check_negative_downsampling_rate(rate: float, flag: str = "--negative_downsampling_rate") -> float:
+    """``rate`` as a float in (0, 1]; otherwise a ValueError naming ``flag``."""
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0.0 < value <= 1.0:   # also refuses NaN
+        raise ValueError(f"{flag} must lie in (0, 1] (the probability a training negative was kept), got {rate!r}")
+    return value
 
 
 def _table_weights(model: DLRM) -> List[torch.Tensor]:
@@ -96,9 +134,12 @@ def _table_weights(model: DLRM) -> List[torch.Tensor]:
                     f"with dlrm.serving.load_model, which builds them)")
 
 
-def serving_module(model: DLRM) -> ServingDLRM:
-    """The eval-mode, CPU, gradient-free served module of ``model``."""
-    module = ServingDLRM(model.cpu().eval()).cpu().eval()
+def serving_module(model: DLRM, negative_downsampling_rate: float = 1.0) -> ServingDLRM:
+    """The eval-mode, CPU, gradient-free served module of ``model``; with ``negative_downsampling_rate`` < 1 the
+    :class:`CalibratedServingDLRM` (probabilities of the full data), with 1.0 the plain :class:`ServingDLRM`."""
+    rate = check_negative_downsampling_rate(negative_downsampling_rate)
+    core = model.cpu().eval()
+    module = (ServingDLRM(core) if rate == 1.0 else CalibratedServingDLRM(core, rate)).cpu().eval()
     for p in module.parameters():
         p.requires_grad_(False)
     return module
@@ -211,10 +252,12 @@ def predict_probabilities(module: nn.Module, numerical: np.ndarray, categorical:
 
 
 # -------------------------------------------------------------------------------------------------------- export
-def sidecar(config: ModelConfig, checkpoint: Optional[str], feature_spec: Optional[dict] = None) -> Dict:
+def sidecar(config: ModelConfig, checkpoint: Optional[str], feature_spec: Optional[dict] = None,
+            negative_downsampling_rate: float = 1.0) -> Dict:
     """``recsys_serving.json`` (``torch_export.write_repository`` adds ``format``): inputs (``categorical``'s
     ``max_id`` is one bound per column, the table sizes; ``null`` with ``--hash_indices``, where any id is valid),
-    outputs, the model configuration."""
+    outputs, the model configuration, and the negative down-sampling rate ``w`` whose ``log w`` the served logit
+    gets (1.0: none)."""
     return {"recipe": "PyTorch/DLRM",
             "inputs": {NUMERICAL: {"dtype": "float32", "dims": [config.num_numerical_features], "max_id": None},
                        CATEGORICAL: {"dtype": "int64", "dims": [len(config.table_sizes)],
@@ -222,4 +265,5 @@ def sidecar(config: ModelConfig, checkpoint: Optional[str], feature_spec: Option
                                      "features": list(config.feature_names)}},
             "outputs": [OUTPUT_NAME],
             "feature_spec": feature_spec,
+            "negative_downsampling_rate": float(negative_downsampling_rate),
             "model_config": config.to_dict(), "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
