@@ -15,7 +15,10 @@ What it writes (``--model-name`` defaults to the checkpoint's model, ``dlrm`` or
     --layout both: all of the above
 
 Every model directory also gets ``recsys_serving.json`` (inputs with their dims and id ranges, the checkpoint, the
-feature spec when ``--dataset_path`` is given). Inputs and output: see :mod:`deployment.export`.
+feature spec when ``--dataset_path`` is given, ``negative_downsampling_rate``). Inputs and output: see
+:mod:`deployment.export`. A model trained on negatives down-sampled to rate ``w`` (the feature spec's recorded rate,
+or ``--negative_downsampling_rate``, which overrides it) serves ``sigmoid(logit + log w)``, the full data's
+probability; the correction is in the monolithic and the dense graphs.
 
 The checkpoint describes its model (``state.json``); ``--dataset_path``/``--feature_spec`` are checked against it
 (a feature with more ids than its table, another hotness or number of numerical features is a clear error).
@@ -90,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_path", default=None,
                    help="dataset whose feature spec is checked against the checkpoint and recorded in the sidecar")
     p.add_argument("--feature_spec", default="feature_spec.yaml", help="feature spec file relative to --dataset_path")
+    p.add_argument("--negative_downsampling_rate", type=float, default=None,
+                   help="w in (0, 1]: the training data kept each negative with probability w (as "
+                        "recsys_common.prepare_clicks'); the served probability is sigmoid(logit + log w), the full "
+                        "data's. Default: the rate recorded in --dataset_path's feature spec (1.0 without one)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing repository's models written by this tool (other files are kept)")
     return p
@@ -108,6 +115,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                              ("--engine-count-per-device", args.engine_count_per_device, 1)):
         if value is not None and value < low:
             raise DeployError(f"{flag} must be at least {low}, got {value}")
+    rate = args.negative_downsampling_rate
+    if rate is not None and not 0.0 < rate <= 1.0:   # also refuses NaN
+        raise DeployError(f"--negative_downsampling_rate must lie in (0, 1] (the probability a training negative "
+                          f"was kept), got {rate}")
     return args
 
 
@@ -116,15 +127,21 @@ def deploy(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = 
            layout: str = "monolithic", formats: Sequence[str] = FORMATS, sparse_format: str = "tf-savedmodel",
            dense_format: str = "onnx", max_batch_size: int = 32768, dynamic_batching_delay_us: Optional[int] = None,
            instance_count: int = 1, cpu: bool = False, opset: int = 17, dataset_path: Optional[str] = None,
-           feature_spec: str = "feature_spec.yaml", overwrite: bool = False) -> Dict[str, Any]:
+           feature_spec: str = "feature_spec.yaml", overwrite: bool = False,
+           negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
     """Write the repository (see the module docstring); returns ``{"repository", "models": {name: platform},
-    "checkpoint", "model"}``. Raises ``DeployError`` / ``CheckpointError`` / ``OutputDirectoryError``."""
+    "checkpoint", "model", "negative_downsampling_rate"}``. Raises ``DeployError`` / ``CheckpointError`` /
+    ``OutputDirectoryError``. ``negative_downsampling_rate``: w of the training data, whose ``log w`` the served
+    logits get (``None``: the feature spec's recorded rate, 1.0 without ``dataset_path``)."""
     from recsys_common.io import check_output_directory
     from recsys_common.serving.model_config import EnsembleStep, TensorSpec, check_model_directory, model_config_text
     from recsys_common.serving.repository import model_repository
     from deployment import export
 
     check_output_directory(repository, overwrite)  # before minutes of loading and exporting
+    if negative_downsampling_rate is not None and not 0.0 < float(negative_downsampling_rate) <= 1.0:
+        raise DeployError(f"--negative_downsampling_rate must lie in (0, 1] (the probability a training negative "
+                          f"was kept), got {negative_downsampling_rate}")
     spec = spec_dict = feature_names = None
     if dataset_path:
         from dlrm_dcnv2.dataloading.dataloader import load_spec
@@ -133,6 +150,14 @@ def deploy(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = 
     loaded = export.load_checkpoint_model(checkpoint_dir, spec)
     if spec is not None:
         feature_names = export.check_feature_spec(loaded.config, spec, loaded.path)
+    rate = negative_downsampling_rate
+    if rate is None and spec is not None:
+        from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
+        rate = recorded_rate(spec)
+    loaded.negative_downsampling_rate = 1.0 if rate is None else float(rate)
+    LOG.info("negative down-sampling rate %g: %s", loaded.negative_downsampling_rate,
+             f"served probabilities are sigmoid(logit + log {loaded.negative_downsampling_rate:g})"
+             if loaded.negative_downsampling_rate < 1.0 else "no correction")
     name = model_name or loaded.model_name
     kind = "KIND_CPU" if cpu else "KIND_GPU"
 
@@ -177,7 +202,7 @@ def deploy(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = 
     for model in written:  # what landed on disk, checked once more as Triton would load it
         check_model_directory(os.path.join(repository, model))
     return {"repository": os.path.abspath(repository), "models": written, "checkpoint": loaded.path,
-            "model": loaded.model_name}
+            "model": loaded.model_name, "negative_downsampling_rate": loaded.negative_downsampling_rate}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -189,7 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                   sparse_format=args.sparse_format, dense_format=args.dense_format,
                   max_batch_size=args.max_batch_size, dynamic_batching_delay_us=args.dynamic_batching_delay_us,
                   instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
-                  dataset_path=args.dataset_path, feature_spec=args.feature_spec, overwrite=args.overwrite)
+                  dataset_path=args.dataset_path, feature_spec=args.feature_spec, overwrite=args.overwrite,
+                  negative_downsampling_rate=args.negative_downsampling_rate)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
@@ -200,6 +226,9 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     def report(result: Dict[str, Any]) -> None:
         for model, platform in result["models"].items():
             print(f"deployed {model} ({platform}) in {result['repository']}")
+        rate = result["negative_downsampling_rate"]
+        print(f"negative down-sampling rate {rate:g}: " + (f"served probability = sigmoid(logit + log {rate:g})"
+                                                          if rate < 1.0 else "no correction"))
     return exit_status(main, argv, input_errors=(DeployError,), failures=(ValueError, OSError), with_type=True,
                        report=report)
 

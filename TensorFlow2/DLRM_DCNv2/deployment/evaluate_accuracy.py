@@ -10,8 +10,11 @@ loader in batches of ``--batch_size`` (at most ``--max_steps`` batches). The ser
 (``recsys_common.metrics.roc_auc_score``; the recipe's on its logits, the server's on the probabilities) and
 NVIDIA's approximate AUC (``tf.keras.metrics.AUC(--auc_thresholds)``), the click-model figures log loss,
 normalized entropy and calibration (``dlrm_dcnv2.nn.evaluator.click_metrics``) with the served side's differences,
-plus the largest per-row probability difference. The run fails (exit status 1) when an exact AUC differs from the recipe's by more than
-``--tolerance``.
+plus the largest per-row probability difference. The run fails (exit status 1) when an exact AUC differs from the
+recipe's by more than ``--tolerance``. A model deployed from negatively down-sampled data serves
+``sigmoid(logit + log w)``; the recipe's logits get the same ``log w`` (``--negative_downsampling_rate``, default the
+feature spec's recorded rate, as deploy.py's default: pass the deployed rate if you overrode it), so both sides report
+the full data's calibration; ``recipe_uncorrected`` adds the model's own metrics with their ``*_corrected`` forms.
 
 The seed's flags ``--dataset_path --dataset_type --feature_spec --batch_size --auc_thresholds --max_steps
 --model_name --test_on_train`` keep their names; its ``--sparse_input_format``/``--fused_embedding`` (HPS inputs)
@@ -45,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_steps", type=int, default=None, help="at most this many batches (default: the whole split)")
     p.add_argument("--test_on_train", action="store_true", help="score the training split instead of the test split")
     p.add_argument("--auc_thresholds", type=int, default=8000, help="thresholds of the approximate AUC")
+    p.add_argument("--negative_downsampling_rate", type=float, default=None,
+                   help="w the served model was deployed with (its recsys_serving.json): the recipe's logits get "
+                        "the same + log w. Default: the feature spec's recorded rate, as deploy.py's default")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest accepted |served exact AUC - recipe exact AUC|")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per request (and for readiness)")
@@ -110,30 +116,41 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
                       dataset_type: str = "tf_raw", feature_spec: str = "feature_spec.yaml", batch_size: int = 32768,
                       max_steps: Optional[int] = None, test_on_train: bool = False, auc_thresholds: int = 8000,
                       tolerance: float = 1e-4, timeout_s: float = 60.0,
-                      negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
+                      negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
     """The report (see the module docstring); ``urls``: {protocol: host:port}. ``report["passed"]`` tells whether
     every protocol's exact AUC is within ``tolerance`` of the recipe's. Each side also has ``log_loss``,
     ``normalized_entropy`` and ``calibration`` (``dlrm_dcnv2.nn.evaluator.click_metrics``: the recipe's from its
-    logits, the server's from the probabilities) and each served entry their ``*_difference``."""
+    logits, the server's from the probabilities) and each served entry their ``*_difference``.
+
+    ``negative_downsampling_rate``: the w the served model was deployed with (``None``: the feature spec's recorded
+    rate, deploy.py's default). With w < 1 the served model returns ``sigmoid(logit + log w)``; the recipe's side
+    adds the same ``log w`` to its logits, so both report the full data's (corrected) metrics, and
+    ``recipe_uncorrected`` holds the down-sampled model's own metrics with their ``*_corrected`` forms."""
+    from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
     from dlrm_dcnv2.dataloading.dataloader import load_spec
     from dlrm_dcnv2.nn.evaluator import CLICK_METRICS, CORRECTED_CLICK_METRICS, Evaluator, click_metrics
     from deployment.export import load_checkpoint_model
     mapping = "train" if test_on_train else "test"
     spec = load_spec(dataset_path, feature_spec, "--feature_spec")
+    rate = recorded_rate(spec) if negative_downsampling_rate is None else float(negative_downsampling_rate)
+    if not 0.0 < rate <= 1.0:   # also refuses NaN
+        raise ValueError(f"--negative_downsampling_rate must lie in (0, 1], got {negative_downsampling_rate}")
     loaded = load_checkpoint_model(checkpoint, spec)
     batches = load_rows(dataset_type, dataset_path, feature_spec, mapping, batch_size, max_steps)
     labels = np.concatenate([np.asarray(b[2], np.float32).reshape(-1) for b in batches])
 
     begin = time.perf_counter()
-    logits = Evaluator(loaded.model, auc_thresholds=auc_thresholds).predict(batches)["logits"].astype(np.float64)
+    raw_logits = Evaluator(loaded.model, auc_thresholds=auc_thresholds).predict(batches)["logits"].astype(np.float64)
+    logits = raw_logits + np.log(rate) if rate < 1.0 else raw_logits   # as served (deployment.export.served_logits)
     recipe_probabilities = 1.0 / (1.0 + np.exp(-logits))
     report: Dict[str, Any] = {
         "model_name": model_name, "checkpoint": loaded.path, "dataset_path": dataset_path, "split": mapping,
-        "rows": int(labels.size), "tolerance": tolerance,
+        "rows": int(labels.size), "tolerance": tolerance, "negative_downsampling_rate": rate,
         "recipe": dict(metrics(labels, logits, recipe_probabilities, auc_thresholds),
-                       **click_metrics(labels, logits=logits, negative_downsampling_rate=negative_downsampling_rate),
-                       seconds=time.perf_counter() - begin),
+                       **click_metrics(labels, logits=logits), seconds=time.perf_counter() - begin),
         "served": {}}
+    if rate < 1.0:
+        report["recipe_uncorrected"] = click_metrics(labels, logits=raw_logits, negative_downsampling_rate=rate)
     requests = [serving_inputs(b, loaded.hotness, loaded.num_numerical) for b in batches]
     passed = True
     for protocol, url in urls.items():
@@ -142,8 +159,7 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
         if probabilities.size != labels.size:
             raise ValueError(f"{model_name} at {url}: {probabilities.size} probabilities for {labels.size} rows")
         entry = dict(metrics(labels, probabilities, probabilities, auc_thresholds),
-                     **click_metrics(labels, probabilities=probabilities,
-                                     negative_downsampling_rate=negative_downsampling_rate),
+                     **click_metrics(labels, probabilities=probabilities),
                      url=url, seconds=time.perf_counter() - begin)
         entry["auc_exact_difference"] = entry["auc_exact"] - report["recipe"]["auc_exact"]
         entry["auc_difference"] = entry["auc"] - report["recipe"]["auc"]
@@ -172,7 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     report = evaluate_accuracy(args.dataset_path, args.checkpoint, args.model_name, urls,
                                dataset_type=args.dataset_type, feature_spec=args.feature_spec,
                                batch_size=args.batch_size, max_steps=args.max_steps, test_on_train=args.test_on_train,
-                               auc_thresholds=args.auc_thresholds, tolerance=args.tolerance, timeout_s=args.timeout)
+                               auc_thresholds=args.auc_thresholds, tolerance=args.tolerance, timeout_s=args.timeout,
+                               negative_downsampling_rate=args.negative_downsampling_rate)
     recipe = report["recipe"]
     print(f"recipe ({report['rows']} rows): exact AUC {recipe['auc_exact']:.6f}, AUC {recipe['auc']:.6f}, log loss "
           f"{recipe['log_loss']:.6f}, NE {recipe['normalized_entropy']:.6f}, calibration {recipe['calibration']:.6f}")

@@ -6,7 +6,7 @@ The serving interface (the same for the SavedModel, the ONNX model and the ensem
     cat_<t>     int64   [b, hotness_t]           ids of categorical feature t (channel order of the feature spec),
                                                  in [0, rows_t); multi-hot rows padded with -1 (summed, as training)
     ->
-    probability float32 [b, 1]                   sigmoid of the model's logit
+    probability float32 [b, 1]                   sigmoid of the model's logit (+ log w, see below)
 
 One input per categorical feature (not NVIDIA's single ``categorical_features [26]``) so that a multi-hot feature
 can have its own width and the server can check each feature's ids against its own table size
@@ -19,6 +19,11 @@ The two-model split (the seed's ensemble for models larger than one GPU)::
 
 ``sparse`` then ``dense`` computes exactly the monolithic model (same lookups, same dense half).
 
+A model trained on negatives kept with probability ``w < 1`` (``prepare_clicks --negative_downsampling_rate``;
+``LoadedModel.negative_downsampling_rate``) serves the full data's probability ``sigmoid(logit + log w)``
+(``recsys_common.metrics.correct_downsampled_logits``), the ``log w`` a constant added inside the monolithic and the
+dense graphs; with ``w = 1`` no op is added (the graph of a model without down-sampling).
+
 Example (one process, CPU)::
 
     loaded = load_checkpoint_model("/tmp/dlrm_dcnv2_quickstart/dlrm_checkpoint")   # newest step_<N>
@@ -28,6 +33,7 @@ Example (one process, CPU)::
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,12 +59,20 @@ class LoadedModel:
     """A checkpoint rebuilt as the recipe's Keras ``RecModel`` (``model``), with what describes it.
 
     ``config``: the checkpoint's model configuration (``state.json``: model, table_sizes, embedding_dims, hotness,
-    num_numerical_features, interaction, MLPs, cross layers); ``path``: the ``step_<N>`` directory; ``step``.
+    num_numerical_features, interaction, MLPs, cross layers); ``path``: the ``step_<N>`` directory; ``step``;
+    ``negative_downsampling_rate``: w in (0, 1] of the training data, whose ``log w`` the served logits get.
     """
     model: Any
     config: Dict[str, Any]
     path: str
     step: int
+    negative_downsampling_rate: float = 1.0
+
+    def served_logits(self, logits):
+        """float32 ``logits`` as served: ``+ log w`` when w < 1, else unchanged (no op in the graph)."""
+        if self.negative_downsampling_rate == 1.0:
+            return logits
+        return logits + math.log(self.negative_downsampling_rate)
 
     @property
     def table_sizes(self) -> List[int]:
@@ -209,7 +223,7 @@ def monolithic_function(loaded: LoadedModel) -> Tuple[Callable, list]:
         numerical = inputs[0] if has_numerical else tf.zeros([tf.shape(inputs[0])[0], 0], tf.float32)
         categorical, row_ok = _checked_ids(loaded, inputs[1:] if has_numerical else inputs)
         logits = model((numerical, categorical), training=False)
-        return {PROBABILITY: flag_rows(tf.sigmoid(tf.cast(logits, tf.float32)), row_ok)}
+        return {PROBABILITY: flag_rows(tf.sigmoid(loaded.served_logits(tf.cast(logits, tf.float32))), row_ok)}
 
     return tf.function(serve, input_signature=specs), specs
 
@@ -241,7 +255,7 @@ def dense_function(loaded: LoadedModel) -> Tuple[Callable, list]:
         numerical = inputs[0] if has_numerical else tf.zeros([tf.shape(embeddings)[0], 0], tf.float32)
         parts = tf.split(embeddings, dims, axis=1)
         logits = dense(numerical, parts, training=False)
-        return {PROBABILITY: tf.sigmoid(tf.cast(logits, tf.float32))}
+        return {PROBABILITY: tf.sigmoid(loaded.served_logits(tf.cast(logits, tf.float32)))}
 
     return tf.function(serve, input_signature=specs), specs
 
@@ -306,20 +320,22 @@ def sidecar(loaded: LoadedModel, part: str, fmt: str, feature_names: Optional[Se
             "features": {categorical_input(t): names[t] for t in range(len(loaded.table_sizes))},
             "embedding_dims": loaded.embedding_dims, "model_config": json.loads(json.dumps(loaded.config)),
             "checkpoint": loaded.path, "global_step": loaded.step, "feature_spec": feature_spec,
+            # the w whose log the served logit gets (1.0: none; the sparse part has no logit)
+            "negative_downsampling_rate": loaded.negative_downsampling_rate if part != "sparse" else None,
             "created_by": created_by}
 
 
 # ------------------------------------------------------------------------------------------------ reference outputs
 def keras_probabilities(loaded: LoadedModel, inputs: Dict[str, np.ndarray]) -> np.ndarray:
     """The Keras model's probabilities ``[b, 1]`` for serving ``inputs`` (name -> array), eagerly: the reference the
-    exported models are compared with."""
+    exported models are compared with (with ``log w`` added to the logits as the served models do)."""
     import tensorflow as tf
     numerical = (tf.constant(inputs[NUMERICAL], tf.float32) if loaded.num_numerical
                  else tf.zeros([len(next(iter(inputs.values()))), 0], tf.float32))
     ids = _ids([tf.constant(inputs[categorical_input(t)], tf.int64) for t in range(len(loaded.hotness))],
                loaded.hotness)
     logits = loaded.model((numerical, ids), training=False)
-    return tf.sigmoid(tf.cast(logits, tf.float32)).numpy()
+    return tf.sigmoid(loaded.served_logits(tf.cast(logits, tf.float32))).numpy()
 
 
 def random_inputs(loaded: LoadedModel, batch_size: int, seed: int = 0) -> Dict[str, np.ndarray]:
