@@ -99,3 +99,38 @@ def test_bad_rate_is_an_error_naming_the_flag(checkpoint, tmp_path, capsys, rate
                        "--negative_downsampling_rate", rate]) != 0
     assert "--negative_downsampling_rate must lie in (0, 1]" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "repo")
+
+
+def test_evaluate_accuracy_corrects_the_recipes_side_as_the_served_model(checkpoint, tmp_path, monkeypatch):
+    """The served side is the deployed ONNX model run by onnxruntime in this process (what MLServer runs; the
+    server round trip is tests/test_serving.py's): recipe and served agree on the corrected probabilities."""
+    from deployment import evaluate_accuracy
+    spec_path = write_feature_spec(tmp_path / "data", "dlrm", rows=200)
+    with open(spec_path) as f:
+        spec = yaml.safe_load(f)
+    spec["metadata"] = dict(spec.get("metadata") or {}, negative_downsampling_rate=0.25)
+    with open(spec_path, "w") as f:
+        yaml.safe_dump(spec, f)
+    data = str(tmp_path / "data")
+    assert _deploy(checkpoint, tmp_path / "repo", "--formats", "onnx",
+                   "--dataset_path", data)["negative_downsampling_rate"] == 0.25
+    model_file = tmp_path / "repo" / "dlrm-onnx" / "1" / "model.onnx"
+
+    def served(url, protocol, model, requests, timeout_s):
+        return np.concatenate([_onnx(model_file, r).reshape(-1) for r in requests])
+    monkeypatch.setattr(evaluate_accuracy, "served_probabilities", served)
+    argv = ["--dataset_path", data, "--checkpoint", checkpoint, "--model_name", "dlrm-onnx", "--protocols", "grpc",
+            "--batch_size", "64", "--tolerance", "1e-6"]
+    report = evaluate_accuracy.main(argv)
+    assert report["negative_downsampling_rate"] == 0.25 and report["passed"]
+    entry = report["served"]["grpc"]
+    assert entry["max_abs_probability_difference"] <= TOLERANCE
+    for key in ("log_loss", "normalized_entropy", "calibration"):
+        assert abs(entry[f"{key}_difference"]) <= 1e-5, key
+    uncorrected = report["recipe_uncorrected"]   # the down-sampled model's own figures, and their corrected forms
+    assert abs(uncorrected["calibration_corrected"] - report["recipe"]["calibration"]) <= 1e-9
+    assert abs(uncorrected["calibration"] - report["recipe"]["calibration"]) > 1e-3
+    # against an uncorrected served model (--negative_downsampling_rate 1): the recipe's side is uncorrected too
+    plain = evaluate_accuracy.main(argv + ["--negative_downsampling_rate", "1"])
+    assert "recipe_uncorrected" not in plain
+    assert abs(plain["recipe"]["calibration"] - uncorrected["calibration"]) <= 1e-9
