@@ -62,13 +62,18 @@ def test_flag_rate_corrects_onnx_and_torchscript(checkpoint, tmp_path):
     assert read_sidecar(str(tmp_path / "w1" / "dlrm-onnx"))["negative_downsampling_rate"] == 1.0
 
 
-def test_rate_defaults_to_the_datasets_and_the_flag_overrides_it(checkpoint, small_dataset, tmp_path):
-    with open(os.path.join(small_dataset, "feature_spec.yaml")) as f:
+def _downsampled_spec(dataset):
+    """A FeatureSpec beside ``dataset``'s own, recording negative down-sampling rate 0.25; returns its file name."""
+    with open(os.path.join(dataset, "feature_spec.yaml")) as f:
         spec = yaml.safe_load(f)
     spec["metadata"] = dict(spec.get("metadata") or {}, negative_downsampling_rate=0.25)
-    with open(os.path.join(small_dataset, "feature_spec_w025.yaml"), "w") as f:
+    with open(os.path.join(dataset, "feature_spec_w025.yaml"), "w") as f:
         yaml.safe_dump(spec, f)
-    dataset = ["--dataset", small_dataset, "--feature_spec", "feature_spec_w025.yaml"]
+    return "feature_spec_w025.yaml"
+
+
+def test_rate_defaults_to_the_datasets_and_the_flag_overrides_it(checkpoint, small_dataset, tmp_path):
+    dataset = ["--dataset", small_dataset, "--feature_spec", _downsampled_spec(small_dataset)]
     assert _deploy(checkpoint, tmp_path / "recorded", *dataset)["negative_downsampling_rate"] == 0.25
     assert _deploy(checkpoint, tmp_path / "flag", *dataset,
                    "--negative_downsampling_rate", "1.0")["negative_downsampling_rate"] == 1.0
@@ -81,3 +86,47 @@ def test_bad_rate_is_an_error_naming_the_flag(checkpoint, tmp_path, capsys, rate
                           "--negative_downsampling_rate", rate]) == 2
     assert "--negative_downsampling_rate must lie in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "repo").exists()
+
+
+def test_evaluate_accuracy_corrects_pytorchs_side_as_the_served_model(checkpoint, small_dataset, tmp_path,
+                                                                     monkeypatch):
+    """The served side is the deployed ONNX model run by onnxruntime in this process (what MLServer runs; the server
+    round trip is tests/test_serving.py's): PyTorch's side gets the same log w, so the two agree."""
+    from deployment import evaluate_accuracy
+    from recsys_common.serving import client as serving_client
+    from recsys_common.serving import torch_export
+    spec = _downsampled_spec(small_dataset)
+    _deploy(checkpoint, tmp_path / "repo", "--dataset", small_dataset, "--feature_spec", spec)
+    model_dir = str(tmp_path / "repo" / "dlrm-onnx")
+
+    class OnnxruntimeClient:
+        def __init__(self, url, protocol="grpc", timeout_s=30.0):
+            pass
+
+        def wait_until_ready(self, model, timeout_s=60.0):
+            pass
+
+        def infer(self, model, inputs, output_names):
+            return {name: torch_export.run_exported(model_dir, 1, inputs, name) for name in output_names}
+
+        def close(self):
+            pass
+    monkeypatch.setattr(serving_client, "InferenceClient", OnnxruntimeClient)
+    argv = ["--grpc-url", "local", "--dataset", small_dataset, "--feature_spec", spec, "--model_checkpoint",
+            checkpoint, "--batch_size", "1000", "--max_rows", "1500"]
+    result = evaluate_accuracy.evaluate({"grpc": "local"}, "dlrm-onnx", small_dataset, checkpoint, spec,
+                                        batch_size=1000, max_rows=1500)
+    assert result["negative_downsampling_rate"] == 0.25
+    assert result["grpc"]["max_abs_probability_difference"] <= TOLERANCE
+    for name in ("log_loss", "normalized_entropy", "calibration"):
+        assert result["grpc"][f"{name}_difference"] <= 1e-6, name
+    uncorrected = result["framework_uncorrected"]   # the down-sampled model's own figures and their corrected forms
+    assert uncorrected["calibration_corrected"] == pytest.approx(result["framework"]["calibration"], rel=1e-6)
+    assert abs(uncorrected["calibration"] - result["framework"]["calibration"]) > 1e-3
+    assert evaluate_accuracy.main(argv) == 0
+    # --negative_downsampling_rate 1 (a model deployed uncorrected): PyTorch's side is the uncorrected model
+    plain = evaluate_accuracy.evaluate({"grpc": "local"}, "dlrm-onnx", small_dataset, checkpoint, spec,
+                                       batch_size=1000, max_rows=1500, negative_downsampling_rate=1.0)
+    assert "framework_uncorrected" not in plain
+    assert plain["framework"]["calibration"] == pytest.approx(uncorrected["calibration"], rel=1e-6)
+    assert evaluate_accuracy.main(argv + ["--negative_downsampling_rate", "1.5"]) == 2
