@@ -15,8 +15,8 @@ difference is an error naming the layer or table); ``--overwrite``; the models a
 
 Served model: inputs ``numerical`` FP32 ``[N]`` and ``categorical`` INT64 ``[T]`` per row, output ``probability``
 FP32 ``[1]`` (``sigmoid`` of the logit, plus ``log w`` for a model trained on negatives down-sampled to rate
-``w``: ``--negative_downsampling_rate``, default the dataset's recorded rate); see :mod:`dlrm.serving`. The export itself, the ``--triton-*`` flags and the
-format rule are ``recsys_common.serving.torch_export`` / ``triton_options``, shared with NCF's deployer; the batching
+``w``: ``--negative_downsampling_rate``, default the dataset's recorded rate); see :mod:`dlrm.serving`. The export
+itself, the ``--triton-*`` flags and the format rule are ``recsys_common.serving.torch_export`` / ``triton_options``, shared with NCF's deployer; the batching
 delay is also accepted in microseconds (``--dynamic-batching-delay-us``, ``--max-queue-delay-us``). After export each
 written model is run on ``--check_rows`` random rows against the eager model (NVIDIA's "conversion correctness
 test"): the largest absolute difference is printed (JSON) and above ``--check_tolerance`` the deployer fails.

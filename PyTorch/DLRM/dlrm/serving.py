@@ -108,7 +108,8 @@ class CalibratedServingDLRM(ServingDLRM):
     def __init__(self, model: DLRM, negative_downsampling_rate: float):
         super().__init__(model)
         self.negative_downsampling_rate = float(negative_downsampling_rate)
-        self.log_negative_rate = math.log(self.negative_downsampling_rate)   # a float attribute: a constant in the graph
+        # a float attribute: a constant in the exported graph
+        self.log_negative_rate = math.log(self.negative_downsampling_rate)
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         logit, row_ok = self.logit_and_row_ok(numerical, categorical)
