@@ -125,8 +125,9 @@ class Logger:
 
     @staticmethod
     def _readable(step: Any, data: Dict[str, Any]) -> str:
-        label = {"PARAMETER": "PARAMETER"}.get(step, None) if isinstance(step, str) else None
-        if label is None:
+        if isinstance(step, str):   # PARAMETER, or a named record such as RELIABILITY
+            label = step
+        else:
             label = "SUMMARY" if step == [] else "step " + " ".join(str(s) for s in step)
 
         def fmt(v):

@@ -164,13 +164,24 @@ RELIABILITY_KEY = "test_reliability_sums"
 CTR_SUMS_KEY = "test_ctr_sums"
 
 
+RELIABILITY_STEP = "RELIABILITY"   # the step of a record holding only these tables (the TF2 recipes write one)
+
+
+def reliability_entry(ctr_sums, bucket_sums) -> dict:
+    """The summary keys that let this tool draw a run's reliability diagram later: ``{test_ctr_sums,
+    test_reliability_sums}`` as plain lists (``recsys_common.metrics.ctr_sums`` / ``reliability_sums``)."""
+    import numpy as np
+    return {CTR_SUMS_KEY: np.asarray(ctr_sums, dtype=np.float64)[:4].tolist(),
+            RELIABILITY_KEY: np.asarray(bucket_sums, dtype=np.float64).tolist()}
+
+
 def reliability_from_log(path: str) -> Optional[Tuple[list, Optional[list]]]:
-    """``(bucket sums, ctr sums or None)`` from the last summary (``step: []``) that has ``test_reliability_sums``;
-    None when no summary has them."""
+    """``(bucket sums, ctr sums or None)`` from the last summary (``step: []``) or ``RELIABILITY`` record that has
+    ``test_reliability_sums``; None when none has them."""
     found = None
     for record in read_log(path):
         data = record.get("data") or {}
-        if record.get("step") == [] and isinstance(data.get(RELIABILITY_KEY), list):
+        if record.get("step") in ([], RELIABILITY_STEP) and isinstance(data.get(RELIABILITY_KEY), list):
             found = (data[RELIABILITY_KEY], data.get(CTR_SUMS_KEY))
     return found
 

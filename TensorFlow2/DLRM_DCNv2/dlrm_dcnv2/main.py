@@ -567,6 +567,8 @@ def run(args) -> Dict[str, Any]:
                               f"{r['latency_mean_ms']:.3f} ms, p90 {r['latency_p90_ms']:.3f}, p95 "
                               f"{r['latency_p95_ms']:.3f}, p99 {r['latency_p99_ms']:.3f}", flush=True)
             results["mode"] = args.mode
+            if args.mode == "eval":
+                _log_reliability(logger, stats)
             logger.log_summary({k: v for k, v in results.items() if k != "inference"} if args.mode == "eval"
                                else _flatten_inference(results["inference"]))
             return results
@@ -633,6 +635,14 @@ class TrainConfig:
         return {"batch_size": self.batch_size, "learning_rate": self.learning_rate,
                 "warmup_steps": self.warmup_steps, "decay_start_step": self.decay_start_step,
                 "decay_steps": self.decay_steps, "world_size": world_size}
+
+
+def _log_reliability(logger, stats: Dict[str, Any]) -> None:
+    """The last evaluation's summed click sums and buckets as a ``RELIABILITY`` record of their own (the run's one
+    summary keeps its metrics): ``recsys_common.plot_log`` draws the reliability diagram from it."""
+    if "reliability_sums" in stats:
+        from recsys_common.plot_log import RELIABILITY_STEP, reliability_entry
+        logger.log(RELIABILITY_STEP, reliability_entry(stats["ctr_sums"], stats["reliability_sums"]))
 
 
 def write_reliability_plot(path: Optional[str], stats: Dict[str, Any], ctx, title: str) -> None:
@@ -848,6 +858,7 @@ def _train(cfg: TrainConfig, ctx, model, evaluator, config, training, logger, po
         summary = ", ".join(f"{k} {v:.5f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in results.items() if k not in ("evaluations",))
         print(f"done: {summary}", flush=True)
+    _log_reliability(logger, last_stats)
     logger.log_summary({k: v for k, v in results.items() if k != "evaluations"})
     return results
 

@@ -67,6 +67,13 @@ def test_train_reports_click_metrics_next_to_auc_and_draws_the_reliability_diagr
     png = os.path.join(os.path.dirname(log), "reliability.png")
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # the log keeps the final evaluation's buckets: plot_log draws the diagram from it alone
+    from recsys_common import metrics as common_metrics, plot_log
+    buckets, sums = plot_log.reliability_from_log(log)
+    assert sum(b[0] for b in buckets) == sums[0] and common_metrics.ctr_metrics_from_sums(sums)["calibration"] == \
+        pytest.approx(results["calibration"], rel=1e-9)
+    drawn = plot_log.main([log, "--output", os.path.join(os.path.dirname(log), "from_log")])
+    assert any(p.endswith("reliability.png") for p in drawn)
 
 
 def test_eval_mode_click_metrics_and_reliability_plot(trained, tmp_path, capsys):

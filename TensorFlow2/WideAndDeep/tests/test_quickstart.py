@@ -18,5 +18,11 @@ def test_quickstart_prints_map_and_reruns(tmp_path):
         assert found, proc.stdout[-3000:]
         final = [r["data"] for r in read_log(str(out / "results" / "log.json")) if r["step"] == []][-1]
         assert float(found.group(1)) == round(final["eval_map12"], 4)   # the printed figure is this run's
+    # the log keeps the final evaluation's click sums and buckets: plot_log draws the reliability diagram from it
+    from recsys_common import plot_log
+    buckets, sums = plot_log.reliability_from_log(str(out / "results" / "log.json"))
+    assert sum(b[0] for b in buckets) == sums[0] > 0
+    drawn = plot_log.main([str(out / "results" / "log.json"), "--output", str(tmp_path / "plots")])
+    assert any(p.endswith("reliability.png") for p in drawn)
     assert (out / "model.previous").is_dir() and (out / "model").is_dir()
     assert (out / "results" / "log.json.1").exists()

@@ -134,9 +134,11 @@ def build_model(spec, embedding_sizes_file: str, hidden_units, dropout: float, c
 
 
 def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True,
-             reliability_plot: Optional[str] = None, title: str = "") -> Dict[str, float]:
+             reliability_plot: Optional[str] = None, title: str = "",
+             sums_out: Optional[Dict[str, list]] = None) -> Dict[str, float]:
     """Exact metrics over every rank's rows of ``batches`` (see :mod:`wide_deep.trainer.evaluator`);
-    ``reliability_plot``: rank 0 also draws these rows' reliability diagram (PNG) there."""
+    ``reliability_plot``: rank 0 also draws these rows' reliability diagram (PNG) there; ``sums_out``: filled with
+    the rows' click sums and reliability buckets (``recsys_common.plot_log.reliability_entry``) for the log."""
     from .evaluator import compute_metrics, gather_rows
     ids, probs, labels = [], [], []
     for features, y, display in batches:
@@ -148,12 +150,24 @@ def evaluate(model, batches, dist: "Dist", predict_fn, with_map: bool = True,
     if ids.size == 0:
         raise TrainingError("the validation set is empty: nothing to evaluate")
     metrics = compute_metrics(ids, probs, labels, with_map=with_map)
-    if reliability_plot and dist.rank == 0:   # every rank holds every row: the buckets are the whole set's
+    if (reliability_plot or sums_out is not None) and dist.rank == 0:   # every rank holds every row
         from recsys_common.metrics import ctr_sums, plot_reliability, reliability_sums
-        plot_reliability(reliability_sums(labels, probabilities=probs), reliability_plot, title=title,
-                         sums=ctr_sums(labels, probabilities=probs))
-        print(f"reliability diagram: {reliability_plot}", flush=True)
+        from recsys_common.plot_log import reliability_entry
+        buckets, sums = reliability_sums(labels, probabilities=probs), ctr_sums(labels, probabilities=probs)
+        if sums_out is not None:
+            sums_out.update(reliability_entry(sums, buckets))
+        if reliability_plot:
+            plot_reliability(buckets, reliability_plot, title=title, sums=sums)
+            print(f"reliability diagram: {reliability_plot}", flush=True)
     return metrics
+
+
+def _log_tables(logger, sums: Dict[str, list]) -> None:
+    """The last evaluation's click sums and reliability buckets as a ``RELIABILITY`` record of their own (the run's
+    one summary keeps its metrics): ``python -m recsys_common.plot_log`` draws the diagram from it."""
+    if sums:
+        from recsys_common.plot_log import RELIABILITY_STEP
+        logger.log(RELIABILITY_STEP, sums)
 
 
 def _print(dist: "Dist", text: str) -> None:
@@ -380,8 +394,10 @@ def _run(args, dist: Dist) -> Dict[str, object]:
     if args.evaluate:
         if args.benchmark:
             return _benchmark_eval(BenchmarkConfig.from_flags(args), valid, predict_fn, dist, logger)
-        metrics = evaluate(model, valid, dist, predict_fn, with_map, args.reliability_plot, "W&D --evaluate")
+        sums: Dict[str, list] = {}
+        metrics = evaluate(model, valid, dist, predict_fn, with_map, args.reliability_plot, "W&D --evaluate", sums)
         results = {f"eval_{k}": v for k, v in metrics.items()}
+        _log_tables(logger, sums)
         logger.log_summary(results)
         _print(dist, "[evaluate] " + _metric_text(metrics))
         return results
@@ -401,11 +417,13 @@ def _run(args, dist: Dist) -> Dict[str, object]:
     if args.benchmark:
         return _benchmark_train(BenchmarkConfig.from_flags(args), train, train_step, steps_per_epoch, dist, logger)
 
+    last_sums: Dict[str, list] = {}   # the last evaluation's click sums and buckets, for the summary
+
     def evaluate_epoch(epoch: int) -> Dict[str, float]:
         final = epoch == args.num_epochs - 1   # --reliability_plot: the final evaluation's diagram
         try:
             return evaluate(model, valid, dist, predict_fn, with_map, args.reliability_plot if final else None,
-                            f"W&D epoch {epoch + 1}")
+                            f"W&D epoch {epoch + 1}", last_sums)
         except MissingClickError as e:
             raise TrainingError(f"evaluation after epoch {epoch + 1}: {e}. The epoch's checkpoint is saved in "
                                 f"{checkpointer.directory}: fix the validation data (or pass "
@@ -414,6 +432,7 @@ def _run(args, dist: Dist) -> Dict[str, object]:
     final = train_epochs(LoopConfig.from_flags(args), train, train_step, steps_per_epoch, start_step, dist,
                          checkpointer, evaluate_epoch, logger)
     results = {f"eval_{k}": v for k, v in final.items()}
+    _log_tables(logger, last_sums)
     logger.log_summary(results)
     _print(dist, "[final] " + _metric_text(final))
     logger.close()
