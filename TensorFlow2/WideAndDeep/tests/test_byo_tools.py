@@ -36,7 +36,8 @@ def test_csv_to_parquet_to_training(tmp_path):
     result = main(["--dataset_path", data, "--embedding_sizes_file", emb, "--cpu", "--global_batch_size", "200",
                    "--eval_batch_size", "60", "--num_epochs", "1", "--deep_warmup_epochs", "0", "--deep_hidden_units",
                    "8", "--model_dir", str(out / "model"), "--results_dir", str(out / "res")])
-    assert set(result) == {"eval_loss", "eval_auc"}   # no display ids in this spec: no MAP@12
+    # no display ids in this spec: no MAP@12; the click-model figures beside the loss and AUC
+    assert set(result) == {"eval_loss", "eval_auc", "eval_normalized_entropy", "eval_calibration"}
 
 
 def test_embedding_width_rule():
