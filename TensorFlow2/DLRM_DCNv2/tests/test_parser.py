@@ -29,7 +29,7 @@ MODEL_DEFAULTS = {
     "dcnv2": {"optimizer": "adam", "interaction": "cross", "learning_rate": 0.0001, "warmup_steps": 100},
 }
 OURS = {"checkpoint_every_steps": None, "checkpoint_every_minutes": None, "keep_checkpoints": 2, "overwrite": False,
-        "inference_batch_sizes": None, "inference_steps": 100, "inference_warmup_steps": 10}
+        "inference_batch_sizes": None, "inference_steps": 100, "inference_warmup_steps": 10, "reliability_plot": None}
 
 
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
