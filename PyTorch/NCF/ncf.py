@@ -127,13 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-explicit_flags = cpu_defaults.explicit_flags  # the one implementation, shared with the other recipes
+given_flags = cpu_defaults.given_flags  # the one implementation, shared with the other recipes
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    args.explicit = explicit_flags(p, argv)
+    args.explicit = given_flags(p, argv)
     checks = [(args.epochs >= 0, "--epochs must be >= 0"), (args.batch_size > 0, "--batch_size must be > 0"),
               (args.valid_batch_size > 0, "--valid_batch_size must be > 0"), (args.factors > 0, "--factors must be > 0"),
               (all(s > 0 for s in args.layers), "--layers must be positive"),

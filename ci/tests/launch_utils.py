@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recsys_common.testing import free_port  # noqa: F401  (the tests import it from here)
+from recsys_testing import free_port  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

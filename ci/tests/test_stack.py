@@ -31,7 +31,7 @@ def test_nvtabular_cpu_workflow_in_its_own_environment(tmp_path):
     import importlib.util
     import subprocess
     from pathlib import Path
-    from recsys_common.testing import nvtabular_python
+    from recsys_testing import nvtabular_python
     for name in ("nvtabular", "merlin"):
         assert importlib.util.find_spec(name) is None, f"{name} is installed in the default environment"
     script = Path(__file__).parent / "scripts" / "nvt_workflow_check.py"

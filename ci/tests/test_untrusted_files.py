@@ -77,7 +77,7 @@ def test_the_crafted_file_runs_code_in_a_vulnerable_reader(tmp_path):
     """The test file is a real exploit: pyarrow 12 (the NVTabular environment) runs its pickle on read; once
     ``recsys_common`` is imported (every tool of ours imports it; it loads pyarrow-hotfix under such a pyarrow),
     it does not."""
-    from recsys_common.testing import nvtabular_python
+    from recsys_testing import nvtabular_python
     python = nvtabular_python()
     marker = tmp_path / "MARKER"
     path = tmp_path / "crafted.parquet"

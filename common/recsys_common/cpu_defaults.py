@@ -30,7 +30,7 @@ import copy
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 MIN_STEPS_PER_EPOCH = 100   # a CPU default batch leaves at least this many optimizer steps per epoch
 MEMORY_FRACTION = 1 / 8     # of the machine's RAM, for one step's activations (shared by the ranks of one machine)
@@ -52,7 +52,7 @@ def machine_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def explicit_flags(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> set:
+def given_flags(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> set:
     """The argparse destinations the command line set itself (``--batch_size 65536`` counts though it is the
     default): a second parse of the same ``argv`` with every default suppressed, so only options present remain."""
     quiet = copy.deepcopy(parser)
@@ -149,11 +149,65 @@ class RecipeBatch:
     eval_batch_dest: str        # e.g. "test_batch_size"
 
 
-def training_batch_wanted(given: set, recipe: RecipeBatch, training: bool) -> bool:
-    """Whether :func:`apply_batch_defaults` will choose the training batch (and so needs the training rows)."""
-    return training and recipe.batch_dest not in given
+def training_batch_wanted(given_flags: AbstractSet[str], recipe: RecipeBatch, training: bool) -> bool:
+    """Whether :func:`choose_batch_defaults` will choose the training batch (and so needs the training rows)."""
+    return training and recipe.batch_dest not in given_flags
 
 
+@dataclass(frozen=True)
+class BatchDefaults:
+    """What :func:`choose_batch_defaults` chose: ``values`` maps each flag's destination it set (only those the
+    user did not give) to its value, ``parts`` is the line to print, ``choice`` the training batch's decision (None:
+    not chosen). A recipe builds its frozen configuration from the user's flags overlaid with ``values``."""
+    values: Mapping[str, Any]
+    parts: Tuple[str, ...]
+    choice: Optional[CpuBatch]
+
+
+def choose_batch_defaults(given_flags: AbstractSet[str], recipe: RecipeBatch, *, bytes_per_row: float,
+                          world_size: int, training: bool, train_rows: Optional[int],
+                          given_learning_rate: Optional[float] = None,
+                          memory_bytes: Optional[int] = None) -> BatchDefaults:
+    """The evaluation batch (bounded by memory only) and, when ``training``, the training batch and learning rate
+    of :func:`choose_cpu_batch`, each only where its flag is not in ``given_flags`` (the destinations the command
+    line set; :func:`training_batch_wanted` says whether ``train_rows`` is needed, so that a recipe counts its rows
+    only then). ``given_learning_rate``: the rate the user gave (kept as is). Writes nothing anywhere."""
+    values: Dict[str, Any] = {}
+    parts: List[str] = []
+    if recipe.eval_batch_dest not in given_flags:
+        evaluation = choose_cpu_batch(None, gpu_batch=recipe.gpu_batch, gpu_learning_rate=1.0,
+                                      bytes_per_row=bytes_per_row, memory_bytes=memory_bytes, multiple_of=world_size)
+        values[recipe.eval_batch_dest] = evaluation.batch
+        parts.append(f"--{recipe.eval_batch_dest} {evaluation.batch}")
+    if not training_batch_wanted(given_flags, recipe, training):
+        return BatchDefaults(values, tuple(parts), None)
+    choice = choose_cpu_batch(
+        train_rows, gpu_batch=recipe.gpu_batch, gpu_learning_rate=recipe.gpu_learning_rate,
+        bytes_per_row=bytes_per_row, memory_bytes=memory_bytes, lr_scaling=recipe.lr_scaling,
+        batch_flag=f"--{recipe.batch_dest}", lr_flag=f"--{recipe.lr_dest}",
+        given_learning_rate=given_learning_rate if recipe.lr_dest in given_flags else None,
+        multiple_of=world_size)
+    values[recipe.batch_dest] = choice.batch
+    values[recipe.lr_dest] = choice.learning_rate
+    return BatchDefaults(values, (choice.reason, *parts), choice)
+
+
+def choose_schedule_defaults(given_flags: AbstractSet[str], schedule: Mapping[str, int], batch: int,
+                             gpu_batch: int, gpu_run_steps: int,
+                             run_steps: Optional[int]) -> Tuple[Dict[str, int], Optional[str]]:
+    """Each step count of NVIDIA's schedule (``schedule``: destination -> NVIDIA's value) that is not in
+    ``given_flags``, moved to this run (:func:`scale_schedule_steps`); returns the moved values and the part of the
+    line to print (None: nothing moved)."""
+    moved = {dest: scale_schedule_steps(steps, batch, gpu_batch, gpu_run_steps, run_steps)
+             for dest, steps in schedule.items() if dest not in given_flags}
+    if not moved:
+        return moved, None
+    how = (f"NVIDIA's schedule over {run_steps} steps as over its {gpu_run_steps}" if run_steps is not None
+           else f"NVIDIA's schedule x {gpu_batch}/{batch}")
+    return moved, f"{' '.join(f'--{dest} {value}' for dest, value in moved.items())} ({how})"
+
+
+# TRANSITIONAL (issue 29): the recipes move to choose_*; these go once none calls them.
 def apply_batch_defaults(args, given: set, recipe: RecipeBatch, *, bytes_per_row: float, world_size: int,
                          training: bool, train_rows: Optional[int],
                          memory_bytes: Optional[int] = None) -> Tuple[List[str], Optional[CpuBatch]]:

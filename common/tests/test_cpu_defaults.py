@@ -55,12 +55,12 @@ def test_given_rate_is_kept_and_accumulation_counts():
     assert c.batch == 1024 and c.learning_rate == pytest.approx(24 * 2048 / 65536)
 
 
-def test_explicit_flags_counts_a_flag_equal_to_its_default():
+def test_given_flags_counts_a_flag_equal_to_its_default():
     p = argparse.ArgumentParser()
     p.add_argument("--batch_size", type=int, default=65536)
     p.add_argument("--learning_rate", type=float, default=24.0)
-    assert cd.explicit_flags(p, ["--batch_size", "65536"]) == {"batch_size"}
-    assert cd.explicit_flags(p, []) == set()
+    assert cd.given_flags(p, ["--batch_size", "65536"]) == {"batch_size"}
+    assert cd.given_flags(p, []) == set()
 
 
 def test_schedule_keeps_its_fraction_of_an_epoch():
@@ -93,3 +93,21 @@ def test_recipe_defaults_set_only_what_the_command_line_left():
                                             training=False, train_rows=None)
     assert (parts, choice, args.batch_size, args.learning_rate) == ([], None, 65536, 24.0)
     assert cd.defaults_line("dlrm.py", parts, "--batch_size") is None
+
+
+def test_choose_batch_defaults_returns_choices_and_writes_nothing():
+    """choose_batch_defaults / choose_schedule_defaults return what they chose; the user's flags stay as given."""
+    recipe = cd.RecipeBatch(65536, 24.0, "linear", "batch_size", "learning_rate", "valid_batch_size")
+    given = frozenset({"learning_rate", "decay_steps"})
+    chosen = cd.choose_batch_defaults(given, recipe, bytes_per_row=1024, world_size=2, training=True,
+                                      train_rows=300_000, given_learning_rate=2.0, memory_bytes=16 * GIB)
+    assert chosen.values == {"valid_batch_size": 65536, "batch_size": 2048, "learning_rate": 2.0}
+    assert chosen.parts[0] == chosen.choice.reason and "--learning_rate 2 as given" in chosen.parts[0]
+    moved, line = cd.choose_schedule_defaults(given, {"warmup_steps": 8000, "decay_steps": 24000}, 2048, 65536,
+                                              64013, 146)
+    assert moved == {"warmup_steps": 18}
+    assert line == "--warmup_steps 18 (NVIDIA's schedule over 146 steps as over its 64013)"
+    nothing = cd.choose_batch_defaults({"valid_batch_size", "batch_size"}, recipe, bytes_per_row=1024, world_size=1,
+                                       training=True, train_rows=None)
+    assert (dict(nothing.values), nothing.parts, nothing.choice) == ({}, (), None)
+    assert cd.choose_schedule_defaults({"warmup_steps"}, {"warmup_steps": 8000}, 1024, 65536, 64013, 10) == ({}, None)

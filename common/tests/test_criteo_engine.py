@@ -18,7 +18,7 @@ import pytest
 from recsys_common.criteo import polars_preprocess, spark_preprocess, to_split_binary
 from recsys_common.criteo.dictionaries import DictionaryLookup, build_dictionary, merge_counts
 from recsys_common.datasets import read_columns
-from recsys_common.testing import local_spark_session
+from recsys_testing import local_spark_session
 
 pl = pytest.importorskip("polars", reason="polars is needed for the single-machine engine (ci/requirements.txt)")
 

@@ -15,7 +15,7 @@ import pytest
 from recsys_common.criteo import layout as criteo_layout
 from recsys_common.criteo import spark_preprocess, to_split_binary
 from recsys_common.datasets import open_reader, read_columns
-from recsys_common.testing import local_spark_session, shared_data_path
+from recsys_testing import local_spark_session, shared_data_path
 
 pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job (ci/requirements.txt)")
 

@@ -8,7 +8,7 @@ import pytest
 
 from recsys_common import logistic_baseline, movielens_ctr
 from recsys_common.datasets import open_reader, read_columns
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 MOVIES = [  # id, title, genres
     (1, "Toy Story (1995)", "Animation|Children's|Comedy"),

@@ -19,7 +19,7 @@ pytest.importorskip("polars")
 from recsys_common import prepare_clicks as pc  # noqa: E402
 from recsys_common.datasets import read_columns  # noqa: E402
 from recsys_common.feature_spec import FeatureSpec  # noqa: E402
-from recsys_common.testing import shared_data_path  # noqa: E402
+from recsys_testing import shared_data_path  # noqa: E402
 
 COMMON = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AVAZU_CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",

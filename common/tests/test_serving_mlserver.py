@@ -15,7 +15,7 @@ import pytest
 
 from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches
 from recsys_common.serving.mlserver_launcher import free_port, serve_repository
-from recsys_common.testing import perf_analyzer_path
+from recsys_testing import perf_analyzer_path
 from serving_tiny_model import (MAX_BATCH_SIZE, MAX_ID, MODEL_NAME, TS_MODEL_NAME, expected_probability, tiny_inputs,
                                 write_tiny_repository, write_tiny_torchscript)
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from recsys_common.criteo import spark_preprocess, to_split_binary
-from recsys_common.testing import free_port
+from recsys_testing import free_port
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job (ci/requirements.txt)")
 

@@ -80,7 +80,7 @@ FAILING_NODE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_failing_node_stops_every_launcher_and_shows_every_output(tmp_path):
-    from recsys_common.testing import run_torchrun_nodes
+    from recsys_testing import run_torchrun_nodes
     script = tmp_path / "node.py"
     script.write_text(FAILING_NODE)
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from recsys_common.testing import make_criteo_like_dataset, recipe_env
+from recsys_testing import make_criteo_like_dataset, recipe_env
 
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))

@@ -23,7 +23,7 @@ from dlrm.model import torchrec_available
 from dlrm.scripts.main import _cli, main
 from dlrm.utils import checkpointing
 from dlrm.utils.checkpointing import CheckpointError, list_checkpoints, read_tensors
-from recsys_common.testing import free_port
+from recsys_testing import free_port
 
 FUSED = pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
 STEPS_PER_EPOCH = 8192 // 256

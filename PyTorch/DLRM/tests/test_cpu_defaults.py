@@ -37,7 +37,7 @@ def test_gpu_keeps_nvidia_values(monkeypatch):
     assert (args.warmup_steps, args.decay_start_step, args.decay_steps) == (6400, 64000, 80000)
 
 
-def test_explicit_flags_win(monkeypatch):
+def test_given_flags_win(monkeypatch):
     args, line = _apply(["--batch_size", "32768", "--test_batch_size", "32768"], monkeypatch=monkeypatch)
     assert line is None and (args.batch_size, args.lr, args.warmup_steps) == (32768, 28.0, 6400)
     args, line = _apply(["--lr", "2", "--decay_steps", "7"], monkeypatch=monkeypatch)

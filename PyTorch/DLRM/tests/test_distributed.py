@@ -13,7 +13,7 @@ import pytest
 from conftest import RECIPE_DIR, subprocess_env, train_args
 from dlrm.model import torchrec_available
 from dlrm.scripts.main import main
-from recsys_common.testing import run_torchrun_nodes
+from recsys_testing import run_torchrun_nodes
 from recsys_common.torch_distributed import live_gloo_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"),

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import RECIPE_DIR, subprocess_env, train_args
 from dlrm.model import torchrec_available
-from recsys_common.testing import run_torchrun_nodes
+from recsys_testing import run_torchrun_nodes
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")]
@@ -36,7 +36,7 @@ def test_a_checkpoint_directory_the_processes_do_not_share_is_refused_before_tra
     file system. Two processes given different directories (as node-local disks would be) both stop before the
     first step, naming the flag, instead of each writing a partial checkpoint."""
     import sys
-    from recsys_common.testing import free_port, run_process_group
+    from recsys_testing import free_port, run_process_group
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                f"--master_port={free_port()}", os.path.join("tests", "per_rank_main.py"),
                *train_args(small_dataset, tmp_path / "log.json", "--max_steps", "4", "--save_checkpoint_path",

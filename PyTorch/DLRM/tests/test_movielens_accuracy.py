@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SMALL_MODEL  # noqa: F401  (puts the recipe and common/ on sys.path)
 from dlrm.scripts.main import main
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 # Measured here with exactly this configuration: DLRM 0.7765, logistic regression 0.7740 (+0.0025). The assertion
 # keeps 0.001 of that margin, leaving room for float-summation differences across CPUs and thread counts.

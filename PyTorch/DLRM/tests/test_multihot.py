@@ -77,7 +77,7 @@ def test_fused_and_plain_multi_hot_tables_train_the_same():
 @pytest.mark.skipif(not torchrec_available(), reason="TorchRec/FBGEMM not installed")
 def test_torchrec_bags_give_the_plain_vectors(monkeypatch):
     import torch.distributed as dist
-    from recsys_common.testing import free_port
+    from recsys_testing import free_port
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

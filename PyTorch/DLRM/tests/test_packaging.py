@@ -3,7 +3,7 @@ import os
 import re
 
 from conftest import RECIPE_DIR
-from recsys_common.testing import ci_pins, read_dockerfile
+from recsys_testing import ci_pins, read_dockerfile
 
 DOCKERFILE = os.path.join(RECIPE_DIR, "Dockerfile")
 

@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from dlrm.scripts.main import main
-from recsys_common.testing import prepare_avazu_splits, seed_study_margin
+from recsys_testing import prepare_avazu_splits, seed_study_margin
 
 DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_table", "--Adam_embedding_optimizer",
              "--Adam_MLP_optimizer", "--lr", "0.005", "--warmup_steps", "0", "--decay_steps", "0", "--epochs", "2",

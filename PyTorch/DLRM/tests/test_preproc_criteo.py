@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from recsys_common.datasets import open_reader, read_columns
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 from preproc import benchmark_preprocess, logistic_baseline, movielens_ctr
 

@@ -7,7 +7,7 @@ import pytest
 
 from recsys_common.datasets import open_reader, read_columns
 from recsys_common.feature_spec import FeatureSpec
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 from preproc import logistic_baseline, movielens_ctr
 

@@ -124,7 +124,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(server, repository, tmp_path
     measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
     from deployment import evaluate_latency
     from recsys_common.serving.perf_analyzer import check_agreement
-    from recsys_common.testing import perf_analyzer_path
+    from recsys_testing import perf_analyzer_path
     perf_analyzer_path()
     records = evaluate_latency.main(["--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
                                      "--protocol", protocol, "--model-name", name, "--model-repository", repository,
@@ -170,7 +170,7 @@ def test_bad_requests_are_clear_errors_and_the_server_survives(server, model, pr
 def test_unreachable_server_is_a_clear_error(checkpoint, small_dataset, capsys):
     import time
     from deployment import evaluate_accuracy
-    from recsys_common.testing import free_port
+    from recsys_testing import free_port
     port = free_port()
     begin = time.monotonic()
     assert evaluate_accuracy.main(["--grpc-url", f"127.0.0.1:{port}", "--dataset", small_dataset,

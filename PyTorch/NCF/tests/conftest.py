@@ -5,7 +5,7 @@ import pytest
 
 import convert
 import synthetic
-from recsys_common.testing import recipe_env
+from recsys_testing import recipe_env
 
 NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(NCF_DIR))

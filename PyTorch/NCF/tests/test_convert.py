@@ -236,7 +236,7 @@ def test_min_interactions_drops_sparse_users_and_reports_them(tmp_path, capsys):
 
 
 def test_min_interactions_makes_a_random_movielens_sample_convertible(tmp_path, capsys):
-    from recsys_common.testing import shared_data_path
+    from recsys_testing import shared_data_path
     u_data = os.path.join(shared_data_path("movielens", "ml-100k"), "u.data")
     rng = np.random.default_rng(0)
     lines = open(u_data).read().splitlines()

@@ -41,7 +41,7 @@ def _params(tmp_path, log):
     return read_log(str(tmp_path / log))[0]["data"]
 
 
-def test_run_prints_the_choice_first_and_explicit_flags_win(tiny_data, tmp_path, capsys):
+def test_run_prints_the_choice_first_and_given_flags_win(tiny_data, tmp_path, capsys):
     base = ["--data", tiny_data, "-e", "1", "-f", "8", "--layers", "16", "8", "--seed", "3", "--device", "cpu"]
     ncf.main(base + ["--log_path", str(tmp_path / "auto.json")])
     first = capsys.readouterr().out.splitlines()[0]

@@ -13,7 +13,7 @@ import pytest
 
 import ncf
 from conftest import NCF_DIR, REPO_ROOT
-from recsys_common.testing import free_port, run_torchrun_nodes
+from recsys_testing import free_port, run_torchrun_nodes
 
 SMALL = ["-b", "512", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers", "16", "8", "--seed", "3",
          "--valid_batch_size", "5000"]

@@ -13,7 +13,7 @@ import benchmark
 import benchmark_convert
 import ncf
 from conftest import NCF_DIR
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 ALLOC_PROBE = textwrap.dedent("""
     import resource, sys

@@ -13,7 +13,7 @@ import convert
 import ncf
 from dataloading import EvalSet, load_dataset
 from neumf import Popularity
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 # Tuned for 2 CPU cores: small embeddings, paper-style Adam, no dropout.
 ML1M_NEUMF = ["-b", "8192", "-l", "0.003", "-b1", "0.9", "-b2", "0.999", "--dropout", "0", "--seed", "1",

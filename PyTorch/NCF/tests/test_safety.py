@@ -19,7 +19,7 @@ import neumf
 from conftest import NCF_DIR
 from dataloading import EvalSet, NCFData, load_dataset
 from recsys_common.logger import read_log
-from recsys_common.testing import free_port
+from recsys_testing import free_port
 
 SMALL = ["-b", "2048", "-n", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers", "16", "8",
          "--valid_batch_size", "5000", "--seed", "3"]

@@ -30,7 +30,7 @@ from recsys_common.cli import CheckFailedError  # noqa: E402
 from recsys_common.serving.client import InferenceClient, ServingError  # noqa: E402
 from recsys_common.serving.mlserver_launcher import serve_repository  # noqa: E402
 from recsys_common.serving.model_config import check_model_directory  # noqa: E402
-from recsys_common.testing import free_port  # noqa: E402
+from recsys_testing import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(deployed, tmp_path, protocol
     over HTTP) and its throughput agrees with evaluate_latency's on the same rows, batch sizes and concurrencies,
     within the bounds measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
     from recsys_common.serving.perf_analyzer import check_agreement
-    from recsys_common.testing import perf_analyzer_path
+    from recsys_testing import perf_analyzer_path
     perf_analyzer_path()
     server = deployed["server"]
     records = evaluate_latency.main(["--server-url", server.grpc_url if protocol == "grpc" else server.http_url,

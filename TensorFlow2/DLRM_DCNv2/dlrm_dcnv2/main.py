@@ -290,8 +290,8 @@ def parse_args(argv: Optional[Sequence[str]], model: str) -> argparse.Namespace:
     parser = build_parser(model)
     args = parser.parse_args(list(argv) if argv is not None else None)
     args.model = model
-    from recsys_common.cpu_defaults import explicit_flags
-    args.flags_given = sorted(explicit_flags(parser, argv))  # flags the CPU defaults must not replace
+    from recsys_common.cpu_defaults import given_flags
+    args.flags_given = sorted(given_flags(parser, argv))  # flags the CPU defaults must not replace
     positive = ("batch_size", "valid_batch_size", "epochs", "evals_per_epoch", "print_freq", "auc_thresholds",
                 "inference_steps")
     for name in positive:

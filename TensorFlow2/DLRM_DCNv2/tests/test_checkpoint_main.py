@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log as read_dllogger
-from recsys_common.testing import run_process_group
+from recsys_testing import run_process_group
 from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state, read_table
 
 TIMEOUT_S = 180

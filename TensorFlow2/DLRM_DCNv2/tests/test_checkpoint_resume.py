@@ -16,7 +16,7 @@ import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log
-from recsys_common.testing import horovod_env, horovodrun_command, run_process_group
+from recsys_testing import horovod_env, horovodrun_command, run_process_group
 from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state
 
 TIMEOUT_S = 180

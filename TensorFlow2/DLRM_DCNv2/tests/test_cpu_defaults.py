@@ -38,7 +38,7 @@ def test_gpu_keeps_nvidia_values(monkeypatch):
     assert (args.warmup_steps, args.decay_start_step, args.decay_steps) == (8000, 48000, 24000)
 
 
-def test_explicit_flags_win(monkeypatch):
+def test_given_flags_win(monkeypatch):
     # --batch_size given, even NVIDIA's own value: batch, rate and schedule stay; the unset valid batch is chosen
     args, line = _apply(["--batch_size", "65536"], monkeypatch=monkeypatch)
     assert (args.batch_size, args.learning_rate, args.warmup_steps) == (65536, 24.0, 8000)

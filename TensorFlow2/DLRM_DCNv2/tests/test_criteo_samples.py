@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from recsys_common.testing import local_spark_session, shared_data_path
+from recsys_testing import local_spark_session, shared_data_path
 
 pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job")
 

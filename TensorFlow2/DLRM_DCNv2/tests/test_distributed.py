@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
-from recsys_common.testing import horovod_env, horovodrun_command, run_process_group
+from recsys_testing import horovod_env, horovodrun_command, run_process_group
 from dlrm_dcnv2.distributed.placement import plan_placement
 
 pytestmark = pytest.mark.slow  # every test here launches horovodrun (tens of seconds on 2 cores)

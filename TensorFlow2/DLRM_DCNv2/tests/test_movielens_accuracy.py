@@ -13,7 +13,7 @@ Thresholds come from the multi-seed study in ``MEASURED`` (run with the same fla
 """
 import pytest
 
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
 from dlrm_dcnv2.main import main

@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from recsys_common.testing import prepare_avazu_splits, seed_study_margin
+from recsys_testing import prepare_avazu_splits, seed_study_margin
 
 from dlrm_dcnv2.main import main
 

@@ -200,7 +200,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(deployed, server, tmp_path, 
     concurrencies, within the bounds measured on a loaded 2-core VM (``perf_analyzer.check_agreement``)."""
     from deployment import evaluate_latency
     from recsys_common.serving.perf_analyzer import check_agreement
-    from recsys_common.testing import perf_analyzer_path
+    from recsys_testing import perf_analyzer_path
     perf_analyzer_path()
     source = (["--dataset_path", deployed.data["dlrm"]] if name == "dlrm-onnx"
               else ["--model-repository-path", deployed.served])

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from recsys_common.testing import recipe_env
+from recsys_testing import recipe_env
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -3,7 +3,7 @@ batch) is replaced on a CPU unless given; a GPU and explicit flags keep NVIDIA's
 arithmetic on parsed flags (no TensorFlow step); one short run checks the first line of output."""
 import pytest
 
-from recsys_common.cpu_defaults import explicit_flags
+from recsys_common.cpu_defaults import given_flags
 from recsys_common.logger import read_log
 from wide_deep.trainer import cpu_defaults
 from wide_deep.trainer.arguments import build_parser
@@ -18,7 +18,7 @@ def _apply(argv, on_cpu=True, world_size=1, memory=23 * GIB, rows=105_386, monke
     parser = build_parser()
     argv = ["--dataset_path", "/nonexistent"] + argv
     args = parser.parse_args(argv)
-    args.flags_given = sorted(explicit_flags(parser, argv))
+    args.flags_given = sorted(given_flags(parser, argv))
     return args, cpu_defaults.apply_cpu_defaults(args, on_cpu, world_size, spec=None, memory_bytes=memory,
                                                  train_rows=rows)
 
@@ -42,7 +42,7 @@ def test_gpu_keeps_nvidia_values(monkeypatch):
         (131072, 131072, 0.00012, 0.02)
 
 
-def test_explicit_flags_win(monkeypatch):
+def test_given_flags_win(monkeypatch):
     args, line = _apply(["--global_batch_size", "131072", "--eval_batch_size", "131072"], monkeypatch=monkeypatch)
     assert line is None and (args.global_batch_size, args.deep_learning_rate) == (131072, 0.00012)
     args, line = _apply(["--linear_learning_rate", "0.1"], monkeypatch=monkeypatch)

@@ -31,7 +31,7 @@ FLAGS = [f for k, v in OPTIONS.items() for f in (f"--{k}", str(v))]
 
 
 def _nvtabular_python():
-    from recsys_common.testing import nvtabular_python
+    from recsys_testing import nvtabular_python
     return nvtabular_python()
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 from wide_deep.data.outbrain import features as F
 from wide_deep.data.outbrain import generator, raw
 

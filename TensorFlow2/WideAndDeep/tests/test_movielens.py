@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 # Training settings of the accuracy test and the margin it asserts. Measured on ml-100k with these settings, ETL
 # split seed = model seed = 0 / 1 / 2 (2 cores): model AUC 0.7636 / 0.7715 / 0.7724, popularity (positive rate)

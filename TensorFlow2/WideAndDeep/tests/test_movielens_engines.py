@@ -1,6 +1,6 @@
 """The MovieLens ETL's own workflow (``wide_deep.movielens.workflow``): NVTabular 23.8 Categorify's encoding on a
 table small enough to check by hand, and the whole output equal to ``--engine nvtabular``'s (run in the separate
-NVTabular environment, ``recsys_common.testing.nvtabular_python``) value for value, except the order of equally
+NVTabular environment, ``recsys_testing.nvtabular_python``) value for value, except the order of equally
 frequent values in a vocabulary, which NVTabular leaves to numpy's unstable quicksort."""
 import json
 import os
@@ -94,7 +94,7 @@ def test_etl_equals_the_nvtabular_engine(tmp_path):
     """Three parts of generated ml-25m-layout ratings through both engines: the same feature_spec.yaml
     (cardinalities as get_embedding_sizes gives them), files, schemas, row order, labels and genre lists, and the
     same encoded ids up to the order of equally frequent values."""
-    from recsys_common.testing import nvtabular_python
+    from recsys_testing import nvtabular_python
     from wide_deep.movielens.etl import SplitDraw, read_movielens, run_etl
     from wide_deep.movielens.generate import generate
     from wide_deep.movielens.workflow import load_workflow

@@ -4,7 +4,7 @@ import os
 import re
 
 from conftest import RECIPE_DIR, REPO_ROOT
-from recsys_common.testing import ci_pins, read_dockerfile, requirement_specs
+from recsys_testing import ci_pins, read_dockerfile, requirement_specs
 
 DOCKERFILE = os.path.join(RECIPE_DIR, "Dockerfile")
 

@@ -278,7 +278,7 @@ def test_hash_bucket_is_pandas_value_hash_whatever_the_string_dtype():
 
 def test_real_clicks_and_events_through_the_joins_and_split():
     """The project's real Outbrain rows (clicks joined with events, all on 14 June) through stage 1."""
-    from recsys_common.testing import shared_data_path
+    from recsys_testing import shared_data_path
     from wide_deep.data.outbrain.generator import metadata_for
     from wide_deep.data.outbrain.tables import join_and_split
     tables = raw.read_joined_sample(shared_data_path("outbrain", "clicks-joined-events-sample.csv"))

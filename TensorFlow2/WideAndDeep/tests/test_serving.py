@@ -287,7 +287,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(trained, repo, server, tmp_p
     throughput agrees with evaluate_latency's on the same rows, batch sizes and concurrencies, within the bounds
     measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
     from recsys_common.serving.perf_analyzer import check_agreement
-    from recsys_common.testing import perf_analyzer_path
+    from recsys_testing import perf_analyzer_path
     from wide_deep.serving.latency import main
     perf_analyzer_path()
     out_json = str(tmp_path / "lat.json")

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from recsys_common.testing import shared_data_path
+from recsys_testing import shared_data_path
 
 PARITY_ATOL = 1e-5
 

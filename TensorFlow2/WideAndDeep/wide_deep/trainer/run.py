@@ -190,8 +190,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     from recsys_common.cli import InputError
     parser = build_parser()
     args = parser.parse_args(argv)
-    from recsys_common.cpu_defaults import explicit_flags
-    args.flags_given = sorted(explicit_flags(parser, argv))  # flags the CPU defaults must not replace
+    from recsys_common.cpu_defaults import given_flags
+    args.flags_given = sorted(given_flags(parser, argv))  # flags the CPU defaults must not replace
     for flag in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
