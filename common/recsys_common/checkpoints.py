@@ -39,12 +39,14 @@ import time
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from recsys_common.cli import InputError
+
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
 # Staging directories of recsys_common.io.atomic_directory for a step_<N> (".old": the one it replaces).
 STALE_PATTERN = re.compile(r"^\.step_\d+(\.old)?\.tmp-")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that is missing, incomplete, or does not match the model; the message names the file or flag."""
 
 

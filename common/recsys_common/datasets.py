@@ -30,13 +30,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import InputError
 from .feature_spec import FeatureSpec, FeatureSpecError, is_categorical_channel
 from .io import _fsync_directory, _fsync_file, _temporary_sibling
 
 PAD = -1
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
     """Data that does not match its FeatureSpec; the message names the file and the feature."""
 
 

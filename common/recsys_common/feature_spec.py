@@ -46,6 +46,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import numpy as np
 import yaml
 
+from recsys_common.cli import InputError
 from .io import atomic_write_text
 
 # Chunk types this library reads and writes itself, and those read by a recipe's own loader.
@@ -70,7 +71,7 @@ DEFAULT_CATEGORICAL_DTYPE = "int64"
 DEFAULT_OTHER_DTYPE = "float32"
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(InputError):
     """A FeatureSpec that cannot be used; the message names the file and the offending key."""
 
 

@@ -58,6 +58,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from recsys_common.cli import InputError
 from .datasets import PAD, DatasetWriter
 from .feature_spec import FeatureSpec, smallest_int_dtype
 from .io import atomic_directory, check_output_directory
@@ -76,7 +77,7 @@ BASE_CATEGORICAL = ("user_id", "movie_id", "gender", "age", "occupation", "zip_p
 _YEAR_RE = re.compile(r"\((\d{4})\)\s*$")
 
 
-class MovieLensFormatError(ValueError):
+class MovieLensFormatError(InputError):
     """A line of a MovieLens file that does not have the documented layout (names file, line and field)."""
 
 

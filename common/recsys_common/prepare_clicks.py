@@ -74,6 +74,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from recsys_common.cli import InputError
 from .criteo import FIRST_FREQUENT_ID, MISSING_ID
 from .criteo.dictionaries import DictionaryLookup, build_dictionary, merge_counts
 from .datasets import DatasetWriter
@@ -97,7 +98,7 @@ _MASK32 = 0xFFFFFFFF
 _DOWNSAMPLING_SALT = 0x6E656773          # "negs"
 
 
-class ClickLogError(ValueError):
+class ClickLogError(InputError):
     """Input that cannot be prepared as asked; the message names the file, line and column."""
 
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from recsys_common import plot_log, synthetic, testing, transcode
+import recsys_testing as testing
+from recsys_common import plot_log, synthetic, transcode
 from recsys_common.logger import Logger, hms, read_log
 
 
@@ -231,7 +232,7 @@ def test_cli_errors_exit_nonzero_with_message(tmp_path):
 def test_synthetic_benchmark_reports_rates_the_wall_clock_agrees_with():
     """The reported seconds are real seconds of this run: both phases fit in the process's wall time, and each rate
     is the rows over its median time (a rate over the wrong row count, or in ms, fails)."""
-    bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_synthetic.py")
+    bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "synthetic.py")
     started = time.perf_counter()
     out = subprocess.run([sys.executable, bench, "--rows", "5000", "--repeats", "3", "--table_size", "1000"],
                          capture_output=True, text=True, check=True).stdout

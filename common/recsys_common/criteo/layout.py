@@ -29,11 +29,25 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
+from recsys_common.cli import InputError
+
 KAGGLE_NAMES = ("train.txt", "train.txt.gz")
 _DAY_RE = re.compile(r"^day_(\d+)(\.gz)?$")
 
 
-class CriteoInputError(ValueError):
+# Integral numbers in the spellings integer features come in (both engines' integral_value); each fits a signed
+# 64-bit long.
+INTEGER_RE = r"^[+-]?[0-9]{1,18}$"                                   # 260, -3, +7
+MAX_INTEGER = 10 ** 18 - 1                                             # the largest with INTEGER_RE's 18 digits
+ZERO_FRACTION_RE = r"^[+-]?[0-9]{1,18}[.]0*$"                        # 260.0, 260.
+EXPONENT_RE = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)[eE][+-]?[0-9]{1,2}$"   # 2.6e2, 1e3, 2.600e+02
+# Exponent spellings are converted through a double: exact (no rounding can make a non-integer look integral, or
+# change an integer) while the mantissa has at most 15 digits and the value is below 2**53.
+MAX_MANTISSA_DIGITS = 15
+MAX_EXACT_DOUBLE_INTEGER = float(2 ** 53)
+
+
+class CriteoInputError(InputError):
     """The input path does not hold a Criteo dataset in a layout this job understands."""
 
 

@@ -55,8 +55,9 @@ import numpy as np
 from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, MISSING_ID, NUM_CATEGORICAL,
                NUM_FIELDS, NUM_NUMERICAL, RARE_ID, REASON_BAD_LABEL, REASON_BAD_NUMERICAL, REASON_EMPTY_LINE,
                REASON_TOO_MANY_FIELDS, SPLITS)
-from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFormat, InputLayout, discover_input,
-                     sniff_format, split_boundaries)
+from .layout import (DELIMITER_CHOICES, EXPONENT_RE, HEADER_CHOICES, INTEGER_RE, MAX_EXACT_DOUBLE_INTEGER,
+                     MAX_MANTISSA_DIGITS, ZERO_FRACTION_RE, CriteoInputError, FileFormat, InputLayout,
+                     discover_input, sniff_format, split_boundaries)
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 from ..logger import hms
 from ..prefetch import prefetched
@@ -257,15 +258,13 @@ def integral_value(text):
     ``260.0`` (zeros after the point), and exponent spellings with at most 15 mantissa digits, a 1- or 2-digit
     exponent and an integral value below 2**53."""
     import polars as pl
-    from .spark_preprocess import (_EXPONENT_RE, _INTEGER_RE, _MAX_EXACT_DOUBLE_INTEGER, _MAX_MANTISSA_DIGITS,
-                                   _ZERO_FRACTION_RE)
     as_double = text.cast(pl.Float64, strict=False)
     mantissa = text.str.extract(r"^[+-]?([0-9.]*)", 1).str.replace_all(".", "", literal=True).str.len_chars()
-    return (pl.when(text.str.contains(_INTEGER_RE)).then(text.cast(pl.Int64, strict=False))
-            .when(text.str.contains(_ZERO_FRACTION_RE))
+    return (pl.when(text.str.contains(INTEGER_RE)).then(text.cast(pl.Int64, strict=False))
+            .when(text.str.contains(ZERO_FRACTION_RE))
             .then(text.str.extract(r"^([+-]?[0-9]+)", 1).cast(pl.Int64, strict=False))
-            .when(text.str.contains(_EXPONENT_RE) & (mantissa <= _MAX_MANTISSA_DIGITS)
-                  & (as_double.abs() < _MAX_EXACT_DOUBLE_INTEGER) & (as_double == as_double.floor()))
+            .when(text.str.contains(EXPONENT_RE) & (mantissa <= MAX_MANTISSA_DIGITS)
+                  & (as_double.abs() < MAX_EXACT_DOUBLE_INTEGER) & (as_double == as_double.floor()))
             .then(as_double.cast(pl.Int64, strict=False))
             .otherwise(None))
 

@@ -73,21 +73,13 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, LABEL_COLUMN, MISSING_ID,
                NUM_CATEGORICAL, NUM_FIELDS, NUM_NUMERICAL, NUMERICAL_COLUMNS, RARE_ID, REASON_BAD_LABEL,
                REASON_BAD_NUMERICAL, REASON_EMPTY_LINE, REASON_TOO_MANY_FIELDS, SPLITS)
-from .layout import (DELIMITER_CHOICES, HEADER_CHOICES, CriteoInputError, FileFormat, InputLayout, discover_input,
-                     sniff_format, split_boundaries)
+from .layout import (DELIMITER_CHOICES, EXPONENT_RE, HEADER_CHOICES, INTEGER_RE, MAX_EXACT_DOUBLE_INTEGER,
+                     MAX_INTEGER, MAX_MANTISSA_DIGITS, ZERO_FRACTION_RE, CriteoInputError, FileFormat,
+                     InputLayout, discover_input, sniff_format, split_boundaries)
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 
 _ROW_BITS = 33                      # monotonically_increasing_id(): partition index << 33 | row within partition
 _ROW_MASK = (1 << _ROW_BITS) - 1
-# Integral numbers in the spellings integer features come in (see integral_value); each fits a signed 64-bit long.
-_INTEGER_RE = r"^[+-]?[0-9]{1,18}$"                                   # 260, -3, +7
-_MAX_INTEGER = 10 ** 18 - 1                                             # the largest with _INTEGER_RE's 18 digits
-_ZERO_FRACTION_RE = r"^[+-]?[0-9]{1,18}[.]0*$"                        # 260.0, 260.
-_EXPONENT_RE = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)[eE][+-]?[0-9]{1,2}$"   # 2.6e2, 1e3, 2.600e+02
-# Exponent spellings are converted through a double: exact (no rounding can make a non-integer look integral, or
-# change an integer) while the mantissa has at most 15 digits and the value is below 2**53.
-_MAX_MANTISSA_DIGITS = 15
-_MAX_EXACT_DOUBLE_INTEGER = float(2 ** 53)
 _MAX_EXAMPLE_CHARS = 300
 JOINS_PER_CODEGEN_STAGE = 7          # joins fused into one generated method (see codegen_stage_boundary)
 HUGE_METHOD_LIMIT = 8000             # HotSpot's: larger generated methods are never JIT-compiled
@@ -353,14 +345,14 @@ def integral_value(text):
     as_double = text.try_cast("double")
     mantissa_digits = F.length(F.regexp_replace(F.regexp_extract(text, r"^[+-]?([0-9.]*)", 1), "[.]", ""))
     # Fast path for the usual spelling, without a regex: a long that prints back as the same text is a plain integer
-    # ("260", "-3"; not "+7", "007", " 1", which the regexes below judge) and within _INTEGER_RE's 18 digits.
+    # ("260", "-3"; not "+7", "007", " 1", which the regexes below judge) and within INTEGER_RE's 18 digits.
     as_long = text.try_cast("long")
-    canonical = as_long.between(-_MAX_INTEGER, _MAX_INTEGER) & (as_long.cast("string") == text)
+    canonical = as_long.between(-MAX_INTEGER, MAX_INTEGER) & (as_long.cast("string") == text)
     return (F.when(canonical, as_long)
-            .when(text.rlike(_INTEGER_RE), as_long)
-            .when(text.rlike(_ZERO_FRACTION_RE), F.regexp_extract(text, r"^([+-]?[0-9]+)", 1).try_cast("long"))
-            .when(text.rlike(_EXPONENT_RE) & (mantissa_digits <= _MAX_MANTISSA_DIGITS)
-                  & (F.abs(as_double) < F.lit(_MAX_EXACT_DOUBLE_INTEGER)) & (as_double % 1.0 == 0.0),
+            .when(text.rlike(INTEGER_RE), as_long)
+            .when(text.rlike(ZERO_FRACTION_RE), F.regexp_extract(text, r"^([+-]?[0-9]+)", 1).try_cast("long"))
+            .when(text.rlike(EXPONENT_RE) & (mantissa_digits <= MAX_MANTISSA_DIGITS)
+                  & (F.abs(as_double) < F.lit(MAX_EXACT_DOUBLE_INTEGER)) & (as_double % 1.0 == 0.0),
                   as_double.try_cast("long")))
 
 

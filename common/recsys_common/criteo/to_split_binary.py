@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import InputError
 from . import CATEGORICAL_COLUMNS, LABEL_COLUMN, NUM_CATEGORICAL, NUM_NUMERICAL, NUMERICAL_COLUMNS, SPLITS
 from ..datasets import DatasetWriter
 from ..feature_spec import FeatureSpec
@@ -33,7 +34,7 @@ from ..io import atomic_directory
 from ..logger import Progress
 
 
-class ConversionError(ValueError):
+class ConversionError(InputError):
     """The Spark output is incomplete or not what this converter expects (names the file)."""
 
 

@@ -31,6 +31,7 @@ from recsys_common.flags import add_flag
 from recsys_common.io import atomic_path, atomic_write_text, check_json_output
 
 from .client import InferenceClient, ServingError
+from .perf_analyzer import find_perf_analyzer, format_comparison, run_perf_analyzer
 from recsys_common.machine import cpu_model_name as _cpu_model
 
 MakeInputs = Callable[[int], Mapping[str, np.ndarray]]
@@ -223,6 +224,44 @@ def add_latency_arguments(parser: argparse.ArgumentParser, *, default_model_name
     return parser
 
 
+def compare_with_perf_analyzer(url: str, protocol: str, model: str, make_inputs: MakeInputs,
+                               output_names: Sequence[str], batch_sizes: Sequence[int],
+                               concurrencies: Sequence[int], *, num_requests: int = 100, warmup_requests: int = 10,
+                               timeout_s: float = 30.0, measurement_interval_ms: int = 500, rounds: int = 2,
+                               perf_timeout_s: float = 120.0) -> List[dict]:
+    """Our ``measure_latency`` and perf_analyzer back to back on each (batch size, concurrency), same request data.
+
+    ``rounds``: the two tools take turns this many times per batch size and each keeps its best throughput (on a
+    shared machine a burst of load during one tool's turn would otherwise decide the comparison).
+    Returns one record per pair: ours (``measure_latency``'s record of our best round) with ``"perf_analyzer"`` =
+    perf_analyzer's best record for the pair, ``"rounds"``, and ``"throughput_ratio"`` = ours / perf_analyzer's
+    samples per second.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    best = lambda a, b: b if a is None or b["throughput_samples_per_s"] > a["throughput_samples_per_s"] else a  # noqa
+    records = []
+    for batch_size in batch_sizes:
+        inputs = {n: np.ascontiguousarray(a) for n, a in make_inputs(int(batch_size)).items()}
+        fixed = (lambda _b, _i=inputs: _i)   # both tools send the very same rows
+        ours: Dict[int, dict] = {}
+        theirs: Dict[int, dict] = {}
+        for _ in range(rounds):
+            for r in measure_latency(url, protocol, model, fixed, output_names, [batch_size], concurrencies,
+                                     num_requests=num_requests, warmup_requests=warmup_requests, timeout_s=timeout_s,
+                                     verbose=False):
+                ours[r["concurrency"]] = best(ours.get(r["concurrency"]), r)
+            for r in run_perf_analyzer(url, protocol, model, fixed, batch_size, concurrencies,
+                                       measurement_interval_ms=measurement_interval_ms, timeout_s=perf_timeout_s):
+                theirs[r["concurrency"]] = best(theirs.get(r["concurrency"]), r)
+        for concurrency in sorted(ours):
+            record, other = ours[concurrency], theirs[concurrency]
+            records.append(dict(record, perf_analyzer=other, rounds=rounds,
+                                throughput_ratio=record["throughput_samples_per_s"] /
+                                other["throughput_samples_per_s"]))
+    return records
+
+
 def perf_analyzer_options(args: argparse.Namespace) -> Dict[str, object]:
     """``run_latency``'s perf_analyzer keyword arguments from the flags ``add_latency_arguments`` adds."""
     return {"perf_analyzer": bool(args.perf_analyzer), "perf_analyzer_rounds": int(args.perf_analyzer_rounds),
@@ -237,13 +276,12 @@ def run_latency(*, server_url: str, protocol: str, model_name: str, batch_sizes:
                 perf_analyzer_interval_ms: int = 500) -> List[dict]:
     """Check the outputs are writable, wait for the model, measure, print one line per pair, write the report.
 
-    ``perf_analyzer``: measure each pair with Triton's perf_analyzer too (``perf_analyzer.compare_with_perf_analyzer``);
+    ``perf_analyzer``: measure each pair with Triton's perf_analyzer too (:func:`compare_with_perf_analyzer`);
     each record then holds ``"perf_analyzer"`` (its figures) and ``"throughput_ratio"`` (ours / perf_analyzer's)."""
     check_json_output(output_json)
     with InferenceClient(server_url, protocol, timeout_s) as client:
         client.wait_until_ready(model_name, timeout_s=wait_ready_s)
     if perf_analyzer:
-        from .perf_analyzer import compare_with_perf_analyzer, find_perf_analyzer, format_comparison
         find_perf_analyzer()   # before measuring anything
         records = compare_with_perf_analyzer(server_url, protocol, model_name, make_inputs, output_names,
                                              batch_sizes, concurrency, num_requests=num_requests,

@@ -18,6 +18,8 @@ import dataclasses
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from recsys_common.cli import InputError
+
 # numpy dtype name -> Triton config data type (model_config.proto) and KServe-v2 wire datatype.
 _NUMPY_TO_TRITON = {
     "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
@@ -38,7 +40,7 @@ PLATFORM_MODEL_FILES = {
 CONFIG_NAME = "config.pbtxt"
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(InputError):
     """A ``config.pbtxt`` or model directory that Triton would refuse; the message names the file and the field."""
 
 

@@ -160,45 +160,6 @@ def _step(concurrencies: Sequence[int]) -> int:
     return gaps.pop()
 
 
-def compare_with_perf_analyzer(url: str, protocol: str, model: str, make_inputs: MakeInputs,
-                               output_names: Sequence[str], batch_sizes: Sequence[int],
-                               concurrencies: Sequence[int], *, num_requests: int = 100, warmup_requests: int = 10,
-                               timeout_s: float = 30.0, measurement_interval_ms: int = 500, rounds: int = 2,
-                               perf_timeout_s: float = 120.0) -> List[dict]:
-    """Our ``measure_latency`` and perf_analyzer back to back on each (batch size, concurrency), same request data.
-
-    ``rounds``: the two tools take turns this many times per batch size and each keeps its best throughput (on a
-    shared machine a burst of load during one tool's turn would otherwise decide the comparison).
-    Returns one record per pair: ours (``measure_latency``'s record of our best round) with ``"perf_analyzer"`` =
-    perf_analyzer's best record for the pair, ``"rounds"``, and ``"throughput_ratio"`` = ours / perf_analyzer's
-    samples per second.
-    """
-    from .latency import measure_latency
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    best = lambda a, b: b if a is None or b["throughput_samples_per_s"] > a["throughput_samples_per_s"] else a  # noqa
-    records = []
-    for batch_size in batch_sizes:
-        inputs = {n: np.ascontiguousarray(a) for n, a in make_inputs(int(batch_size)).items()}
-        fixed = (lambda _b, _i=inputs: _i)   # both tools send the very same rows
-        ours: Dict[int, dict] = {}
-        theirs: Dict[int, dict] = {}
-        for _ in range(rounds):
-            for r in measure_latency(url, protocol, model, fixed, output_names, [batch_size], concurrencies,
-                                     num_requests=num_requests, warmup_requests=warmup_requests, timeout_s=timeout_s,
-                                     verbose=False):
-                ours[r["concurrency"]] = best(ours.get(r["concurrency"]), r)
-            for r in run_perf_analyzer(url, protocol, model, fixed, batch_size, concurrencies,
-                                       measurement_interval_ms=measurement_interval_ms, timeout_s=perf_timeout_s):
-                theirs[r["concurrency"]] = best(theirs.get(r["concurrency"]), r)
-        for concurrency in sorted(ours):
-            record, other = ours[concurrency], theirs[concurrency]
-            records.append(dict(record, perf_analyzer=other, rounds=rounds,
-                                throughput_ratio=record["throughput_samples_per_s"] /
-                                other["throughput_samples_per_s"]))
-    return records
-
-
 def format_comparison(record: dict) -> str:
     other = record["perf_analyzer"]
     return (f"{record['protocol']:>4}  batch {record['batch_size']:>6}  concurrency {record['concurrency']:>3}  "

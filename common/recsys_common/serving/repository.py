@@ -28,13 +28,14 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional
 
+from recsys_common.cli import InputError
 from recsys_common.io import atomic_directory
 
 SIDECAR_NAME = "recsys_serving.json"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
-class SidecarError(ValueError):
+class SidecarError(InputError):
     """A missing or malformed ``recsys_serving.json``; the message names the file and the field."""
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from recsys_common.cli import InputError
 from .rows import random_rows
 from .triton_options import TritonOptions
 
@@ -43,7 +44,7 @@ ONNX_OPSET = 17
 SAMPLE_ROWS = 4   # rows of the example batch that torch.onnx.export and torch.jit.trace run
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """Export flags that cannot produce a repository; the message names the flag."""
 
 

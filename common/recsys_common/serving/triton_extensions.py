@@ -27,6 +27,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from recsys_common.cli import InputError
+
 # KServe-v2 datatype -> numpy dtype of its binary (little-endian, row-major) encoding. BYTES (length-prefixed
 # strings) is not served by any model here and is refused.
 _NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -38,7 +40,7 @@ _HEADER = b"inference-header-content-length"
 MODEL_CONFIGS: Dict[str, dict] = {}
 
 
-class BinaryTensorError(ValueError):
+class BinaryTensorError(InputError):
     """A binary-extension request that cannot be read; answered as HTTP 400 ``{"error": message}``."""
 
 

@@ -24,11 +24,13 @@ import argparse
 import dataclasses
 from typing import List, Optional
 
+from recsys_common.cli import InputError
+
 MICROSECONDS_PER_MILLISECOND = 1000
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU")
 
 
-class TritonOptionsError(ValueError):
+class TritonOptionsError(InputError):
     """A Triton setting that no model repository can have; the message names the flag."""
 
 

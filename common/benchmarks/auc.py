@@ -1,6 +1,6 @@
 """Benchmark: time and peak memory of the exact ROC AUC (``recsys_common.metrics``) at Criteo's test size, as JSON.
 
-    python common/benchmarks/bench_auc.py --rows 100000000 --peer_rows 20000000
+    python common/benchmarks/auc.py --rows 100000000 --peer_rows 20000000
 
 Criteo 1TB's test half-day is about 89M rows. Each measurement runs in a fresh child process that generates
 ``rows`` float32 logits (labels 26 % positive, Criteo Kaggle's click rate; logits rounded to 1/1024 so that many

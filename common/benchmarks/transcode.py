@@ -1,6 +1,6 @@
 """Benchmark: peak memory and speed of ``recsys_common.transcode`` at several input sizes, printed as JSON.
 
-    python common/benchmarks/bench_transcode.py --rows 500000,2000000 --chunk_size 65536
+    python common/benchmarks/transcode.py --rows 500000,2000000 --chunk_size 65536
 
 For each size: ``gen_csv`` writes a bring-your-own CSV dataset (label, 4 numericals, 4 one-hot features of which two
 ``cardinality: auto``, multi-hot features of max_hotness 3 and 10 as list cells) into a temporary directory; then a

@@ -1,6 +1,6 @@
 """Peak memory and speed of ``recsys_common.prepare_clicks`` at two input sizes (prints one JSON object).
 
-    python -m recsys_common.benchmark_prepare_clicks --rows 1000000 4000000 --work_dir /tmp/pc_bench
+    python common/benchmarks/prepare_clicks.py --rows 1000000 4000000 --work_dir /tmp/pc_bench
 
 Writes an Avazu-shaped CSV per size (header, ``click`` label, ``hour`` as YYMMDDHH over 10 days, 18 categorical
 columns of hex ids drawn from Zipf-like distributions over fixed vocabularies, C15/C16 numericals), then runs the
@@ -21,6 +21,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from recsys_common.machine import cpu_model_name
 
 CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category",
                "device_id", "device_model", "device_type", "device_conn_type", "C14", "C17", "C18", "C19", "C20",
@@ -96,7 +98,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         results.append({"rows": rows, "input_mib": round(os.path.getsize(csv_path) / 2**20, 1), **measured,
                         "rows_per_s": round(rows / measured["seconds"])})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    from .machine import cpu_model_name
     report = {"benchmark": "prepare_clicks", "cpu": cpu_model_name(), "cores": os.cpu_count(),
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "load_average_1min": round(os.getloadavg()[0], 1), "runs": results,

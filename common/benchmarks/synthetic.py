@@ -1,6 +1,6 @@
 """Benchmark: synthetic Criteo-shaped data generation and the split-binary reader, printed as JSON.
 
-    python common/benchmarks/bench_synthetic.py --rows 1000000 --repeats 3
+    python common/benchmarks/synthetic.py --rows 1000000 --repeats 3
 
 Generates ``--rows`` rows of a 13-numerical / 26-categorical spec (NVIDIA's split-binary layout) into a temporary
 directory, then reads them back in batches; reports the median of ``--repeats`` runs (2-core VMs are noisy).
