@@ -4,7 +4,7 @@
 
 NVIDIA's ``ncf.py --load_checkpoint_path`` (and its ``inference.py``) then load it with the same ``-f`` /
 ``--layers`` flags. The other direction needs no tool: ``ncf.py`` and ``inference.py`` load NVIDIA's bare
-``model.pth`` directly (:func:`neumf.from_nvidia_state_dict`). Only NeuMF maps (NVIDIA has no GMF / MLP models).
+``model.pth`` directly (:func:`neumf.model.from_nvidia_state_dict`). Only NeuMF maps (NVIDIA has no GMF / MLP models).
 The output is written atomically, and an existing file is never replaced.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import List, Optional
 
 import torch
 
-from ncf import CheckpointError, _read_checkpoint
 from neumf import to_nvidia_state_dict
+from neumf.checkpointing import CheckpointError, read_checkpoint
+from recsys_common.cli import run_main
 from recsys_common.io import atomic_path
 
 
@@ -28,7 +29,7 @@ def main(argv: Optional[List[str]] = None) -> str:
     args = p.parse_args(argv)
     if os.path.lexists(args.output):
         raise CheckpointError(f"{args.output}: exists; refusing to overwrite it (choose a new --output)")
-    state = _read_checkpoint(args.input)["model"]
+    state = read_checkpoint(args.input)["model"]
     try:
         nvidia = to_nvidia_state_dict(state)
     except ValueError as err:
@@ -42,5 +43,4 @@ def main(argv: Optional[List[str]] = None) -> str:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, prog="export_nvidia_checkpoint.py", input_errors=(CheckpointError,))

@@ -16,8 +16,9 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ncf import CheckpointError, _read_checkpoint, load_model_weights
 from neumf import MODEL_NAMES, build_model
+from neumf.checkpointing import CheckpointError, load_model_weights, read_checkpoint
+from recsys_common.cli import run_main
 from recsys_common.logger import Logger
 
 
@@ -49,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
               "layers": args.layers, "dropout": args.dropout}
     state = None
     if args.load_checkpoint_path:
-        state = _read_checkpoint(args.load_checkpoint_path)
+        state = read_checkpoint(args.load_checkpoint_path)
         config = state.get("config", config)
     model = build_model(config["model"], config["num_users"], config["num_items"], config["factors"],
                         config["layers"], config["dropout"])
@@ -89,5 +90,4 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, prog="inference.py", input_errors=(CheckpointError,))

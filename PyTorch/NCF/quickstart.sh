@@ -12,6 +12,6 @@ WORK="${1:-/tmp/ncf_quickstart}"
 PYTHON="${PYTHON:-$([[ -x "${REPO}/.venv/bin/python" ]] && echo "${REPO}/.venv/bin/python" || echo python)}"
 export PYTHONPATH="${REPO}/common${PYTHONPATH:+:${PYTHONPATH}}"
 cd "${HERE}"
-PYTHON="${PYTHON}" bash prepare_dataset.sh synthetic "${WORK}/raw" "${WORK}/cache"
+PYTHON="${PYTHON}" bash preproc/prepare_dataset.sh synthetic "${WORK}/raw" "${WORK}/cache"
 "${PYTHON}" ncf.py --data "${WORK}/cache/synthetic" -e 3 -b 4096 -l 0.005 -b1 0.9 -b2 0.999 -f 16 \
     --layers 32 16 8 --dropout 0 --seed 1 --checkpoint_dir "${WORK}/checkpoints" --log_path "${WORK}/log.json"

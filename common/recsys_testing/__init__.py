@@ -367,3 +367,15 @@ def _descendants(pid: int) -> List[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def import_script(path: str, name: Optional[str] = None):
+    """The script at ``path`` (one not in a package, e.g. a recipe's ``benchmarks/<what>.py``) imported as a module,
+    for tests that call its functions. ``name``: its module name (default: ``script_<file name>``)."""
+    import importlib.util
+    name = name or f"script_{os.path.splitext(os.path.basename(path))[0]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclasses and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module

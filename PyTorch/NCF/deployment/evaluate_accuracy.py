@@ -6,8 +6,8 @@
 
 Every test user's candidates (its held-out positive, then its negatives: the test mapping of ``--data``, exactly
 the rows ``ncf.py`` evaluates) are sent through the server as ``(user, item)`` rows; the returned probabilities
-are ranked with the recipe's rule (``ncf.evaluate``: a candidate repeating an earlier one is ignored, ties count
-against the positive, a NaN score is a miss). The same rows are evaluated by ``ncf.evaluate`` on the checkpoint
+are ranked with the recipe's rule (``neumf.evaluation.evaluate``: a candidate repeating an earlier one is ignored, ties count
+against the positive, a NaN score is a miss). The same rows are evaluated by ``neumf.evaluation.evaluate`` on the checkpoint
 (on the logits, in PyTorch). Prints and writes (JSON) both, their differences and the largest per-row probability
 difference; exits 1 if a metric differs by more than ``--tolerance``, 2 on bad input or an unreachable server.
 
@@ -33,24 +33,28 @@ for _path in (HERE, RECIPE, os.path.join(os.path.dirname(os.path.dirname(RECIPE)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import ncf  # noqa: E402
-from dataloading import DatasetError, EvalSet, duplicate_mask, load_dataset  # noqa: E402
-from ncf_export import OUTPUT_NAME  # noqa: E402
-from recommend import load_model  # noqa: E402
+from neumf.checkpointing import CheckpointError  # noqa: E402
+from neumf.cli import ConfigurationError  # noqa: E402
+from neumf.data import DatasetError, EvalSet, duplicate_mask, load_dataset  # noqa: E402
+from neumf.evaluation import check_topk, evaluate, rank_positives  # noqa: E402
+from neumf.recommend import load_model  # noqa: E402
+from neumf.serving import OUTPUT_NAME  # noqa: E402
 from recsys_common.cli import run_main  # noqa: E402
+from recsys_common.cli import CheckFailedError  # noqa: E402
+from recsys_common.serving.client import InferenceClient, ServingError, infer_in_batches  # noqa: E402
 from recsys_common.feature_spec import FeatureSpecError  # noqa: E402
 from recsys_common.flags import add_flag  # noqa: E402
 from recsys_common.io import check_json_output, write_json_output  # noqa: E402
 
 
 def ranking_metrics(scores: np.ndarray, candidates: np.ndarray, topk: int) -> Dict[str, float]:
-    """HR@K and NDCG@K of ``scores [U, S]`` (positive in column 0) with ``ncf.evaluate``'s rule
-    (``ncf.rank_positives``, the one function both use).
+    """HR@K and NDCG@K of ``scores [U, S]`` (positive in column 0) with ``neumf.evaluation.evaluate``'s rule
+    (``neumf.evaluation.rank_positives``, the one function both use).
 
     >>> ranking_metrics(np.array([[0.9, 0.1, 0.2], [0.2, 0.5, 0.1]]), np.array([[1, 2, 3], [1, 2, 3]]), topk=1)
     {'hr': 0.5, 'ndcg': 0.5, 'users': 2, 'nan_users': 0}
     """
-    hits, ndcg, unrankable = ncf.rank_positives(torch.as_tensor(scores, dtype=torch.float64),
+    hits, ndcg, unrankable = rank_positives(torch.as_tensor(scores, dtype=torch.float64),
                                                 duplicate_mask(torch.as_tensor(candidates)), topk)
     users = scores.shape[0]
     return {"hr": float(hits.sum()) / users, "ndcg": float(ndcg.sum()) / users, "users": users,
@@ -61,7 +65,6 @@ def served_scores(url: str, protocol: str, model_name: str, users: np.ndarray, i
                   batch_size: int, timeout_s: float) -> np.ndarray:
     """Probabilities of the rows ``(users[i], items[i])`` from the server at ``url``, ``batch_size`` rows per
     request; raises ``recsys_common.serving.client.ServingError`` naming the url and model on any failure."""
-    from recsys_common.serving.client import InferenceClient, infer_in_batches
     with InferenceClient(url, protocol=protocol, timeout_s=timeout_s) as client:
         client.wait_until_ready(model_name, timeout_s)
         out = infer_in_batches(client, model_name, {"user": users.reshape(-1, 1), "item": items.reshape(-1, 1)},
@@ -91,7 +94,6 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     """Returns ``{"framework": {...}, "grpc"/"http": {..., "hr_diff", "ndcg_diff", "max_abs_prob_diff"},
     "passed": bool, ...}``. Raises :data:`INPUT_ERRORS` for bad input or an unreachable server, and
     ``CheckFailedError`` (holding the result) when a difference exceeds the tolerance."""
-    from recsys_common.cli import CheckFailedError
     p = build_parser()
     args = p.parse_args(argv)
     protocols = {name: url for name, url in (("grpc", args.grpc_url), ("http", args.http_url)) if url}
@@ -101,7 +103,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         p.error("--batch-size and -k must be > 0, --tolerance >= 0")
     check_json_output(args.output_json)  # before the work: an existing non-JSON file is refused
     data = load_dataset(args.data, args.feature_spec_file)
-    ncf.check_topk(args.topk, data.samples_per_series, args.data)
+    check_topk(args.topk, data.samples_per_series, args.data)
     model, config = load_model(args.load_checkpoint_path)
     if (config["num_users"], config["num_items"]) != (data.num_users, data.num_items):
         raise DatasetError(f"--data {args.data}: {data.num_users} users / {data.num_items} items, the checkpoint "
@@ -114,7 +116,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         data = replace(data, test_users=data.test_users[:rows], test_items=data.test_items[:rows],
                        test_labels=data.test_labels[:rows])
     test = EvalSet(data, 0, 1, torch.device("cpu"))
-    framework = ncf.evaluate(model, test, args.topk, 1 << 20, nullcontext)
+    framework = evaluate(model, test, args.topk, 1 << 20, nullcontext)
     framework = {"hr": framework["hr"], "ndcg": framework["ndcg"], "users": int(test.users.shape[0])}
     with torch.no_grad():
         framework_probs = torch.sigmoid(model(torch.as_tensor(data.test_users),
@@ -146,9 +148,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 
 def input_errors():
-    from recsys_common.serving.client import ServingError
-    return (ServingError, FileExistsError, DatasetError, FeatureSpecError, ncf.CheckpointError,
-            ncf.ConfigurationError)
+    return (ServingError, FileExistsError, DatasetError, FeatureSpecError, CheckpointError,
+            ConfigurationError)
 
 
 if __name__ == "__main__":

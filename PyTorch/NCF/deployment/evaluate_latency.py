@@ -24,7 +24,10 @@ for _path in (HERE, RECIPE, os.path.join(os.path.dirname(os.path.dirname(RECIPE)
 
 import numpy as np  # noqa: E402
 
-from ncf_export import OUTPUT_NAME, sidecar  # noqa: E402
+from neumf.serving import OUTPUT_NAME, sidecar  # noqa: E402
+from neumf.data import DatasetError, load_dataset  # noqa: E402
+from recsys_common.feature_spec import FeatureSpecError  # noqa: E402
+from recsys_common.serving.client import ServingError  # noqa: E402
 from recsys_common.cli import run_main  # noqa: E402
 from recsys_common.serving import latency  # noqa: E402
 from recsys_common.serving.rows import random_row_maker  # noqa: E402
@@ -36,7 +39,6 @@ def input_maker(data_dir: Optional[str], n_users: Optional[int], n_items: Option
     uniform ids below ``n_users`` / ``n_items``."""
     rng = np.random.default_rng(seed)
     if data_dir:
-        from dataloading import load_dataset
         data = load_dataset(data_dir)
         users, items = data.test_users, data.test_items
 
@@ -74,9 +76,6 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
 
 def input_errors():
     """The errors the command line reports in one line with exit status 2."""
-    from dataloading import DatasetError
-    from recsys_common.feature_spec import FeatureSpecError
-    from recsys_common.serving.client import ServingError
     return (ValueError, ServingError, DatasetError, FeatureSpecError, FileExistsError)
 
 

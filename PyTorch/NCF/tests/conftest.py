@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-import convert
-import synthetic
+from neumf.data import convert
+from neumf.data import synthetic
 from recsys_testing import recipe_env
 
 NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +24,9 @@ def make_tiny_dataset(directory, users=500, items=1000, mean_per_user=30, seed=0
 def train_tiny_neumf(root):
     """A tiny dataset under ``root`` and a 4-epoch NeuMF checkpoint (HR@10 0.46; ncf.py's format) trained on it, the
     model the serving and recommend tests use; returns ``(data directory, checkpoint path)``."""
-    import ncf
+    from neumf import train as ncf_train
     data = make_tiny_dataset(str(root), users=200, items=300, mean_per_user=25)
-    ncf.main(["--data", data, "-e", "4", "-b", "512", "-f", "8", "--layers", "16", "8", "--dropout", "0.5",
+    ncf_train.main(["--data", data, "-e", "4", "-b", "512", "-f", "8", "--layers", "16", "8", "--dropout", "0.5",
               "--seed", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "--checkpoint_dir", os.path.join(root, "ck"),
               "--log_path", os.path.join(root, "log.json")])
     return data, os.path.join(root, "ck", "model.pth")

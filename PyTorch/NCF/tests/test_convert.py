@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import convert
+from neumf.data import convert
 from recsys_common import movielens_ctr
-from convert import ConversionError
-from dataloading import load_dataset
+from neumf.data.convert import ConversionError
+from neumf.data import load_dataset
 from recsys_common.cli import exit_status
 
 

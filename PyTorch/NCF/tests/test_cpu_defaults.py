@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-import ncf
+from neumf import cli as ncf_cli, train as ncf_train
 from recsys_common.logger import read_log
 
 GIB = 2 ** 30
@@ -14,26 +14,26 @@ ML100K_ROWS = 99057 * 5  # convert.py's training positives of ML-100k, each with
 
 
 def test_small_dataset_gets_many_steps_and_the_sqrt_scaled_rate():
-    batch, lr, reason = ncf.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, **NVIDIA_MODEL)
-    assert batch == 4096 and ML100K_ROWS // batch >= ncf.CPU_MIN_STEPS_PER_EPOCH  # 121 steps, not 1
+    batch, lr, reason = ncf_cli.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, **NVIDIA_MODEL)
+    assert batch == 4096 and ML100K_ROWS // batch >= ncf_cli.CPU_MIN_STEPS_PER_EPOCH  # 121 steps, not 1
     assert lr == pytest.approx(0.0045 / 16, rel=1e-3)  # sqrt(4096 / 2**20) = 1/16
     assert reason.startswith("-b 4096 (at least 100 steps over 495285 training rows")
 
 
 def test_memory_bounds_a_large_dataset_and_nvidia_caps_it():
     ml20m_rows = 19_861_770 * 5
-    batch, lr, reason = ncf.choose_cpu_batch(ml20m_rows, memory_bytes=16 * GIB, **NVIDIA_MODEL)
+    batch, lr, reason = ncf_cli.choose_cpu_batch(ml20m_rows, memory_bytes=16 * GIB, **NVIDIA_MODEL)
     # 1/8 of 16 GiB at 4.6 bytes x width 1088 per row: 429k rows -> 2**18
     assert batch == 2 ** 18 and "GiB RAM" in reason
     assert lr == pytest.approx(0.0045 / 2, rel=1e-3)
-    huge, lr, reason = ncf.choose_cpu_batch(10 ** 10, memory_bytes=4096 * GIB, **NVIDIA_MODEL)
+    huge, lr, reason = ncf_cli.choose_cpu_batch(10 ** 10, memory_bytes=4096 * GIB, **NVIDIA_MODEL)
     assert (huge, lr) == (2 ** 20, 0.0045) and "NVIDIA's value" in reason
-    tiny, _, reason = ncf.choose_cpu_batch(5000, memory_bytes=16 * GIB, **NVIDIA_MODEL)
-    assert tiny == ncf.CPU_MIN_BATCH and "floor" in reason
+    tiny, _, reason = ncf_cli.choose_cpu_batch(5000, memory_bytes=16 * GIB, **NVIDIA_MODEL)
+    assert tiny == ncf_cli.CPU_MIN_BATCH and "floor" in reason
 
 
 def test_accumulation_counts_in_the_steps_and_the_rate():
-    batch, lr, _ = ncf.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, grads_accumulated=4, **NVIDIA_MODEL)
+    batch, lr, _ = ncf_cli.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, grads_accumulated=4, **NVIDIA_MODEL)
     assert batch == 1024 and lr == pytest.approx(0.0045 * math.sqrt(4096 / 2 ** 20), rel=1e-3)
 
 
@@ -43,23 +43,29 @@ def _params(tmp_path, log):
 
 def test_run_prints_the_choice_first_and_given_flags_win(tiny_data, tmp_path, capsys):
     base = ["--data", tiny_data, "-e", "1", "-f", "8", "--layers", "16", "8", "--seed", "3", "--device", "cpu"]
-    ncf.main(base + ["--log_path", str(tmp_path / "auto.json")])
+    ncf_train.main(base + ["--log_path", str(tmp_path / "auto.json")])
     first = capsys.readouterr().out.splitlines()[0]
     params = _params(tmp_path, "auto.json")
-    batch, lr, reason = ncf.choose_cpu_batch(params["train_positives"] * 5, 8, [16, 8], ncf.machine_memory_bytes())
+    batch, lr, reason = ncf_cli.choose_cpu_batch(params["train_positives"] * 5, 8, [16, 8],
+                                                 ncf_cli.machine_memory_bytes())
     assert first == f"ncf.py: CPU defaults: {reason}. Pass -b (and -l) to choose."
     assert (params["batch_size"], params["learning_rate"]) == (batch, lr) and batch < 2 ** 20
     assert params["cpu_defaults"] == first
     # -b given, even equal to NVIDIA's default: both of NVIDIA's values stay
-    ncf.main(base + ["-b", str(2 ** 20), "--log_path", str(tmp_path / "b.json")])
+    ncf_train.main(base + ["-b", str(2 ** 20), "--log_path", str(tmp_path / "b.json")])
     assert "CPU defaults" not in capsys.readouterr().out
     params = _params(tmp_path, "b.json")
     assert (params["batch_size"], params["learning_rate"]) == (2 ** 20, 0.0045)
-    # -l given alone: the batch is chosen, the rate is the user's
-    args = ncf.parse_args(base + ["-l", "0.01"])
-    line = ncf.apply_cpu_defaults(args, torch.device("cpu"), 495285, memory_bytes=23 * GIB)
-    assert (args.batch_size, args.learning_rate) == (4096, 0.01)
-    assert line.endswith("-l 0.01 as given. Pass -b (and -l) to choose.")
+    # -l given alone: the batch is chosen, the rate is the user's; the flags as typed stay untouched
+    argv = base + ["-l", "0.01"]
+    args = ncf_cli.parse_args(argv)
+    given = frozenset(ncf_cli.given_flags(ncf_cli.build_parser(), argv))
+    config = ncf_cli.settle(args, given, torch.device("cpu"), 495285, memory_bytes=23 * GIB)
+    assert (config.batch_size, config.learning_rate) == (4096, 0.01)
+    assert (args.batch_size, args.learning_rate) == (2 ** 20, 0.01)
+    assert config.cpu_defaults.endswith("-l 0.01 as given. Pass -b (and -l) to choose.")
     # on a GPU NVIDIA's values stay
-    args = ncf.parse_args(base)
-    assert ncf.apply_cpu_defaults(args, torch.device("cuda", 0), 495285) is None and args.batch_size == 2 ** 20
+    args = ncf_cli.parse_args(base)
+    config = ncf_cli.settle(args, frozenset(ncf_cli.given_flags(ncf_cli.build_parser(), base)),
+                            torch.device("cuda", 0), 495285)
+    assert config.cpu_defaults is None and config.batch_size == 2 ** 20

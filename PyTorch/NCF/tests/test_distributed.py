@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-import ncf
+from neumf import train as ncf_train
 from conftest import NCF_DIR, REPO_ROOT
 from recsys_testing import free_port, run_torchrun_nodes
 
@@ -66,7 +66,7 @@ def test_two_process_training_and_all_reduced_evaluation(tiny_data, tmp_path, on
     assert s0["best_hr@10"] == s1["best_hr@10"] and s0["last"]["ndcg@10"] == s1["last"]["ndcg@10"]
     assert s0["best_hr@10"] > 0.5, s0  # two ranks x 256 rows per step learn like one process
     # the same model evaluated by one process gives the same HR (each rank held half of the users)
-    single = ncf.main(["--data", tiny_data, *SMALL, "--mode", "test", "--log_path", str(tmp_path / "single.json"),
+    single = ncf_train.main(["--data", tiny_data, *SMALL, "--mode", "test", "--log_path", str(tmp_path / "single.json"),
                        "--load_checkpoint_path", str(ckpt / "model.pth")])
     assert single["hr@10"] == pytest.approx(s0["best_hr@10"], abs=1e-12)
     assert single["ndcg@10"] == pytest.approx(s0["best_ndcg@10"], abs=1e-9)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dataloading import duplicate_mask
+from neumf.data import duplicate_mask
 from neumf import GMF, MLP, NeuMF, build_model
 
 

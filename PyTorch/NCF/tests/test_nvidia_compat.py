@@ -17,10 +17,10 @@ import torch
 import yaml
 from torch import nn
 
-import convert
+from neumf.data import convert
 import export_nvidia_checkpoint
-import ncf
-from dataloading import EvalSet, load_dataset
+from neumf import checkpointing as ncf_checkpointing, evaluation as ncf_evaluation, train as ncf_train
+from neumf.data import EvalSet, load_dataset
 from neumf import NeuMF, build_model, to_nvidia_state_dict
 from recsys_common.cli import exit_status
 
@@ -32,7 +32,7 @@ SMALL = ["-b", "2048", "-n", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-
 def export_cli(argv):
     """``python export_nvidia_checkpoint.py ARGV``'s exit status."""
     return exit_status(export_nvidia_checkpoint.main, argv, prog="export_nvidia_checkpoint.py",
-                       input_errors=(ncf.CheckpointError,))
+                       input_errors=(ncf_checkpointing.CheckpointError,))
 
 
 def nvidia_state_dict(num_users, num_items, factors=FACTORS, layers=LAYERS, seed=0):
@@ -75,7 +75,7 @@ class NvidiaReference(nn.Module):
 def test_a_bare_nvidia_state_dict_loads_and_computes_the_same_scores(dropout, prefix):
     state = nvidia_state_dict(7, 9)
     model = NeuMF(7, 9, FACTORS, LAYERS, dropout)
-    ncf.load_model_weights(model, {prefix + k: v for k, v in state.items()}, "nvidia/model.pth")
+    ncf_checkpointing.load_model_weights(model, {prefix + k: v for k, v in state.items()}, "nvidia/model.pth")
     users, items = torch.tensor([0, 3, 6, 6]), torch.tensor([8, 0, 4, 5])
     torch.testing.assert_close(model.eval()(users, items), nvidia_forward(state, users, items))
 
@@ -83,7 +83,7 @@ def test_a_bare_nvidia_state_dict_loads_and_computes_the_same_scores(dropout, pr
 def test_export_to_nvidia_names_is_the_inverse(tmp_path):
     state = nvidia_state_dict(7, 9)
     model = NeuMF(7, 9, FACTORS, LAYERS, dropout=0.5)
-    ncf.load_model_weights(model, state, "nvidia.pth")
+    ncf_checkpointing.load_model_weights(model, state, "nvidia.pth")
     exported = to_nvidia_state_dict(model.state_dict())
     assert set(exported) == set(state)
     for name, tensor in state.items():
@@ -91,25 +91,25 @@ def test_export_to_nvidia_names_is_the_inverse(tmp_path):
 
 
 def test_nvidia_checkpoint_into_another_model_is_a_clear_error():
-    with pytest.raises(ncf.CheckpointError, match="NVIDIA's checkpoints hold a NeuMF model"):
-        ncf.load_model_weights(build_model("gmf", 7, 9, FACTORS, LAYERS, 0.0), nvidia_state_dict(7, 9), "n.pth")
+    with pytest.raises(ncf_checkpointing.CheckpointError, match="NVIDIA's checkpoints hold a NeuMF model"):
+        ncf_checkpointing.load_model_weights(build_model("gmf", 7, 9, FACTORS, LAYERS, 0.0), nvidia_state_dict(7, 9), "n.pth")
     # fewer --layers than the checkpoint: NVIDIA's extra layer is named as it is in the file
-    with pytest.raises(ncf.CheckpointError, match=r"mlp.1.weight: in the checkpoint \(shape \[4, 8\]\) but not in"):
-        ncf.load_model_weights(NeuMF(7, 9, FACTORS, LAYERS[:-1], 0.5), nvidia_state_dict(7, 9), "n.pth")
+    with pytest.raises(ncf_checkpointing.CheckpointError, match=r"mlp.1.weight: in the checkpoint \(shape \[4, 8\]\) but not in"):
+        ncf_checkpointing.load_model_weights(NeuMF(7, 9, FACTORS, LAYERS[:-1], 0.5), nvidia_state_dict(7, 9), "n.pth")
 
 
 def test_ncf_evaluates_a_bare_nvidia_model_pth_and_exports_its_own(tiny_data, tmp_path, capsys):
     data = load_dataset(tiny_data)
     state = nvidia_state_dict(data.num_users, data.num_items)
     torch.save(state, tmp_path / "model.pth")  # what NVIDIA's ncf.py writes: torch.save(model.state_dict(), ...)
-    tested = ncf.main(["--data", tiny_data, *SMALL, "--mode", "test", "--load_checkpoint_path",
+    tested = ncf_train.main(["--data", tiny_data, *SMALL, "--mode", "test", "--load_checkpoint_path",
                        str(tmp_path / "model.pth"), "--log_path", str(tmp_path / "test.json")])
-    expected = ncf.evaluate(NvidiaReference(state), EvalSet(data, 0, 1, torch.device("cpu")), 10, 5000, nullcontext)
+    expected = ncf_evaluation.evaluate(NvidiaReference(state), EvalSet(data, 0, 1, torch.device("cpu")), 10, 5000, nullcontext)
     assert tested["hr@10"] == expected["hr"] and tested["ndcg@10"] == pytest.approx(expected["ndcg"], abs=1e-12)
 
     # train from it, then hand our best checkpoint back to NVIDIA's layout
     ckpt = tmp_path / "ours"
-    ncf.main(["--data", tiny_data, *SMALL, "-e", "1", "--load_checkpoint_path", str(tmp_path / "model.pth"),
+    ncf_train.main(["--data", tiny_data, *SMALL, "-e", "1", "--load_checkpoint_path", str(tmp_path / "model.pth"),
               "--checkpoint_dir", str(ckpt), "--log_path", str(tmp_path / "train.json")])
     out = tmp_path / "nvidia" / "model.pth"
     assert export_cli(["--input", str(ckpt / "model.pth"), "--output", str(out)]) == 0
@@ -166,8 +166,8 @@ def test_a_dataset_made_by_nvidias_converter_trains_like_ours(tmp_path):
     for field in ("train_users", "train_items", "test_users", "test_items", "test_labels"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
     argv = ["-e", "2", "-b", "256", "-f", "4", "--layers", "8", "4", "--seed", "5", "-k", "5"]
-    on_ours = ncf.main(["--data", ours, *argv, "--log_path", str(tmp_path / "a.json")])
-    on_theirs = ncf.main(["--data", theirs, *argv, "--log_path", str(tmp_path / "b.json")])
+    on_ours = ncf_train.main(["--data", ours, *argv, "--log_path", str(tmp_path / "a.json")])
+    on_theirs = ncf_train.main(["--data", theirs, *argv, "--log_path", str(tmp_path / "b.json")])
     assert on_theirs["best_hr@5"] == on_ours["best_hr@5"] and on_theirs["last"]["loss"] == on_ours["last"]["loss"]
 
 

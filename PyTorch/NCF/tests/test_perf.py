@@ -9,18 +9,21 @@ import textwrap
 import pytest
 import torch
 
-import benchmark
-import benchmark_convert
-import ncf
+from neumf import train as ncf_train
 from conftest import NCF_DIR
 from recsys_testing import shared_data_path
+from recsys_testing import import_script
+
+RECIPE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+benchmark = import_script(os.path.join(RECIPE, "benchmarks", "training.py"), "ncf_benchmark_training")
+benchmark_convert = import_script(os.path.join(RECIPE, "benchmarks", "convert.py"), "ncf_benchmark_convert")
 
 ALLOC_PROBE = textwrap.dedent("""
     import resource, sys
     import numpy as np
     sys.path.insert(0, sys.argv[1])
-    import ncf
-    kept = ncf.keep_freed_memory() if sys.argv[2] == "1" else False
+    from neumf import train as ncf_train
+    kept = ncf_train.keep_freed_memory() if sys.argv[2] == "1" else False
     def step():  # a 256 MB buffer touched, then freed, as a big training step's activations are
         a = np.ones(256 << 20, dtype=np.uint8); del a
     step()
@@ -51,8 +54,8 @@ def test_keep_freed_memory_stops_refaulting_big_buffers():
 def test_compiled_step_trains_like_the_eager_step_and_keeps_the_eager_state_dict(tiny_data, tmp_path):
     common = ["--data", tiny_data, "-b", "4096", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers",
               "16", "8", "--dropout", "0", "--seed", "3", "-e", "1", "--checkpoint_dir"]
-    eager = ncf.main(common + [str(tmp_path / "eager"), "--log_path", str(tmp_path / "e.json")])
-    compiled = ncf.main(common + [str(tmp_path / "compiled"), "--log_path", str(tmp_path / "c.json"), "--compile"])
+    eager = ncf_train.main(common + [str(tmp_path / "eager"), "--log_path", str(tmp_path / "e.json")])
+    compiled = ncf_train.main(common + [str(tmp_path / "compiled"), "--log_path", str(tmp_path / "c.json"), "--compile"])
     a = torch.load(tmp_path / "eager" / "model.pth", weights_only=True)["model"]
     b = torch.load(tmp_path / "compiled" / "model.pth", weights_only=True)["model"]
     assert list(a) == list(b)  # the eager module's keys (no "_orig_mod." prefix): exporters load it unchanged

@@ -1,13 +1,14 @@
 """The NCF paper's training protocol: negatives that exclude the user's training positives, GMF and MLP pretraining
 fused into NeuMF (alpha-weighted predictor), SGD for the fused model, L2 on the looked-up embedding rows."""
 import os
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
 import torch
 
-import ncf
-from dataloading import DatasetError, PositiveSet, TrainEpochs, load_dataset
+from neumf import checkpointing as ncf_checkpointing, cli as ncf_cli, train as ncf_train
+from neumf.data import DatasetError, PositiveSet, TrainEpochs, load_dataset
 from neumf import GMF, MLP, NeuMF, neumf_state_from_pretrained
 
 
@@ -64,8 +65,8 @@ def test_l2_embedding_adds_the_looked_up_rows_squared_norms():
     torch.manual_seed(0)
     model = GMF(4, 6, factors=3)
     users, items, labels = torch.tensor([0, 0, 2]), torch.tensor([1, 5, 1]), torch.tensor([1.0, 0.0, 1.0])
-    plain = ncf.batch_loss_fn(model, ncf.nullcontext)(users, items, labels)
-    reg = ncf.batch_loss_fn(model, ncf.nullcontext, 0.5)(users, items, labels)
+    plain = ncf_train.batch_loss_fn(model, nullcontext)(users, items, labels)
+    reg = ncf_train.batch_loss_fn(model, nullcontext, 0.5)(users, items, labels)
     expected = 0.5 * (model.gmf.user_embedding.weight[users].pow(2).sum()
                       + model.gmf.item_embedding.weight[items].pow(2).sum())
     assert torch.allclose(reg - plain, expected)
@@ -77,16 +78,16 @@ def test_pretraining_pipeline_end_to_end(tiny_data, tmp_path):
     common = ["--data", tiny_data, "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout", "0", "--seed", "1",
               "--exclude_positives"]
     for model in ("gmf", "mlp"):
-        ncf.main([*common, "--model", model, "-e", "2", "-l", "0.01", "-b1", "0.9", "-b2", "0.999",
+        ncf_train.main([*common, "--model", model, "-e", "2", "-l", "0.01", "-b1", "0.9", "-b2", "0.999",
                   "--checkpoint_dir", str(tmp_path / model), "--log_path", str(tmp_path / f"{model}.json")])
-    summary = ncf.main([*common, "-e", "1", "--optimizer", "sgd", "-l", "0.05", "--l2_embedding", "1e-4",
+    summary = ncf_train.main([*common, "-e", "1", "--optimizer", "sgd", "-l", "0.05", "--l2_embedding", "1e-4",
                         "--pretrained_gmf", str(tmp_path / "gmf" / "model.pth"),
                         "--pretrained_mlp", str(tmp_path / "mlp" / "model.pth"), "--log_path", str(tmp_path / "n.json")])
     assert summary["best_hr@10"] > 0.1, summary  # 10 of 101 candidates: chance is 0.099
     with pytest.raises(SystemExit):
-        ncf.parse_args(["--data", tiny_data, "--pretrained_gmf", "x"])
-    with pytest.raises(ncf.INPUT_ERRORS):  # swapped: refused with a message naming the files
-        ncf.main([*common, "-e", "1", "--pretrained_gmf", str(tmp_path / "mlp" / "model.pth"),
+        ncf_cli.parse_args(["--data", tiny_data, "--pretrained_gmf", "x"])
+    with pytest.raises(ncf_train.INPUT_ERRORS):  # swapped: refused with a message naming the files
+        ncf_train.main([*common, "-e", "1", "--pretrained_gmf", str(tmp_path / "mlp" / "model.pth"),
                   "--pretrained_mlp", str(tmp_path / "gmf" / "model.pth"), "--log_path", str(tmp_path / "x.json")])
     assert os.path.isfile(tmp_path / "n.json")
 
@@ -96,17 +97,17 @@ def test_learning_rate_decay_sets_each_epochs_rate_and_resumes_at_it(tiny_data, 
     and a run resumed after epoch 1 continues at the same rates: its weights equal the uninterrupted run's."""
     common = ["--data", tiny_data, "-b", "4096", "--model", "gmf", "-f", "8", "--dropout", "0", "--seed", "1",
               "-l", "0.01", "--learning_rate_decay", "0.5", "-b1", "0.9", "-b2", "0.999"]
-    ncf.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "a"), "--log_path", str(tmp_path / "a.json")])
-    straight = ncf._read_checkpoint(str(tmp_path / "a" / ncf.RESUME_CHECKPOINT))
+    ncf_train.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "a"), "--log_path", str(tmp_path / "a.json")])
+    straight = ncf_checkpointing.read_checkpoint(str(tmp_path / "a" / ncf_checkpointing.RESUME_CHECKPOINT))
     assert [g["lr"] for g in straight["optimizer"]["param_groups"]] == [pytest.approx(0.01 * 0.5 ** 2)]
-    ncf.main([*common, "-e", "2", "--checkpoint_dir", str(tmp_path / "b"), "--log_path", str(tmp_path / "b.json")])
-    ncf.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "b"), "--resume",
+    ncf_train.main([*common, "-e", "2", "--checkpoint_dir", str(tmp_path / "b"), "--log_path", str(tmp_path / "b.json")])
+    ncf_train.main([*common, "-e", "3", "--checkpoint_dir", str(tmp_path / "b"), "--resume",
               "--log_path", str(tmp_path / "b.json")])
-    resumed = ncf._read_checkpoint(str(tmp_path / "b" / ncf.RESUME_CHECKPOINT))
+    resumed = ncf_checkpointing.read_checkpoint(str(tmp_path / "b" / ncf_checkpointing.RESUME_CHECKPOINT))
     for key, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     with pytest.raises(SystemExit):
-        ncf.parse_args(["--data", tiny_data, "--learning_rate_decay", "0"])
+        ncf_cli.parse_args(["--data", tiny_data, "--learning_rate_decay", "0"])
 
 
 def test_mode_test_evaluates_the_fused_model_before_training(tiny_data, tmp_path):
@@ -115,14 +116,14 @@ def test_mode_test_evaluates_the_fused_model_before_training(tiny_data, tmp_path
     common = ["--data", tiny_data, "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout", "0", "--seed", "1"]
     tested = {}
     for model in ("gmf", "mlp"):
-        ncf.main([*common, "--model", model, "-e", "1", "-l", "0.01", "--checkpoint_dir", str(tmp_path / model),
+        ncf_train.main([*common, "--model", model, "-e", "1", "-l", "0.01", "--checkpoint_dir", str(tmp_path / model),
                   "--log_path", str(tmp_path / f"{model}.json")])
-        tested[model] = ncf.main([*common, "--model", model, "--mode", "test", "--checkpoint_dir",
+        tested[model] = ncf_train.main([*common, "--model", model, "--mode", "test", "--checkpoint_dir",
                                   str(tmp_path / model), "--log_path", str(tmp_path / f"{model}_t.json")])
     pretrained = ["--pretrained_gmf", str(tmp_path / "gmf" / "model.pth"),
                   "--pretrained_mlp", str(tmp_path / "mlp" / "model.pth")]
     for alpha, model in (("1", "gmf"), ("0", "mlp")):
-        fused = ncf.main([*common, "--mode", "test", *pretrained, "--alpha", alpha,
+        fused = ncf_train.main([*common, "--mode", "test", *pretrained, "--alpha", alpha,
                           "--log_path", str(tmp_path / f"f{alpha}.json")])
         assert fused["hr@10"] == tested[model]["hr@10"] and fused["ndcg@10"] == pytest.approx(tested[model]["ndcg@10"])
 
@@ -140,14 +141,14 @@ def test_embedding_init_std_and_dot_product_gmf(tiny_data, tmp_path):
         if "embedding" in name:
             assert float(table.std()) == pytest.approx(0.01, rel=0.02), name
             assert float(dict(wide.named_parameters())[name].std()) == pytest.approx(0.1, rel=0.02), name
-    assert ncf.parse_args(["--data", "d"]).embedding_init_std == 0.01
+    assert ncf_cli.parse_args(["--data", "d"]).embedding_init_std == 0.01
     common = ["--data", tiny_data, "-b", "4096", "--model", "gmf", "-f", "8", "--seed", "1", "-e", "2",
               "--optimizer", "sgd", "-l", "8", "--embedding_init_std", "0.1", "--l2_embedding", "0.0025"]
-    ncf.main([*common, "--gmf_dot_product", "--checkpoint_dir", str(tmp_path / "dot"),
+    ncf_train.main([*common, "--gmf_dot_product", "--checkpoint_dir", str(tmp_path / "dot"),
               "--log_path", str(tmp_path / "dot.json")])
-    ncf.main([*common, "--checkpoint_dir", str(tmp_path / "h"), "--log_path", str(tmp_path / "h.json")])
-    dot = ncf._read_checkpoint(str(tmp_path / "dot" / ncf.RESUME_CHECKPOINT))["model"]
-    learned = ncf._read_checkpoint(str(tmp_path / "h" / ncf.RESUME_CHECKPOINT))["model"]
+    ncf_train.main([*common, "--checkpoint_dir", str(tmp_path / "h"), "--log_path", str(tmp_path / "h.json")])
+    dot = ncf_checkpointing.read_checkpoint(str(tmp_path / "dot" / ncf_checkpointing.RESUME_CHECKPOINT))["model"]
+    learned = ncf_checkpointing.read_checkpoint(str(tmp_path / "h" / ncf_checkpointing.RESUME_CHECKPOINT))["model"]
     assert torch.equal(dot["predictor.linear.weight"], torch.ones(1, 8))        # fixed, through two SGD epochs
     assert not torch.equal(learned["predictor.linear.weight"], torch.ones(1, 8))  # the same run without the flag
     assert float(dot["predictor.linear.bias"]) != 0.0                              # the bias is still learned
@@ -159,4 +160,4 @@ def test_embedding_init_std_and_dot_product_gmf(tiny_data, tmp_path):
     assert torch.allclose(fused.predictor.linear.weight[0, :8], torch.full((8,), 0.7))
     for bad in (["--gmf_dot_product"], ["--model", "gmf", "--embedding_init_std", "0"]):
         with pytest.raises(SystemExit):
-            ncf.parse_args(["--data", tiny_data, *bad])
+            ncf_cli.parse_args(["--data", tiny_data, *bad])

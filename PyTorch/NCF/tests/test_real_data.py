@@ -9,9 +9,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-import convert
-import ncf
-from dataloading import EvalSet, load_dataset
+from neumf.data import convert
+from neumf import evaluation as ncf_evaluation, train as ncf_train
+from neumf.data import EvalSet, load_dataset
 from neumf import Popularity
 from recsys_testing import shared_data_path
 
@@ -49,14 +49,14 @@ def test_paper_split_rebuilt_exactly(paper_ml1m):
 def test_popularity_baseline_reproduces_the_published_figure(paper_ml1m):
     data = load_dataset(paper_ml1m)
     model = Popularity(torch.as_tensor(data.train_items), data.num_items)
-    metrics = ncf.evaluate(model, EvalSet(data, 0, 1, torch.device("cpu")), 10, 2 ** 20, nullcontext)
+    metrics = ncf_evaluation.evaluate(model, EvalSet(data, 0, 1, torch.device("cpu")), 10, 2 ** 20, nullcontext)
     assert metrics["hr"] == pytest.approx(0.469, abs=0.001)
     assert metrics["ndcg"] == pytest.approx(0.266, abs=0.001)
 
 
 @pytest.mark.slow
 def test_neumf_reaches_hr_0_67_on_the_paper_split(paper_ml1m, tmp_path):
-    summary = ncf.main(["--data", paper_ml1m, "-e", "6", "-t", "0.67", *ML1M_NEUMF,
+    summary = ncf_train.main(["--data", paper_ml1m, "-e", "6", "-t", "0.67", *ML1M_NEUMF,
                         "--log_path", str(tmp_path / "log.json")])
     assert summary["best_hr@10"] >= 0.67, summary
     assert summary["best_ndcg@10"] >= 0.39, summary
@@ -65,7 +65,7 @@ def test_neumf_reaches_hr_0_67_on_the_paper_split(paper_ml1m, tmp_path):
 
 @pytest.mark.slow
 def test_neumf_on_ml100k_with_the_recipe_protocol(ml100k, tmp_path):
-    summary = ncf.main(["--data", ml100k, "-e", "5", *ML1M_NEUMF, "--log_path", str(tmp_path / "l.json")])
+    summary = ncf_train.main(["--data", ml100k, "-e", "5", *ML1M_NEUMF, "--log_path", str(tmp_path / "l.json")])
     assert summary["best_hr@10"] >= 0.58, summary  # measured 0.614 (epoch 4)
     assert summary["best_ndcg@10"] >= 0.32, summary  # measured 0.343
 
@@ -96,9 +96,9 @@ PAPER_SHORT_FLOOR = (0.63, 0.36)
 def test_pretrained_neumf_on_the_paper_split_over_seeds(paper_ml1m, tmp_path, seed):
     runs = {}
     for name, flags in (("gmf", PAPER_GMF), ("mlp", PAPER_MLP)):
-        runs[name] = ncf.main(["--data", paper_ml1m, *PAPER_COMMON, *flags, "--seed", str(seed),
+        runs[name] = ncf_train.main(["--data", paper_ml1m, *PAPER_COMMON, *flags, "--seed", str(seed),
                                "--checkpoint_dir", str(tmp_path / name), "--log_path", str(tmp_path / f"{name}.json")])
-    fused = ncf.main(["--data", paper_ml1m, *PAPER_COMMON, *PAPER_NEUMF, "--seed", str(seed),
+    fused = ncf_train.main(["--data", paper_ml1m, *PAPER_COMMON, *PAPER_NEUMF, "--seed", str(seed),
                       "--pretrained_gmf", str(tmp_path / "gmf" / "model.pth"),
                       "--pretrained_mlp", str(tmp_path / "mlp" / "model.pth"), "--log_path", str(tmp_path / "n.json")])
     print(seed, {k: (v["best_hr@10"], v["best_ndcg@10"]) for k, v in runs.items()},
@@ -133,9 +133,9 @@ def test_the_readme_configuration_reaches_hr_0_73_over_seeds(paper_ml1m, tmp_pat
         common = ["--data", paper_ml1m, *FULL_COMMON, "--seed", str(seed)]
         directory = tmp_path / f"seed{seed}"
         for name, flags in (("mf", FULL_MF), ("mlp", FULL_MLP)):
-            ncf.main([*common, *flags, "--checkpoint_dir", str(directory / name),
+            ncf_train.main([*common, *flags, "--checkpoint_dir", str(directory / name),
                       "--log_path", str(directory / f"{name}.json")])
-        fused.append(ncf.main([*common, *FULL_NEUMF, "--pretrained_gmf", str(directory / "mf" / "model.pth"),
+        fused.append(ncf_train.main([*common, *FULL_NEUMF, "--pretrained_gmf", str(directory / "mf" / "model.pth"),
                                "--pretrained_mlp", str(directory / "mlp" / "model.pth"),
                                "--log_path", str(directory / "neumf.json")]))
         print(seed, fused[-1]["best_hr@10"], fused[-1]["best_ndcg@10"], flush=True)

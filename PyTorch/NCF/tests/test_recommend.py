@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import ncf
-import recommend
+from neumf import checkpointing as ncf_checkpointing
+from neumf import recommend
 from conftest import make_tiny_dataset, train_tiny_neumf
-from dataloading import load_dataset
+from neumf.data import load_dataset
 from recsys_common.cli import run_main
 
 
@@ -117,7 +117,7 @@ def test_bare_state_dict_with_wrong_layers_lists_the_shapes(trained, tmp_path, c
     model, config = recommend.load_model(str(bare), factors=8, layers=[16, 8], dropout=0.5)
     data = load_dataset(trained["data"])
     assert (config["num_users"], config["num_items"]) == (data.num_users, data.num_items)  # from the shapes
-    with pytest.raises(ncf.CheckpointError, match=r"mlp\.mlp\.0\.weight: shape \[8, 16\] in the checkpoint, "
+    with pytest.raises(ncf_checkpointing.CheckpointError, match=r"mlp\.mlp\.0\.weight: shape \[8, 16\] in the checkpoint, "
                                                   r"\[16, 32\] for this configuration"):
         recommend.load_model(str(bare), factors=8, layers=[32, 16], dropout=0.5)
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-import ncf
+from neumf import checkpointing as ncf_checkpointing, cli as ncf_cli, evaluation as ncf_evaluation, train as ncf_train
 import neumf
 from conftest import NCF_DIR
-from dataloading import EvalSet, NCFData, load_dataset
+from neumf.data import EvalSet, NCFData, load_dataset
 from recsys_common.logger import read_log
 from recsys_testing import free_port
 
@@ -26,7 +26,7 @@ SMALL = ["-b", "2048", "-n", "1", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-
 
 
 def run(tiny_data, tmp_path, *extra, log="log.json"):
-    return ncf.main(["--data", tiny_data, *SMALL, "--log_path", str(tmp_path / log), *extra])
+    return ncf_train.main(["--data", tiny_data, *SMALL, "--log_path", str(tmp_path / log), *extra])
 
 
 class Lookup(nn.Module):
@@ -48,21 +48,21 @@ def test_nan_scores_count_as_misses():
              [0.9, 0.1, 0.2, 0.3]]   # a clean hit at rank 0
     data = NCFData(np.zeros(1, np.int64), np.zeros(1, np.int64), np.repeat(np.arange(3), 4), np.tile(np.arange(4), 3),
                    np.tile(np.array([1, 0, 0, 0], np.float32), 3), 3, 4, 4)
-    metrics = ncf.evaluate(Lookup(table), EvalSet(data, 0, 1, torch.device("cpu")), 2, 100, nullcontext)
+    metrics = ncf_evaluation.evaluate(Lookup(table), EvalSet(data, 0, 1, torch.device("cpu")), 2, 100, nullcontext)
     assert metrics["hr"] == pytest.approx(1 / 3) and metrics["ndcg"] == pytest.approx(1 / 3)
     assert metrics["nan_users"] == 2
-    everything_nan = ncf.evaluate(Lookup(np.full((3, 4), nan)), EvalSet(data, 0, 1, torch.device("cpu")), 2, 100,
+    everything_nan = ncf_evaluation.evaluate(Lookup(np.full((3, 4), nan)), EvalSet(data, 0, 1, torch.device("cpu")), 2, 100,
                                   nullcontext)
     assert everything_nan["hr"] == 0 and everything_nan["ndcg"] == 0 and everything_nan["nan_users"] == 3
 
 
 def test_topk_at_or_above_the_candidates_per_user_is_refused(tiny_data, tmp_path):
-    with pytest.raises(ncf.ConfigurationError, match="-k/--topk 101 must be below the number of candidates per user"):
+    with pytest.raises(ncf_cli.ConfigurationError, match="-k/--topk 101 must be below the number of candidates per user"):
         run(tiny_data, tmp_path, "-e", "1", "-k", "101")  # tiny_data: 1 positive + 100 negatives per user
     assert not (tmp_path / "log.json").exists()  # refused before anything was written
     data = load_dataset(tiny_data)
-    with pytest.raises(ncf.ConfigurationError, match="every user counts as a hit"):
-        ncf.evaluate(neumf.GMF(data.num_users, data.num_items, 4), EvalSet(data, 0, 1, torch.device("cpu")), 200,
+    with pytest.raises(ncf_cli.ConfigurationError, match="every user counts as a hit"):
+        ncf_evaluation.evaluate(neumf.GMF(data.num_users, data.num_items, 4), EvalSet(data, 0, 1, torch.device("cpu")), 200,
                      5000, nullcontext)
 
 
@@ -80,7 +80,7 @@ def test_a_diverging_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(t
         return out
     monkeypatch.setattr(neumf.NeuMF, "forward", diverges_in_epoch_1_step_3)
     ckpt = tmp_path / "ckpt"
-    with pytest.raises(ncf.TrainingDivergedError) as error:
+    with pytest.raises(ncf_train.TrainingDivergedError) as error:
         # -t 0.9: a NaN model used to score HR 1.0, be saved as best and stop as "target reached"
         run(tiny_data, tmp_path, "-e", "4", "-t", "0.9", "--checkpoint_dir", str(ckpt))
     err = str(error.value)
@@ -102,7 +102,7 @@ def test_checkpoint_files_ncf_did_not_write_are_never_replaced(tiny_data, tmp_pa
     foreign = neumf.NeuMF(data.num_users, data.num_items, 8, [16, 8], 0.5).state_dict()
     torch.save(foreign, ckpt / "model.pth")  # e.g. NVIDIA's bare model.pth
     before = (ckpt / "model.pth").read_bytes()
-    with pytest.raises(ncf.CheckpointError, match="model.pth: exists and was not written by ncf.py"):
+    with pytest.raises(ncf_checkpointing.CheckpointError, match="model.pth: exists and was not written by ncf.py"):
         run(tiny_data, tmp_path, "-e", "1", "--checkpoint_dir", str(ckpt))
     assert (ckpt / "model.pth").read_bytes() == before and os.listdir(ckpt) == ["model.pth"]
     # its weights can still be the start of a run, into another directory
@@ -123,7 +123,7 @@ def test_resume_appends_to_the_earlier_log(tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_that_step(tiny_data, tmp_path, env_with_pythonpath):
-    from dataloading import shard_bounds
+    from neumf.data import shard_bounds
     positives = shard_bounds(len(load_dataset(tiny_data).train_users), 0, 2)[1]
     steps = -(-positives * 2 // 1024)  # -n 1; -b 2048 over 2 ranks
     env = dict(env_with_pythonpath, NAN_AFTER=str(steps + 3))

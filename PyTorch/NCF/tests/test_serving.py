@@ -20,12 +20,12 @@ import torch
 NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(NCF_DIR, "deployment"))
 
-import deployer  # noqa: E402
+import deploy as deployer  # noqa: E402
 import evaluate_accuracy  # noqa: E402
 import evaluate_latency  # noqa: E402
-import ncf  # noqa: E402
+from neumf import train as ncf_train  # noqa: E402
 from conftest import train_tiny_neumf  # noqa: E402
-from recommend import load_model  # noqa: E402
+from neumf.recommend import load_model  # noqa: E402
 from recsys_common.cli import CheckFailedError  # noqa: E402
 from recsys_common.serving.client import InferenceClient, ServingError  # noqa: E402
 from recsys_common.serving.mlserver_launcher import serve_repository  # noqa: E402
@@ -94,7 +94,7 @@ def test_eager_torchscript_onnx_served_agree(deployed):
 
 
 def test_evaluate_accuracy_over_the_server_equals_the_recipe(deployed, tmp_path):
-    recipe = ncf.main(["--data", deployed["data"], "--mode", "test", "--load_checkpoint_path",
+    recipe = ncf_train.main(["--data", deployed["data"], "--mode", "test", "--load_checkpoint_path",
                        deployed["checkpoint"], "-f", "8", "--layers", "16", "8", "--dropout", "0.5",
                        "--log_path", str(tmp_path / "test_log.json")])
     server = deployed["server"]
@@ -116,7 +116,7 @@ def test_evaluate_accuracy_over_the_server_equals_the_recipe(deployed, tmp_path)
 def test_evaluate_accuracy_fails_beyond_tolerance(deployed, tmp_path):
     """Another checkpoint's evaluation against this server: the metrics differ, so exit 1 and say so."""
     other_ck = tmp_path / "ck"
-    ncf.main(["--data", deployed["data"], "-e", "1", "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout",
+    ncf_train.main(["--data", deployed["data"], "-e", "1", "-b", "4096", "-f", "8", "--layers", "16", "8", "--dropout",
               "0.5", "--seed", "7", "--checkpoint_dir", str(other_ck), "--log_path", str(tmp_path / "l.json")])
     with pytest.raises(CheckFailedError, match="differs by more than --tolerance") as err:
         evaluate_accuracy.main(["--data", deployed["data"], "--load_checkpoint_path", str(other_ck / "model.pth"),

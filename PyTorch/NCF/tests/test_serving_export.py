@@ -14,7 +14,7 @@ import torch
 NCF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(NCF_DIR, "deployment"))
 
-import ncf_export  # noqa: E402
+from neumf import serving as ncf_export  # noqa: E402
 from neumf import build_model  # noqa: E402
 from recsys_common.serving import torch_export  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_readme_deployer_flag_table_matches_the_parser():
     """Every row of the README's deployer.py table names a real option with the parser's default, and vice versa."""
     import re
 
-    import deployer
+    import deploy as deployer
     with open(os.path.join(NCF_DIR, "README.md")) as f:
         text = f.read()
     table = text.split("<!-- ncf-deployer-flags-start -->")[1].split("<!-- ncf-deployer-flags-end -->")[0]

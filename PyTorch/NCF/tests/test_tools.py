@@ -5,10 +5,13 @@ import subprocess
 
 import pytest
 
-import benchmark
 import inference
 from conftest import NCF_DIR
 from recsys_common.logger import read_log
+from recsys_testing import import_script
+
+
+benchmark = import_script(os.path.join(NCF_DIR, "benchmarks", "training.py"), "ncf_benchmark_training")
 
 
 class FakeClock:

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-import ncf
+from neumf import checkpointing as ncf_checkpointing, cli as ncf_cli, train as ncf_train
 from conftest import NCF_DIR
-from dataloading import load_dataset
+from neumf.data import load_dataset
 from recsys_common.logger import read_log
 
 SMALL = ["-b", "512", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--layers", "16", "8",
@@ -17,7 +17,7 @@ SMALL = ["-b", "512", "-l", "0.01", "-b1", "0.9", "-b2", "0.999", "-f", "8", "--
 
 
 def run(tiny_data, tmp_path, *extra, log="log.json"):
-    return ncf.main(["--data", tiny_data, *SMALL, "--log_path", str(tmp_path / log), *extra])
+    return ncf_train.main(["--data", tiny_data, *SMALL, "--log_path", str(tmp_path / log), *extra])
 
 
 @pytest.mark.parametrize("model, min_hr", [("neumf", 0.65), ("gmf", 0.5), ("mlp", 0.28)])
@@ -73,7 +73,7 @@ def test_best_checkpoint_and_test_mode(tiny_data, tmp_path):
     # NVIDIA's behaviour: --mode test without a path evaluates --checkpoint_dir/model.pth
     from_dir = run(tiny_data, tmp_path, "--mode", "test", "--checkpoint_dir", str(ckpt), log="dir.json")
     assert from_dir["hr@10"] == tested["hr@10"]
-    with pytest.raises(ncf.INPUT_ERRORS):
+    with pytest.raises(ncf_train.INPUT_ERRORS):
         run(tiny_data, tmp_path, "--mode", "test", log="none.json")  # nothing to evaluate: an error, not a random model
     # NVIDIA's layout: a bare state_dict loads too
     torch.save(state["model"], tmp_path / "bare.pth")
@@ -98,7 +98,7 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     assert full["last"]["loss"] == resumed["last"]["loss"]
     assert [r["step"] for r in read_log(str(tmp_path / "b2.json"))][1] == [2]  # only epoch 2 was run
     # another model configuration is refused, naming each differing field and the flag that sets it
-    with pytest.raises(ncf.CheckpointError, match=r"dropout: checkpoint 0\.3, flags 0\.5 \(set by --dropout\)"):
+    with pytest.raises(ncf_checkpointing.CheckpointError, match=r"dropout: checkpoint 0\.3, flags 0\.5 \(set by --dropout\)"):
         run(tiny_data, tmp_path, "-e", "4", "--checkpoint_dir", str(tmp_path / "b"), "--resume", *args,
             "--dropout", "0.5", log="b3.json")
 
@@ -139,30 +139,30 @@ def test_bf16_autocast_on_cpu(tiny_data, tmp_path):
 def test_checkpoint_from_another_configuration_names_the_shapes(tiny_data, tmp_path):
     ckpt = tmp_path / "ckpt"
     run(tiny_data, tmp_path, "-e", "1", "-n", "1", "-b", "2048", "--checkpoint_dir", str(ckpt))
-    with pytest.raises(ncf.CheckpointError) as error:
-        ncf.main(["--data", tiny_data, *SMALL, "-f", "16", "--mode", "test", "--log_path", str(tmp_path / "x.json"),
+    with pytest.raises(ncf_checkpointing.CheckpointError) as error:
+        ncf_train.main(["--data", tiny_data, *SMALL, "-f", "16", "--mode", "test", "--log_path", str(tmp_path / "x.json"),
                   "--load_checkpoint_path", str(ckpt / "model.pth")])
     err = str(error.value)
     assert "model.pth: checkpoint does not match" in err
     assert "gmf.user_embedding.weight: shape [500, 8] in the checkpoint, [500, 16] for this configuration" in err
-    with pytest.raises(ncf.CheckpointError, match=re.escape("mlp.mlp.0.weight: in the checkpoint (shape [8, 16]) but "
+    with pytest.raises(ncf_checkpointing.CheckpointError, match=re.escape("mlp.mlp.0.weight: in the checkpoint (shape [8, 16]) but "
                                                             "not in this model")):
-        ncf.main(["--data", tiny_data, *SMALL, "--model", "gmf", "--mode", "test", "--log_path", str(tmp_path / "y.json"),
+        ncf_train.main(["--data", tiny_data, *SMALL, "--model", "gmf", "--mode", "test", "--log_path", str(tmp_path / "y.json"),
                   "--load_checkpoint_path", str(ckpt / "model.pth")])
 
 
 def test_missing_dataset_is_a_clear_error(tmp_path):
-    with pytest.raises(ncf.INPUT_ERRORS, match="nowhere/feature_spec.yaml: feature spec not found"):
-        ncf.main(["--data", str(tmp_path / "nowhere"), "--log_path", str(tmp_path / "l.json")])
+    with pytest.raises(ncf_train.INPUT_ERRORS, match="nowhere/feature_spec.yaml: feature spec not found"):
+        ncf_train.main(["--data", str(tmp_path / "nowhere"), "--log_path", str(tmp_path / "l.json")])
 
 
 def test_local_rank_spellings():
-    assert ncf.parse_args(["--data", "x", "--local-rank", "1"]).local_rank == 1
-    assert ncf.parse_args(["--data", "x", "--local_rank", "2"]).local_rank == 2
+    assert ncf_cli.parse_args(["--data", "x", "--local-rank", "1"]).local_rank == 1
+    assert ncf_cli.parse_args(["--data", "x", "--local_rank", "2"]).local_rank == 2
 
 
 def test_seed_defaults_and_short_flags():
-    a = ncf.parse_args(["--data", "d"])
+    a = ncf_cli.parse_args(["--data", "d"])
     assert (a.epochs, a.batch_size, a.valid_batch_size, a.factors, a.layers, a.negative_samples) == \
         (30, 2 ** 20, 2 ** 20, 64, [256, 256, 128, 64], 4)
     assert (a.learning_rate, a.topk, a.seed, a.threshold, a.beta1, a.beta2, a.eps, a.dropout) == \
@@ -170,7 +170,7 @@ def test_seed_defaults_and_short_flags():
     assert (a.checkpoint_dir, a.load_checkpoint_path, a.mode, a.grads_accumulated, a.amp, a.log_path) == \
         ("", None, "train", 1, False, "log.json")
     assert a.feature_spec_file == "feature_spec.yaml"
-    b = ncf.parse_args(["--data", "d", "-e", "2", "-b", "8", "-f", "4", "-n", "1", "-l", "0.1", "-k", "5", "-s", "7",
+    b = ncf_cli.parse_args(["--data", "d", "-e", "2", "-b", "8", "-f", "4", "-n", "1", "-l", "0.1", "-k", "5", "-s", "7",
                         "-t", "0.5", "-b1", "0.8", "-b2", "0.9"])
     assert (b.epochs, b.batch_size, b.factors, b.negative_samples, b.learning_rate, b.topk, b.seed, b.threshold,
             b.beta1, b.beta2) == (2, 8, 4, 1, 0.1, 5, 7, 0.5, 0.8, 0.9)
@@ -183,7 +183,7 @@ def test_readme_flag_table_matches_the_parser():
     table = text.split("<!-- ncf-flags-start -->")[1].split("<!-- ncf-flags-end -->")[0]
     rows = re.findall(r"^\| `([^`]+)` \| `([^`]*)` \|", table, flags=re.M)
     parser_actions = {}
-    parser = ncf.build_parser()
+    parser = ncf_cli.build_parser()
     for action in parser._actions:
         if action.dest == "help":
             continue

@@ -1,8 +1,8 @@
 """Speed and peak memory of ``convert.py`` on a generated ML-20m-sized ``ratings.csv``, as JSON.
 
-    python benchmark_convert.py                              # 20,000,263 rows (~0.5 GB), ML-20m's shape
-    python benchmark_convert.py --layout ml-1m               # the same ratings in ML-1M's ``::`` layout
-    python benchmark_convert.py --rows 2000000 --compare_with /tmp/old_convert.py   # and another converter
+    python benchmarks/convert.py                              # 20,000,263 rows (~0.5 GB), ML-20m's shape
+    python benchmarks/convert.py --layout ml-1m               # the same ratings in ML-1M's ``::`` layout
+    python benchmarks/convert.py --rows 2000000 --compare_with /tmp/old_convert.py   # and another converter
 
 The input is generated (not GroupLens' file, which may not be redistributed): ML-20m's header and layout
 ``userId,movieId,rating,timestamp``, its 138,493 users (sorted, every user with at least 20 ratings, as in
@@ -32,11 +32,14 @@ import time
 from typing import Dict, List, Optional
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
+from recsys_common.cli import run_main
 from recsys_common.io import check_json_output, write_json_output
 from recsys_common.machine import cpu_model_name as _cpu_model
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is one below
 ML20M_ROWS, ML20M_USERS, ML20M_ITEMS = 20_000_263, 138_493, 26_744
 FIRST_TIME, LAST_TIME = 789_652_009, 1_427_784_002  # ML-20m's timestamp range
 
@@ -50,8 +53,6 @@ def generate_ratings_csv(path: str, rows: int, users: int, items: int, seed: int
     Users get at least ``min(20, rows // users)`` ratings each, the rest spread at random; written in chunks so
     that the generator's own memory stays small.
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     rng = np.random.default_rng(seed)
     users = max(1, min(users, rows // 2))
@@ -83,7 +84,7 @@ def generate_ratings_csv(path: str, rows: int, users: int, items: int, seed: int
 def run_converter(script: str, ratings: str, output: str, layout: str = "ml-20m") -> Dict:
     """Run ``script --path ratings --output output`` as a child; wall seconds, its peak RSS and CPU times."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.path.join(HERE, "..", "..", "common"),
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (RECIPE, os.path.join(RECIPE, "..", "..", "common"),
                                                      env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, script, "--path", ratings, "--output", output, "--format", layout],
@@ -134,7 +135,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_model(),
                   "cpus": os.cpu_count(), "loadavg": os.getloadavg(), "rows": args.rows, "layout": args.layout,
                   "input_bytes": size, "generate_seconds": time.perf_counter() - t0}
-        runs = {"convert": os.path.join(HERE, "convert.py")}
+        runs = {"convert": os.path.join(RECIPE, "convert.py")}
         if args.compare_with:
             runs["compare_with"] = os.path.abspath(args.compare_with)
         for name, script in runs.items():
@@ -168,5 +169,4 @@ def _same_file(a: str, b: str) -> bool:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    run_main(main, prog="benchmark_convert.py", input_errors=(FileExistsError,))   # an --output that is not a result file
+    run_main(main, prog="benchmarks/convert.py", input_errors=(FileExistsError,))   # an --output that is not a result file

@@ -1,4 +1,4 @@
-"""Where NCF writes its checkpoints, what they hold, and how they are read back (``ncf.py`` calls these).
+"""Where NCF writes its checkpoints, what they hold, and how they are read back (:class:`Checkpoints`).
 
 ``--checkpoint_dir DIR`` holds two files, NVIDIA's name for the best epoch and ours for resuming::
 
@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from neumf import from_nvidia_state_dict, is_nvidia_state_dict, strip_ddp_prefix
 from recsys_common import checkpoints as catalogue
 from recsys_common.io import atomic_path
+
+from .model import from_nvidia_state_dict, is_nvidia_state_dict, strip_ddp_prefix
 
 CHECKPOINT_FORMAT = "ncf-checkpoint-v1"
 BEST_CHECKPOINT = "model.pth"     # NVIDIA's name: the weights of the best epoch so far
@@ -62,7 +63,7 @@ def load_model_weights(model: nn.Module, state: Dict[str, torch.Tensor], path: s
     """Copy ``state`` into ``model`` after checking every name and shape; the error lists the mismatches.
 
     ``state`` may be ours, saved from DDP (``module.`` prefixes), or NVIDIA's NeuMF naming (a bare ``model.pth`` of
-    NVIDIA's recipe: ``mf_user_embed``, ``mlp.N``, ``final``; mapped by :func:`neumf.from_nvidia_state_dict`).
+    NVIDIA's recipe: ``mf_user_embed``, ``mlp.N``, ``final``; mapped by :func:`neumf.model.from_nvidia_state_dict`).
     """
     expected = model.state_dict()
     state = strip_ddp_prefix(state)
@@ -179,3 +180,47 @@ def kept_checkpoints(checkpoint_dir: str, best: Dict, epoch: int) -> str:
     return (f"The last good checkpoints are kept: {os.path.join(checkpoint_dir, RESUME_CHECKPOINT)} (after epoch "
             f"{epoch - 1}) and {os.path.join(checkpoint_dir, BEST_CHECKPOINT)} (best, epoch {best['epoch']}, "
             f"HR {best['hr']:.5f}).")
+
+
+class Checkpoints:
+    """One run's ``--checkpoint_dir``: where its two files are, what they hold, and the checks around them.
+
+    Constructed once per run. ``for_training``: refuse, before anything is trained, a directory holding a
+    ``model.pth`` / ``last.pth`` this recipe did not write (:func:`check_checkpoint_dir`; every rank takes part).
+    An empty ``directory`` means no checkpoints: :meth:`save` does nothing and :attr:`best_path` is None.
+    """
+
+    def __init__(self, directory: str, *, for_training: bool, rank: int = 0,
+                 device: torch.device = torch.device("cpu")):
+        self.directory = directory or ""
+        self.rank = rank
+        if for_training:
+            check_checkpoint_dir(self.directory, rank, device)
+
+    @property
+    def best_path(self) -> Optional[str]:
+        """``DIR/model.pth`` (NVIDIA's name: the best epoch so far), None without a directory."""
+        return os.path.join(self.directory, BEST_CHECKPOINT) if self.directory else None
+
+    @property
+    def resume_path(self) -> Optional[str]:
+        """``DIR/last.pth`` (the latest finished epoch), None without a directory."""
+        return os.path.join(self.directory, RESUME_CHECKPOINT) if self.directory else None
+
+    def resume_state(self, seed: Optional[int]) -> Dict[str, Any]:
+        """``last.pth``'s training state, refused when ``seed`` (``--seed``; None: take the saved one) differs from
+        the seed it was saved with (an exact resume needs the same seed)."""
+        state = read_resume_state(self.directory)
+        if seed is not None and seed != int(state["seed"]):
+            raise CheckpointError(f"{self.resume_path}: saved by a run with --seed {state['seed']}, this run has "
+                                  f"--seed {seed}: an exact resume needs the same seed")
+        return state
+
+    def save(self, state: Dict[str, Any], improved: bool) -> None:
+        """After an epoch, on rank 0: ``last.pth``, and ``model.pth`` when the epoch improved HR (atomic writes)."""
+        if self.directory and self.rank == 0:
+            save_epoch(self.directory, state, improved)
+
+    def describe(self, best: Dict, epoch: int) -> str:
+        """What a run that stopped in ``epoch`` leaves behind (for its error message)."""
+        return kept_checkpoints(self.directory, best, epoch)

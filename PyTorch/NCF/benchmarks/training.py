@@ -1,8 +1,8 @@
 """Training and evaluation speed of this recipe, and of the same NeuMF written naively, as JSON.
 
-    python benchmark.py --shape ml-100k -e 2 -b 8192                       # CPU: recipe vs naive, ratio
-    python benchmark.py --data /data/cache/ml-1m -e 10 -t 0.67 --no_naive  # time to target on real data
-    python benchmark.py --shape ml-20m -e 3 --amp --no_naive               # GPU, NVIDIA's ML-20m shape, 1M batch
+    python benchmarks/training.py --shape ml-100k -e 2 -b 8192                       # CPU: recipe vs naive, ratio
+    python benchmarks/training.py --data /data/cache/ml-1m -e 10 -t 0.67 --no_naive  # time to target on real data
+    python benchmarks/training.py --shape ml-20m -e 3 --amp --no_naive               # GPU, NVIDIA's ML-20m shape, 1M batch
 
 Data: ``--data`` a converted dataset, or ``--shape`` a synthetic one with the shape of a MovieLens set (users, items,
 training positives, 101 test candidates per user; uniform random ids, made directly on the device). Synthetic data
@@ -26,7 +26,7 @@ recipe / naive training samples/s.
 to back with the peer's configuration (GMF 64, MLP 256-256-128-64, dropout 0.5, batch 65536, Adam 0.0045 /
 0.25 / 0.5)::
 
-    python benchmark.py --paper_ml1m $RECSYS_DATA_DIR --peer ../../../shared/peers/neumf_naive_cpu.py \
+    python benchmarks/training.py --paper_ml1m $RECSYS_DATA_DIR --peer ../../../shared/peers/neumf_naive_cpu.py \
         -e 5 -b 65536 --amp --compile --no_naive
 
 ``--paper_ml1m DIR`` converts DIR's ``ncf-ml-1m`` split with the ``movielens/ml-1m`` ratings prefix (users
@@ -55,9 +55,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import ncf
-from dataloading import NCFData, EvalSet, TrainEpochs, duplicate_mask, load_dataset
 from neumf import MODEL_NAMES, build_model
+from neumf.data import convert
+from neumf.data import NCFData, EvalSet, TrainEpochs, duplicate_mask, load_dataset
+from neumf.evaluation import evaluate
+from neumf.train import autocast_for, compiled_batch_loss, keep_freed_memory, make_optimizer, train_epoch
+from recsys_common.cli import run_main
 from recsys_common.io import check_json_output, write_json_output
 from recsys_common.machine import cpu_bf16_instructions, cpu_model_name as _cpu_model
 
@@ -89,17 +92,17 @@ def run_recipe(args, data: NCFData, device: torch.device) -> Dict:
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.num_users, data.num_items, args.factors, args.layers, args.dropout).to(device)
     run_args = argparse.Namespace(amp=args.amp, amp_dtype="auto", beta1=args.beta1, beta2=args.beta2, eps=1e-8,
-                                  learning_rate=args.learning_rate, apex_fused_adam=False)
-    autocast, scaler = ncf.autocast_for(run_args, device)
-    optimizer = ncf.make_optimizer(run_args, model)
+                                  learning_rate=args.learning_rate, apex_fused_adam=False, optimizer="adam")
+    autocast, scaler = autocast_for(run_args, device)
+    optimizer = make_optimizer(run_args, model)
     train = TrainEpochs(data.train_users, data.train_items, data.num_items, args.negative_samples,
                         args.batch_size, 0, 1, device, exclude_positives=args.exclude_positives)
     test = EvalSet(data, 0, 1, device)
-    batch_loss = ncf.compiled_batch_loss(model, autocast) if args.compile else None
-    return _loop(args, device, lambda epoch: ncf.train_epoch(model, optimizer, scaler, autocast,
+    batch_loss = compiled_batch_loss(model, autocast) if args.compile else None
+    return _loop(args, device, lambda epoch: train_epoch(model, optimizer, scaler, autocast,
                                                                train.epoch(args.seed, epoch), 1, 1,
                                                                batch_loss=batch_loss),
-                 lambda: ncf.evaluate(model, test, args.topk, args.valid_batch_size, autocast),
+                 lambda: evaluate(model, test, args.topk, args.valid_batch_size, autocast),
                  train.rows_per_epoch)
 
 
@@ -220,7 +223,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def paper_ml1m_data(data_dir: str, workdir: str) -> NCFData:
     """The NCF paper's ML-1M split for users 0..2997, converted from ``data_dir`` into ``workdir``, loaded."""
-    import convert
     split = convert.convert_paper_split(os.path.join(data_dir, "ncf-ml-1m", "ml-1m"),
                                         os.path.join(data_dir, "movielens", "ml-1m", "ratings.users-1-2999.dat.gz"),
                                         max_user=2997)
@@ -259,7 +261,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     check_json_output(args.output)  # before minutes of benchmarking, not after
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
-    ncf.keep_freed_memory()  # as ncf.py's entry point does
+    keep_freed_memory()  # as ncf.py's entry point does
     workdir = tempfile.TemporaryDirectory(prefix="ncf-bench-")
     if args.paper_ml1m:
         data = paper_ml1m_data(args.paper_ml1m, workdir.name)
@@ -289,5 +291,4 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    run_main(main, prog="benchmark.py", input_errors=(FileExistsError,))   # an --output that is not a result file
+    run_main(main, prog="benchmarks/training.py", input_errors=(FileExistsError,))   # an --output that is not a result file

@@ -1,1 +1,0 @@
-"""TensorFlow 2 DLRM and DCNv2 recipe."""

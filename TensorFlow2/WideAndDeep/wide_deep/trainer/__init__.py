@@ -1,1 +1,0 @@
-"""Wide & Deep training: arguments, model, schedule, Merlin data loading, exact evaluation, the run loop."""
