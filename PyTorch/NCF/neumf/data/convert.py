@@ -366,8 +366,19 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
     row_bits, pair_bits = _bits(n - 1), _bits(num_users * num_items - 1)
     if row_bits + pair_bits > 63 or not _time_packs(timestamps):   # too wide to pack: the argsort path
         return _leave_one_out_general({"user": users, "item": items, "timestamp": timestamps}, path, raw_users)
-    # 2. (pair << row_bits) | rank, where rank = position in time order: the pairs first (in row order), then
-    #    each row's time rank is or-ed in, so that no more than three n-row arrays are alive at once
+    encoded = {"user": users, "item": items, "timestamp": timestamps}
+    del users, items, timestamps   # the dict holds the only references: freed inside, step by step
+    kept = _earliest_row_of_each_pair(encoded, num_items, row_bits)
+    return _hold_out_latest(kept, n, num_users, num_items, row_bits, pair_bits, raw_users, path)
+
+
+def _earliest_row_of_each_pair(encoded: dict, num_items: int, row_bits: int) -> np.ndarray:
+    """Steps 1-2 of :func:`leave_one_out`: ``(pair << row_bits) | rank`` of the earliest row of each (user, item)
+    pair, sorted by pair. ``encoded``'s arrays are popped and freed as soon as they are packed, so that no more than
+    three n-row arrays are alive at once."""
+    users, items = encoded.pop("user"), encoded.pop("item")
+    n = len(users)
+    # the pairs first (in row order), then each row's time rank is or-ed in
     packed = np.empty(n, dtype=np.int64)
     for lo in range(0, n, _PACK_CHUNK):
         chunk = users[lo:lo + _PACK_CHUNK].astype(np.int64)
@@ -376,8 +387,7 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
         chunk <<= row_bits
         packed[lo:lo + _PACK_CHUNK] = chunk
     del users, items, chunk
-    by_time = _time_order(timestamps)
-    del timestamps
+    by_time = _time_order(encoded.pop("timestamp"))
     for lo in range(0, n, _PACK_CHUNK):
         hi = min(n, lo + _PACK_CHUNK)
         packed[by_time[lo:hi]] |= np.arange(lo, hi, dtype=np.int64)   # by_time is a permutation: no repeats
@@ -388,8 +398,13 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
     for lo in range(1, n, _PACK_CHUNK):
         hi = min(n, lo + _PACK_CHUNK)
         first[lo:hi] = (packed[lo:hi] >> row_bits) != (packed[lo - 1:hi - 1] >> row_bits)
-    kept = packed[first]   # the earliest row of each pair, sorted by pair
-    del packed, first
+    return packed[first]
+
+
+def _hold_out_latest(kept: np.ndarray, n: int, num_users: int, num_items: int, row_bits: int, pair_bits: int,
+                     raw_users, path: str) -> LeaveOneOut:
+    """Step 3 of :func:`leave_one_out`: ``kept`` (from :func:`_earliest_row_of_each_pair`, re-packed here in place)
+    -> each user's latest row as its test item, the other rows as training pairs in time order."""
     # 3. re-pack rank-major: (rank << pair_bits) | pair; the per-user maximum is the user's latest kept row
     row_mask, pair_mask = (1 << row_bits) - 1, (1 << pair_bits) - 1
     per_user = np.zeros(num_users, dtype=np.int64)
@@ -420,7 +435,7 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
         train_users[done:end] = pairs // num_items
         train_items[done:end] = pairs % num_items
         done = end
-    del kept, chunk, pairs, is_test_rank   # (chunk is a view: kept is freed only with it)
+    del chunk, pairs, is_test_rank
     train.sort()                                          # the sampler's lookup table, built in place
     return LeaveOneOut(train_users, train_items, np.arange(num_users, dtype=np.int64),
                        test_items.astype(np.int64), num_users, num_items, train_keys=train)
