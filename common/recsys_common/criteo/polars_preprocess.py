@@ -47,19 +47,26 @@ import os
 import shutil
 import time
 import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+# Polars (and pyarrow) are imported inside the functions that use them, on purpose: tune_allocators() must run
+# before Polars loads (it reads its allocator settings once, at import).
 from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, MISSING_ID, NUM_CATEGORICAL,
                NUM_FIELDS, NUM_NUMERICAL, RARE_ID, REASON_BAD_LABEL, REASON_BAD_NUMERICAL, REASON_EMPTY_LINE,
                REASON_TOO_MANY_FIELDS, SPLITS)
 from .layout import (DELIMITER_CHOICES, EXPONENT_RE, HEADER_CHOICES, INTEGER_RE, MAX_EXACT_DOUBLE_INTEGER,
                      MAX_MANTISSA_DIGITS, ZERO_FRACTION_RE, CriteoInputError, FileFormat, InputLayout,
                      discover_input, sniff_format, split_boundaries)
+from .to_split_binary import dataset_metadata
+from ..feature_spec import FeatureSpec
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 from ..logger import hms
+from ..machine import glibc_malloc_options
 from ..prefetch import prefetched
 
 TOOL = "recsys_common.criteo.to_split_binary"   # the same dataset either engine writes: each may replace the other's
@@ -458,8 +465,7 @@ _POOL = None
 def _pool():
     global _POOL
     if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="criteo-encode")
+            _POOL = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="criteo-encode")
     return _POOL
 
 
@@ -1001,8 +1007,6 @@ def _parse_workers() -> int:
 def ordered_parallel(function, items, workers: int = 2):
     """``map(function, items)`` on ``workers`` threads, results in order, at most ``workers`` items in flight (memory
     stays that of ``workers`` items); an exception is raised here when its item's turn comes."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
     if workers <= 1:
         for item in items:
             yield function(item)
@@ -1069,7 +1073,24 @@ def _forget_held_run(state: WorkState) -> None:
         state.save()
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
+@dataclass
+class _Run:
+    """One run's inputs and work state, settled by :func:`_open_run` and handed to each step of :func:`run`."""
+    args: argparse.Namespace
+    layout: InputLayout
+    files: List[str]
+    formats: Dict[str, FileFormat]
+    state: WorkState
+    held: Optional[Dict[Any, Any]]   # parsed chunks kept in memory from pass 1 to pass 2 (None: on disk)
+    started: float
+
+    @property
+    def work(self) -> str:
+        return self.args.work_dir
+
+
+def _open_run(args: argparse.Namespace) -> _Run:
+    """Check the input and the output directory, open (or resume) the work directory."""
     started = time.time()
     layout = discover_input(args.input_path, args.layout)
     files = list(layout.train_files) + [layout.split_file]
@@ -1078,9 +1099,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if os.path.getsize(path) == 0:
             raise CriteoInputError(f"{path}: empty file (an incomplete download?); delete or replace it")
     check_output_directory(args.output_path, args.overwrite)
-    work = args.work_dir
-    _prepare_work_dir(work, args.restart)
-    state = WorkState(work, _fingerprint(args, files))
+    _prepare_work_dir(args.work_dir, args.restart)
+    state = WorkState(args.work_dir, _fingerprint(args, files))
     _forget_changed_files(state, files)
     _forget_held_run(state)
     # Small inputs keep their parsed chunks in memory from pass 1 to pass 2 (no chunk files written and read back);
@@ -1090,45 +1110,35 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         state.data["held"] = held is not None
         state.save()
     if held is not None and _TUNE_ALLOCATORS:
-        tune_allocators()   # before Polars is imported (below)
-    import polars as pl
-    from ..feature_spec import FeatureSpec
-    from .to_split_binary import dataset_metadata
+        tune_allocators()   # before Polars is imported (in count_pass)
     print(f"[criteo] {layout.kind} layout: {len(layout.train_files)} train file(s) + split file "
-          f"{os.path.basename(layout.split_file)}; work directory {work}", flush=True)
-    split_header = 1 if formats[layout.split_file].header else 0
+          f"{os.path.basename(layout.split_file)}; work directory {args.work_dir}", flush=True)
+    return _Run(args, layout, files, formats, state, held, started)
 
+
+def _count(r: _Run) -> List[str]:
+    """Pass 1 (:func:`count_pass`); returns the files it resumed rather than read again."""
     bounds = None
-    if args.dictionary_source == "train" and layout.kind == "kaggle":
+    if r.args.dictionary_source == "train" and r.layout.kind == "kaggle":
         # The train lines of the split file are counted for the dictionaries: their number must be known first.
-        if "split_lines" not in state.data:
-            state.data["split_lines"] = _count_lines(layout.split_file, formats[layout.split_file],
-                                                     args.chunk_mb << 20)
-            state.save()
-        bounds = split_boundaries(layout.kind, state.data["split_lines"])
-    resumed = count_pass(args, layout, formats, state, work, bounds, held)
+        if "split_lines" not in r.state.data:
+            r.state.data["split_lines"] = _count_lines(r.layout.split_file, r.formats[r.layout.split_file],
+                                                       r.args.chunk_mb << 20)
+            r.state.save()
+        bounds = split_boundaries(r.layout.kind, r.state.data["split_lines"])
+    return count_pass(r.args, r.layout, r.formats, r.state, r.work, bounds, r.held)
 
-    # Report: rows per split, malformed rows per reason and split, padded rows (attributed in pass 2).
-    info = {os.path.basename(p): state.data["files"][os.path.basename(p)] for p in files}
-    split_name = os.path.basename(layout.split_file)
-    num_lines = info[split_name]["lines"]
-    bounds = split_boundaries(layout.kind, num_lines)
-    report: Dict[str, Any] = {
-        "engine": "polars", "input": layout.describe(), "frequency_limit": args.frequency_limit,
-        "dictionary_source": args.dictionary_source, "train_ordering": args.train_ordering, "seed": args.seed,
-        "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID, "first_frequent": FIRST_FREQUENT_ID},
-        "input_format": {os.path.basename(p): f.describe() for p, f in formats.items()},
-        "split": {"lines_in_split_file": num_lines, "train_end_line": bounds[0], "test_end_line": bounds[1],
-                  "split_file_header": bool(split_header)},
-        "resumed": {"count": resumed, "write": []}}
+
+def _rows_by_split(r: _Run, info: Dict[str, Any], bounds: Tuple[int, int]):
+    """(rows read per split, malformed rows per split and reason), from pass 1's per-file records."""
     rows_read = {s: 0 for s in SPLITS}
     malformed: Dict[str, Dict[str, int]] = {s: {} for s in SPLITS}
-    for index, path in enumerate(files):
+    for index, path in enumerate(r.files):
         name = os.path.basename(path)
-        mal = np.load(os.path.join(work, "files", str(index), "malformed.npz"))
-        is_split = index == len(files) - 1
-        line_split = _split_of_lines(np.arange(info[name]["lines"]), is_split, bounds) if is_split else None
+        mal = np.load(os.path.join(r.work, "files", str(index), "malformed.npz"))
+        is_split = index == len(r.files) - 1
         if is_split:
+            line_split = _split_of_lines(np.arange(info[name]["lines"]), is_split, bounds)
             for s, split in enumerate(SPLITS):
                 rows_read[split] += int((line_split == s).sum())
         else:
@@ -1137,12 +1147,40 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         for reason, s in zip(mal["reasons"].tolist(), splits_of_bad.tolist()):
             key = _REASONS[reason]
             malformed[SPLITS[s]][key] = malformed[SPLITS[s]].get(key, 0) + 1
-    total_rows = sum(rows_read.values())
-    total_malformed = sum(sum(m.values()) for m in malformed.values())
+    return rows_read, malformed
+
+
+def _input_report(r: _Run, resumed: List[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
+    """(report, per-file records, split bounds): rows per split, malformed rows per reason and split (refused
+    beyond ``--max_malformed_fraction``). Padded rows are attributed in pass 2."""
+    args = r.args
+    info = {os.path.basename(p): r.state.data["files"][os.path.basename(p)] for p in r.files}
+    split_name = os.path.basename(r.layout.split_file)
+    num_lines = info[split_name]["lines"]
+    bounds = split_boundaries(r.layout.kind, num_lines)
+    report: Dict[str, Any] = {
+        "engine": "polars", "input": r.layout.describe(), "frequency_limit": args.frequency_limit,
+        "dictionary_source": args.dictionary_source, "train_ordering": args.train_ordering, "seed": args.seed,
+        "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID, "first_frequent": FIRST_FREQUENT_ID},
+        "input_format": {os.path.basename(p): f.describe() for p, f in r.formats.items()},
+        "split": {"lines_in_split_file": num_lines, "train_end_line": bounds[0], "test_end_line": bounds[1],
+                  "split_file_header": bool(r.formats[r.layout.split_file].header)},
+        "resumed": {"count": resumed, "write": []}}
+    rows_read, malformed = _rows_by_split(r, info, bounds)
     report["rows_read"] = rows_read
     report["rows_malformed"] = malformed
     report["rows_written"] = {s: rows_read[s] - sum(malformed[s].values()) for s in SPLITS}
-    examples = [e for p in files for e in info[os.path.basename(p)]["examples"]][:args.max_examples]
+    examples = [e for p in r.files for e in info[os.path.basename(p)]["examples"]][:args.max_examples]
+    _check_malformed(args, report, examples, split_name, bounds)
+    return report, info, bounds
+
+
+def _check_malformed(args: argparse.Namespace, report: Dict[str, Any], examples: List[Dict[str, Any]],
+                     split_name: str, bounds: Tuple[int, int]) -> None:
+    """Report the malformed rows (with examples) and refuse an input with none good or too many bad."""
+    malformed = report["rows_malformed"]
+    total_rows = sum(report["rows_read"].values())
+    total_malformed = sum(sum(m.values()) for m in malformed.values())
     if total_malformed:
         report["malformed_examples"] = [
             {"file": e["file"], "line": e["line"], "reason": e["reason"], "text": e["text"],
@@ -1160,118 +1198,172 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             f"({total_malformed / total_rows:.2%} > --max_malformed_fraction {args.max_malformed_fraction:.2%}): "
             f"{json.dumps(malformed)}; first: {json.dumps(examples[:3])}")
 
-    dictionaries = build_all_dictionaries(work, len(files), args.frequency_limit)
-    cardinalities = [d.height + FIRST_FREQUENT_ID for d in dictionaries]
-    report["cardinalities"] = cardinalities
-    print(f"[criteo] {time.time() - started:7.1f} s  dictionaries: cardinalities {cardinalities}; {_peak_rss_note()}",
-          flush=True)
-    lookups = [ColumnLookup(d) for d in dictionaries]
-    dictionaries = None
 
-    out_dir = os.path.join(work, "out")
+@dataclass
+class _Outputs:
+    """Where pass 2 writes: one appender per split; train rows go through bucket files (``scatter``, an external
+    shuffle), or are held in memory and written once permuted (``train_rows``), or appended in order."""
+    directory: str
+    writers: Dict[str, "SplitBinaryAppender"]
+    buckets: int
+    scatter: bool
+    train_rows: Optional["TrainRows"]
+
+
+def _open_outputs(r: _Run, report: Dict[str, Any], cardinalities: List[int]) -> _Outputs:
+    out_dir = os.path.join(r.work, "out")
     spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS)
     writers = {s: SplitBinaryAppender(spec, s, out_dir) for s in SPLITS}
-    buckets = _bucket_count(report["rows_written"]["train"], bucket_rows(args))
-    # Train rows that fit one bucket are held in memory through pass 2 and written once, permuted (no second pass over
-    # files on disk); more go through bucket files (an external shuffle).
-    scatter = args.train_ordering == "random" and buckets > 1
+    random_order = r.args.train_ordering == "random"
+    buckets = _bucket_count(report["rows_written"]["train"], bucket_rows(r.args))
     train_rows = None
-    if args.train_ordering == "random" and buckets == 1 and not state.data.get("train_written"):
-        if state.data["pass2"]:
+    if random_order and buckets == 1 and not r.state.data.get("train_written"):
+        if r.state.data["pass2"]:
             # The rows an interrupted run held in memory are gone: map every file again (pass 1 stays done).
-            state.data["pass2"] = {}
-            state.data.pop("pass2_sizes", None)
-            state.save()
+            r.state.data["pass2"] = {}
+            r.state.data.pop("pass2_sizes", None)
+            r.state.save()
         train_rows = TrainRows(writers["train"], report["rows_written"]["train"])
-    total_good = sum(report["rows_written"].values())
-    progress = Progress("pass 2/2 (map and write)", total_good, "rows")
+    return _Outputs(out_dir, writers, buckets, random_order and buckets > 1, train_rows)
+
+
+def _map_chunk(arrays: Dict[str, np.ndarray], uniques, lookups: List["ColumnLookup"]) -> np.ndarray:
+    """The ids ``[26, n]`` (int32) of one parsed chunk's categorical codes, through the dictionaries."""
+    codes = arrays["codes"]
+    ids = np.empty(codes.shape, dtype=np.int32)       # [26, n]
+    for c in range(NUM_CATEGORICAL):
+        table = np.empty(len(uniques[c]) + 1, dtype=np.int32)
+        table[0] = MISSING_ID
+        table[1:] = lookups[c].ids(uniques[c])
+        np.take(table, codes[c], out=ids[c], mode="clip")   # codes are in range; "clip" is not buffered
+    return ids
+
+
+def _write_chunk(r: _Run, out: _Outputs, arrays, ids: np.ndarray, edges: List[int], shuffle_dir: str, k: int,
+                 index: int, file_padded: Dict[str, int]) -> None:
+    """Append one mapped chunk's rows to their splits (``edges``: where each split's rows start and end)."""
+    for s, split in enumerate(SPLITS):
+        mask = slice(edges[s], edges[s + 1])
+        if mask.stop <= mask.start:
+            continue
+        file_padded[split] += int(arrays["padded"][mask].sum())
+        if split == "train" and out.scatter:
+            _scatter(shuffle_dir, k, arrays["label"][mask], arrays["numerical"][mask], ids[:, mask],
+                     r.args.seed, index, out.buckets)
+        elif split == "train" and out.train_rows is not None:
+            out.train_rows.append(arrays["label"][mask], arrays["numerical"][mask], ids[:, mask])
+        else:
+            out.writers[split].append(arrays["label"][mask], arrays["numerical"][mask], ids[:, mask])
+
+
+def _write_file(r: _Run, out: _Outputs, index: int, info: Dict[str, Any], bounds: Tuple[int, int],
+                lookups: List["ColumnLookup"], progress: "Progress", done_rows: int) -> Tuple[Dict[str, int], int]:
+    """Pass 2 over one input file: map and write its chunks; returns its padded rows per split and the rows done."""
+    name = os.path.basename(r.files[index])
+    # Cut the outputs back to the end of the last finished file (a killed run may have appended more).
+    sizes = r.state.data.get("pass2_sizes", {})
+    for s in SPLITS:
+        out.writers[s].truncate(sizes.get(s, {}))
+    is_split = index == len(r.files) - 1
+    directory = os.path.join(r.work, "files", str(index))
+    file_padded = {s: 0 for s in SPLITS}
+    shuffle_dir = os.path.join(r.work, "shuffle", str(index))
+    if out.scatter:
+        if os.path.isdir(shuffle_dir):
+            shutil.rmtree(shuffle_dir)
+        os.makedirs(shuffle_dir)
+    for k in range(info[name]["chunks"]):
+        # A file resumed from an earlier run's pass 1 (one with a smaller --hold_input_mb) has its chunks on disk.
+        chunk = r.held.pop((directory, k), None) if r.held is not None else None
+        arrays, uniques = chunk if chunk is not None else _load_chunk(directory, k)
+        ids = _map_chunk(arrays, uniques, lookups)
+        # A chunk's lines ascend, so each split is one range of its rows: slices (views), not masks (copies).
+        rows = ids.shape[1]
+        edges = [0, *np.searchsorted(arrays["lines"], bounds).tolist(), rows] if is_split else [0, rows, rows, rows]
+        _write_chunk(r, out, arrays, ids, edges, shuffle_dir, k, index, file_padded)
+        done_rows += rows
+        progress.update(done_rows, rows, what=f"({name})")
+    return file_padded, done_rows
+
+
+def _write_pass(r: _Run, out: _Outputs, report: Dict[str, Any], info: Dict[str, Any], bounds: Tuple[int, int],
+                lookups: List["ColumnLookup"]) -> Dict[str, int]:
+    """Pass 2: every file mapped and written (a finished file of an interrupted run is skipped); padded rows."""
+    progress = Progress("pass 2/2 (map and write)", sum(report["rows_written"].values()), "rows")
     padded = {s: 0 for s in SPLITS}
     done_rows = 0
-    for index, path in enumerate(files):
+    for index, path in enumerate(r.files):
         name = os.path.basename(path)
-        entry = state.data["pass2"].get(name)
+        entry = r.state.data["pass2"].get(name)
         if entry and entry.get("done"):
-            for s in SPLITS:
-                padded[s] += entry["padded"][s]
+            file_padded = entry["padded"]
             done_rows += info[name]["good"]
             report["resumed"]["write"].append(name)
-            continue
-        # Cut the outputs back to the end of the last finished file (a killed run may have appended more).
-        sizes = state.data.get("pass2_sizes", {})
-        for s in SPLITS:
-            writers[s].truncate(sizes.get(s, {}))
-        is_split = index == len(files) - 1
-        directory = os.path.join(work, "files", str(index))
-        file_padded = {s: 0 for s in SPLITS}
-        shuffle_dir = os.path.join(work, "shuffle", str(index))
-        if scatter:
-            if os.path.isdir(shuffle_dir):
-                shutil.rmtree(shuffle_dir)
-            os.makedirs(shuffle_dir)
-        for k in range(info[name]["chunks"]):
-            # A file resumed from an earlier run's pass 1 (one with a smaller --hold_input_mb) has its chunks on disk.
-            chunk = held.pop((directory, k), None) if held is not None else None
-            arrays, uniques = chunk if chunk is not None else _load_chunk(directory, k)
-            codes = arrays["codes"]
-            ids = np.empty(codes.shape, dtype=np.int32)       # [26, n]
-            for c in range(NUM_CATEGORICAL):
-                table = np.empty(len(uniques[c]) + 1, dtype=np.int32)
-                table[0] = MISSING_ID
-                table[1:] = lookups[c].ids(uniques[c])
-                np.take(table, codes[c], out=ids[c], mode="clip")   # codes are in range; "clip" is not buffered
-            # A chunk's lines ascend, so each split is one range of its rows: slices (views), not masks (copies).
-            rows = codes.shape[1]
-            edges = [0, *np.searchsorted(arrays["lines"], bounds).tolist(), rows] if is_split else [0, rows, rows, rows]
-            for s, split in enumerate(SPLITS):
-                mask = slice(edges[s], edges[s + 1])
-                if mask.stop <= mask.start:
-                    continue
-                file_padded[split] += int(arrays["padded"][mask].sum())
-                if split == "train" and scatter:
-                    _scatter(shuffle_dir, k, arrays["label"][mask], arrays["numerical"][mask], ids[:, mask],
-                             args.seed, index, buckets)
-                elif split == "train" and train_rows is not None:
-                    train_rows.append(arrays["label"][mask], arrays["numerical"][mask], ids[:, mask])
-                else:
-                    writers[split].append(arrays["label"][mask], arrays["numerical"][mask], ids[:, mask])
-            done_rows += codes.shape[1]
-            progress.update(done_rows, codes.shape[1], what=f"({name})")
+        else:
+            file_padded, done_rows = _write_file(r, out, index, info, bounds, lookups, progress, done_rows)
+            r.state.data["pass2"][name] = {"done": True, "padded": file_padded}
+            r.state.data["pass2_sizes"] = {s: out.writers[s].sizes() for s in SPLITS}
+            r.state.save()
+            _maybe_killed("write", index + 1)
         for s in SPLITS:
             padded[s] += file_padded[s]
-        state.data["pass2"][name] = {"done": True, "padded": file_padded}
-        state.data["pass2_sizes"] = {s: writers[s].sizes() for s in SPLITS}
-        state.save()
-        _maybe_killed("write", index + 1)
     progress.update(done_rows, 0, force=True)
-    print(f"[criteo] {time.time() - started:7.1f} s  pass 2 done; {_peak_rss_note()}", flush=True)
-    report["rows_padded"] = padded
+    return padded
 
-    if scatter:
-        _assemble_shuffle(work, files, info, state, writers["train"], args.seed, buckets,
+
+def _finish_train(r: _Run, out: _Outputs, info: Dict[str, Any], report: Dict[str, Any]) -> None:
+    """The shuffled train split assembled (from buckets, or permuted in memory), then every split's row count
+    checked against the report."""
+    if out.scatter:
+        _assemble_shuffle(r.work, r.files, info, r.state, out.writers["train"], r.args.seed, out.buckets,
                           report["rows_written"]["train"])
-    elif train_rows is not None:
-        train_rows.write_permuted(args.seed)
-        train_rows = None
-        state.data["train_written"] = True
-        state.save()
+    elif out.train_rows is not None:
+        out.train_rows.write_permuted(r.args.seed)
+        out.train_rows = None
+        r.state.data["train_written"] = True
+        r.state.save()
     for s in SPLITS:
-        rows = os.path.getsize(writers[s].paths[("label",)])
+        rows = os.path.getsize(out.writers[s].paths[("label",)])
         if rows != report["rows_written"][s]:
             raise CriteoPreprocessError(f"internal: wrote {rows} {s} rows, expected {report['rows_written'][s]}")
 
-    # Everything lands in --output_path at once; feature_spec.yaml (the marker) last.
+
+def _publish(r: _Run, out: _Outputs, report: Dict[str, Any], cardinalities: List[int]) -> None:
+    """Everything lands in --output_path at once; feature_spec.yaml (the marker) last. The work directory goes."""
+    args = r.args
     with atomic_directory(args.output_path, overwrite=args.overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         for s in SPLITS:
-            os.replace(os.path.join(out_dir, s), os.path.join(tmp, s))
+            os.replace(os.path.join(out.directory, s), os.path.join(tmp, s))
         final = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS,
                                                      base_directory=tmp)
         final.metadata = dataset_metadata(report, {s: report["rows_written"][s] for s in SPLITS})
-        report["seconds"] = round(time.time() - started, 1)
+        report["seconds"] = round(time.time() - r.started, 1)
         atomic_write_text(os.path.join(tmp, "preprocess_report.json"), json.dumps(report, indent=2) + "\n")
         final.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
-    shutil.rmtree(work)
+    shutil.rmtree(r.work)
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """The job: pass 1 (parse, count), dictionaries, pass 2 (map, write, shuffle), then the output at once."""
+    r = _open_run(args)
+    resumed = _count(r)
+    report, info, bounds = _input_report(r, resumed)
+    dictionaries = build_all_dictionaries(r.work, len(r.files), args.frequency_limit)
+    cardinalities = [d.height + FIRST_FREQUENT_ID for d in dictionaries]
+    report["cardinalities"] = cardinalities
+    print(f"[criteo] {time.time() - r.started:7.1f} s  dictionaries: cardinalities {cardinalities}; "
+          f"{_peak_rss_note()}", flush=True)
+    lookups = [ColumnLookup(d) for d in dictionaries]
+    del dictionaries
+    out = _open_outputs(r, report, cardinalities)
+    report["rows_padded"] = _write_pass(r, out, report, info, bounds, lookups)
+    print(f"[criteo] {time.time() - r.started:7.1f} s  pass 2 done; {_peak_rss_note()}", flush=True)
+    _finish_train(r, out, info, report)
+    _publish(r, out, report, cardinalities)
+    total_malformed = sum(sum(m.values()) for m in report["rows_malformed"].values())
     print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, malformed "
-          f"{total_malformed}, padded {sum(padded.values())}, {report['seconds']} s; {_peak_rss_note()}", flush=True)
+          f"{total_malformed}, padded {sum(report['rows_padded'].values())}, {report['seconds']} s; "
+          f"{_peak_rss_note()}", flush=True)
     return report
 
 
@@ -1414,7 +1506,6 @@ def tune_allocators() -> None:
     with these settings a 6M-row run peaked at 1,264 MiB instead of 907 MiB (memory kept by each thread's arena
     across the passes), and their peak must stay flat with the input (README)."""
     os.environ.setdefault("_RJEM_MALLOC_CONF", "background_thread:false,dirty_decay_ms:-1,muzzy_decay_ms:-1")
-    from ..machine import glibc_malloc_options
     glibc_malloc_options(mmap_threshold=32 << 20, trim_threshold=1 << 30)   # 32 MiB: glibc's largest allowed
 
 
