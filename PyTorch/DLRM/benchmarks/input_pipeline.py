@@ -1,7 +1,7 @@
 """Training from split-binary files on disk against ``--synthetic_dataset`` at the same shape, printed as JSON.
 
-    python -m dlrm.scripts.benchmark_input                        # CPU, Kaggle shape: batch 2048, 26 x 100000, dim 16
-    python -m dlrm.scripts.benchmark_input --base_device cuda --batch_size 32768 --embedding_dim 128 \\
+    python benchmarks/input_pipeline.py                        # CPU, Kaggle shape: batch 2048, 26 x 100000, dim 16
+    python benchmarks/input_pipeline.py --base_device cuda --batch_size 32768 --embedding_dim 128 \\
         --bottom_mlp_sizes 512,256,128 --top_mlp_sizes 1024,1024,512,256,1   # the seed's GPU configuration
 
 Writes a Criteo-shaped split-binary dataset (13 numericals, the given tables; ``recsys_common.synthetic``) with
@@ -17,14 +17,14 @@ It reports each run's training samples/s (the recipe's own ``train_throughput``:
 medians, and the medians of the per-repeat ratios to ``synthetic`` (runs of one repeat are adjacent in time, so they
 see about the same machine load). The files are read through the page cache after the first run (the dataset is
 small); what is measured is the per-batch work of the reader, not the disk. Processes run with the allocator
-settings of ``dlrm.scripts.benchmark``. The ids in the files are uniform per table, as the synthetic batches' are.
+settings of ``benchmarks/throughput.py``. The ids in the files are uniform per table, as the synthetic batches' are.
 
 Whole runs on a shared machine vary by more than the input costs, so the JSON also gives the reader's own cost on
 the calling thread (``read_ms_per_batch``, measured in this process between the runs of each round) and its size
 relative to a synthetic step: the work that prefetching moves off the training thread.
 
 ``--mode interleaved`` (part of the default ``both``) measures the same in one process and one model, as
-``dlrm.scripts.benchmark_precision`` does for precisions: training steps taking their batch from the synthetic pool,
+``benchmarks/precision.py`` does for precisions: training steps taking their batch from the synthetic pool,
 from the files with prefetching, and from the files without, in rotating order, each timed from fetching the batch to
 the end of the optimizer step; it reports the medians and the median of the per-round ratios, which a load change on
 a shared machine hits alike. (The prefetch thread then also reads during the other variants' steps; at well under a
@@ -40,11 +40,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from dlrm.data import SplitBinaryBatches, SyntheticBatches, dataset_info
+from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
+from dlrm.utils.amp import Amp, cpu_runs_bfloat16_natively
+from dlrm.utils.distributed import setup, teardown
+from recsys_common.cli import InputError, run_main
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.io import check_json_output, report_json
+from recsys_common.logger import read_log
+from recsys_common.synthetic import generate_dataset
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlrm.scripts.benchmark_input", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/input_pipeline.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base_device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--embedding_type", default="auto", choices=["auto", "torchrec_fused", "multi_table"])
@@ -86,7 +100,6 @@ def _main_command(args, log: str, data_flags: List[str]) -> List[str]:
 
 def _run(args, data_flags: List[str]) -> float:
     """One training process; returns its training samples/s."""
-    from recsys_common.logger import read_log
     with tempfile.TemporaryDirectory(prefix="dlrm_bench_input_") as tmp:
         log = os.path.join(tmp, "log.json")
         cmd = _main_command(args, log, data_flags)
@@ -105,12 +118,9 @@ def write_dataset(directory: str, table_sizes: List[int], train_rows: int, test_
     generator's power-law ids touch far fewer embedding rows per batch, which makes the embedding work (not the
     input) cheaper and the comparison unfair to the synthetic runs.
     """
-    import numpy as np
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.synthetic import generate_dataset
     spec = FeatureSpec.get_default_feature_spec(13, table_sizes)
     out = generate_dataset(spec, directory, {"train": train_rows, "test": test_rows}, seed=seed, overwrite=True,
-                           tool="dlrm.scripts.benchmark_input")
+                           tool="benchmarks/input_pipeline.py")
     rng = np.random.default_rng(seed)
     for mapping in ("train", "test"):
         for chunk in out.source_spec[mapping]:
@@ -127,9 +137,6 @@ def write_dataset(directory: str, table_sizes: List[int], train_rows: int, test_
 def reader_cost(dataset: str, batch_size: int, repeats: int = 3) -> Dict[str, float]:
     """Milliseconds per batch that reading costs on the calling thread (``prefetch_batches 0``: slicing, checks,
     conversion), the median of ``repeats`` passes over the train mapping (after one pass warming the page cache)."""
-    import time
-    import torch
-    from dlrm.data import SplitBinaryBatches, dataset_info
     data = SplitBinaryBatches(dataset_info(dataset), "train", batch_size, torch.device("cpu"), prefetch=0)
     times = []
     for _ in range(repeats + 1):
@@ -142,12 +149,6 @@ def reader_cost(dataset: str, batch_size: int, repeats: int = 3) -> Dict[str, fl
 
 def interleaved(args, dataset: str, table_sizes: List[int], variants: List[str]) -> Dict:
     """Steps of one model alternating between the batch sources ``variants``; see the module docstring."""
-    import time
-    import torch
-    from dlrm.data import SplitBinaryBatches, SyntheticBatches, dataset_info
-    from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
-    from dlrm.scripts.main import _Amp, cpu_runs_bfloat16_natively
-    from dlrm.utils.distributed import setup, teardown
     ctx = setup(args.base_device, need_group=True)
     try:
         device, batch = ctx.device, args.batch_size
@@ -159,7 +160,7 @@ def interleaved(args, dataset: str, table_sizes: List[int], variants: List[str])
                                           1, lr=0.1, local_batch_size=batch)
         amp_on = args.precision == "amp" or (args.precision == "default" and
                                              (device.type == "cuda" or cpu_runs_bfloat16_natively()))
-        amp = _Amp(amp_on, device, None, 8192.0)
+        amp = Amp(amp_on, device, None, 8192.0)
         total = args.warmup_steps + args.interleaved_steps
         synthetic = SyntheticBatches(info, batch * total, batch, device, seed=0)
         sources = {"synthetic": iter(synthetic)}
@@ -204,11 +205,9 @@ def interleaved(args, dataset: str, table_sizes: List[int], variants: List[str])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
-    from recsys_common.io import check_json_output, report_json
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)
     if args.steps < 1 or args.warmup_steps < 1 or args.repeats < 1:
-        from recsys_common.cli import InputError
         raise InputError("--steps, --warmup_steps and --repeats must be >= 1")
     table_sizes = [int(x) for x in args.table_sizes.split(",") if x]
     work = args.work_dir or tempfile.mkdtemp(prefix="dlrm_bench_input_")
@@ -254,5 +253,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileExistsError, ValueError))   # --output_json not a result file; a bad flag

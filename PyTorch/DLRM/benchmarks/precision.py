@@ -1,10 +1,10 @@
 """Training-step speed of float32 against bfloat16 autocast on this CPU, interleaved in one process; prints JSON.
 
-    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python -m dlrm.scripts.benchmark_precision --threads 2
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python benchmarks/precision.py --threads 2
 
 The default shape is Kaggle Criteo's as the issue measured it: batch 2048, 26 tables of 100,000 rows, dim 16,
 MLPs 512-256-64-16 / 512-256-1. Both models are built by the training code (``build_trainable_model``) and step as
-``dlrm.scripts.main`` does (``zero_grad`` / autocast forward / ``backward`` / ``step``). Steps of the two precisions
+``dlrm.train`` does (``zero_grad`` / autocast forward / ``backward`` / ``step``). Steps of the two precisions
 alternate (fp32, bf16, then bf16, fp32, ...), so a load change on a shared machine hits both alike; the medians and
 the median of the per-pair time ratios are reported, with the CPU's model name, its bfloat16 flags and the load average.
 """
@@ -17,9 +17,17 @@ import statistics
 import time
 from typing import Dict, Optional, Sequence
 
+import torch
+
+from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
+from dlrm.utils.amp import Amp
+from dlrm.utils.distributed import setup, teardown
+from recsys_common.cli import run_main
+from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlrm.scripts.benchmark_precision", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/precision.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--embedding_types", default="multi_table,torchrec_fused")
     p.add_argument("--batch_size", type=int, default=2048)
@@ -35,15 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cpu_description() -> Dict[str, object]:
     """The CPU's model name and which bf16 instructions its bf16 GEMMs run on (``recsys_common.machine``)."""
-    from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
     return {"model": cpu_model_name(), "bf16_instructions": cpu_bf16_instructions()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
-    import torch
-    from dlrm.model.parallel import ModelConfig, build_trainable_model, resolve_embedding_type
-    from dlrm.scripts.main import _Amp
-    from dlrm.utils.distributed import setup, teardown
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,7 +69,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
             embedding_type = resolve_embedding_type(requested, ctx.device, False)
             models = {p: build_trainable_model(config, embedding_type, ctx.device, 1, lr=0.1, local_batch_size=batch)
                       for p in ("float32", "bfloat16")}
-            amps = {"float32": _Amp(False, ctx.device, None, 1.0), "bfloat16": _Amp(True, ctx.device, "bfloat16", 1.0)}
+            amps = {"float32": Amp(False, ctx.device, None, 1.0), "bfloat16": Amp(True, ctx.device, "bfloat16", 1.0)}
             times: Dict[str, list] = {"float32": [], "bfloat16": []}
             for i in range(args.warmup_steps + args.steps):
                 for precision in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
@@ -99,5 +102,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileExistsError,))   # --output_json names a file that is not a result

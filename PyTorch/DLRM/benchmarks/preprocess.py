@@ -16,9 +16,9 @@ ours/peer and ours/spark (rows/s: higher is better; peak memory: lower is better
 is better, the figure a loaded machine distorts least), the machine (CPU model, cores, load average before and after), and
 the time Criteo Kaggle (45,840,617 rows) and Criteo 1TB (4,373,472,329 rows) would take at the measured rate.
 
-    python preproc/benchmark_preprocess.py --rows 1000000 --frequency_limit 15
-    python preproc/benchmark_preprocess.py --rows 6000000 --days 24 --engines ours      # memory at two sizes
-    python preproc/benchmark_preprocess.py --rows 24000000 --days 24 --engines ours
+    python benchmarks/preprocess.py --rows 1000000 --frequency_limit 15
+    python benchmarks/preprocess.py --rows 6000000 --days 24 --engines ours      # memory at two sizes
+    python benchmarks/preprocess.py --rows 24000000 --days 24 --engines ours
 
 Peak memory is the largest sum of the resident set sizes (RSS) of the engine's process tree (the Python process and,
 for Spark, the JVM it starts, which with a ``local[...]`` master also runs the executors), sampled every
@@ -43,8 +43,12 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+import polars as pl
+import psutil
 
-from recsys_common.cli import InputError
+from recsys_common.cli import InputError, run_main
+from recsys_common.io import atomic_directory
+from recsys_common.machine import cpu_model_name
 
 KAGGLE_ROWS = 45_840_617
 TERABYTE_ROWS = 4_373_472_329
@@ -66,7 +70,6 @@ def default_peer_script() -> str:
 
 def write_raw(path: str, rows: int, seed: int, block: int = 200_000) -> None:
     """``rows`` generated raw rows into ``path``, vectorised (Polars builds the lines), about 1M rows/s."""
-    import polars as pl
     rng = np.random.default_rng(seed)
     vocab = [rng.integers(1, 10 ** (2 + i % 6), dtype=np.int64) + 1 for i in range(26)]  # per-column value ranges
     hex_digits = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -97,7 +100,6 @@ def generate_input(directory: str, rows: int, days: int, seed: int):
     """``rows`` generated rows in ``directory``: one Kaggle ``train.txt`` (``days`` 0) or ``day_0 .. day_<days-1>``.
     Reused when the directory already holds the same ``rows``/``days``/``seed``. Returns (file names, bytes, reused).
     """
-    from recsys_common.io import atomic_directory
     names = [f"day_{d}" for d in range(days)] if days else ["train.txt"]
     stamp = os.path.join(directory, ".generated.json")
     wanted = {"rows": rows, "days": days, "seed": seed}
@@ -121,7 +123,6 @@ class PeakTreeRSS:
     """
 
     def __init__(self, interval_s: float = 0.2):
-        import psutil
         self._psutil = psutil
         self.interval_s = interval_s
         self.peak_bytes = 0
@@ -206,7 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _timed(argv: List[str], interval: float, env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
     """Run one command; its wall time and the peak RSS of its process tree (sampled from this process)."""
-    import psutil
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     peak, stop = [0], threading.Event()
@@ -277,15 +277,12 @@ def _extrapolate(rows_per_s: float, cores: int) -> Dict[str, float]:
             "criteo_1tb_core_hours": round(TERABYTE_ROWS / rows_per_s * cores / 3600, 1)}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from recsys_common.machine import cpu_model_name
-
-    args = build_parser().parse_args(argv)
+def check_args(args) -> List[str]:
+    """The engines of ``--engines``, after checking the flags (:class:`InputError` naming the flag)."""
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = sorted(set(engines) - {"ours", "ours_input", "peer", "spark"})
     if unknown or not engines:
         raise InputError(f"--engines: unknown {unknown or 'none given'}; choose from ours, ours_input, peer, spark")
-    args.peer_script = args.peer_script or default_peer_script()
     if args.days == 1 or args.days < 0:
         raise InputError(f"--days {args.days}: the Terabyte layout needs at least 2 days (the last is the test day); "
                          f"0 writes a Kaggle train.txt")
@@ -299,75 +296,62 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         raise InputError("--engines peer: the peer script reads one Kaggle train.txt; use --days 0")
     if "peer" in engines and not os.path.isfile(args.peer_script):
         raise InputError(f"--peer_script {args.peer_script}: not found")
-    work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
-    started = time.perf_counter()
-    names, raw_bytes, reuse = generate_input(os.path.join(work, "in"), args.rows, args.days, args.seed)
-    generate_s = time.perf_counter() - started
-    cores = os.cpu_count() or 1
-    result: Dict[str, object] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model_name(), "cores": cores,
-        "load_avg_1m_before": round(os.getloadavg()[0], 2), "rows": args.rows,
-        "layout": "terabyte" if args.days else "kaggle", "files": len(names), "raw_bytes": raw_bytes,
-        "frequency_limit": args.frequency_limit, "engine_args": args.engine_args,
-        "generate_s": round(generate_s, 1), "input_reused": reuse,
-        "engines": {}}
-    py = sys.executable
-    inp = os.path.join(work, "in")
-    def run_ours(inp: str, out: str, extra: List[str]) -> List[Dict[str, object]]:
-        return [_timed([py, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp, "--output_path", out,
-                        "--frequency_limit", str(args.frequency_limit), *extra], args.memory_interval)]
+    return engines
 
-    rounds: Dict[str, List[Dict[str, object]]] = {engine: [] for engine in engines}
-    try:
-        for round_index in range(args.rounds):
-            for engine in engines:
-                if engine == "spark" and round_index:
-                    continue   # one Spark run: it takes minutes, and its ratio is not close
-                out = os.path.join(work, f"out_{engine}")
-                for path in (out, out + ".work", out + "_spark"):
-                    shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
-                if engine in ("ours", "ours_input"):
-                    order = ["--train_ordering", "input"] if engine == "ours_input" else []
-                    runs = run_ours(inp, out, [*order, *args.engine_args.split()])
-                elif engine == "peer":
-                    runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
-                                    "--frequency_limit", str(args.frequency_limit)], args.memory_interval)]
-                else:
-                    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
-                    runs = [_timed([py, "-m", "recsys_common.criteo.spark_preprocess", "--input_path", inp,
-                                    "--output_path", out + "_spark", "--frequency_limit", str(args.frequency_limit),
-                                    "--master", args.master], args.memory_interval, env),
-                            _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
-                                    "--output", out], args.memory_interval)]
-                one = _engine_result(args.rows, runs, raw_bytes)
-                notes = [line for r in runs for line in r["output"].splitlines() if "peak RSS so far" in line]
-                if notes:
-                    one["phases"] = notes
-                rounds[engine].append(one)
-                print(f"[benchmark] round {round_index + 1} {engine}: {json.dumps(one)}", file=sys.stderr, flush=True)
-        for engine in engines:
-            result["engines"][engine] = _median_result(rounds[engine])
-        flat = []
-        for rows in [int(r) for r in args.memory_rows.split(",") if r.strip()]:
-            directory = os.path.join(work, f"in_memory_{rows}")
-            _, size, _ = generate_input(directory, rows, args.memory_days, args.seed)
-            out = os.path.join(work, f"out_memory_{rows}")
-            for path in (out, out + ".work"):
-                shutil.rmtree(path, ignore_errors=True)
-            load = round(os.getloadavg()[0], 2)
-            one = _engine_result(rows, run_ours(directory, out, []), size)
-            shutil.rmtree(out, ignore_errors=True)
-            flat.append({"rows": rows, "days": args.memory_days, "raw_bytes": size, "load_avg_1m_before": load,
-                         **{k: one[k] for k in ("seconds", "rows_per_s", "peak_rss_mib", "max_rss_one_process_mib")}})
-            print(f"[benchmark] memory at {rows} rows: {json.dumps(flat[-1])}", file=sys.stderr, flush=True)
-        if flat:
-            result["flat_memory"] = flat
-    finally:
-        if args.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-    result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
-    e = result["engines"]
-    ratios = {}
+
+def _run_ours(args, inp: str, out: str, extra: List[str]) -> List[Dict[str, object]]:
+    return [_timed([sys.executable, "-m", "recsys_common.criteo.polars_preprocess", "--input_path", inp,
+                    "--output_path", out, "--frequency_limit", str(args.frequency_limit), *extra],
+                   args.memory_interval)]
+
+
+def run_engine(engine: str, args, work: str, raw_bytes: int) -> Dict[str, object]:
+    """One run of ``engine`` on the generated input in ``work/in``, end to end to split binary: its figures."""
+    py, inp = sys.executable, os.path.join(work, "in")
+    out = os.path.join(work, f"out_{engine}")
+    for path in (out, out + ".work", out + "_spark"):
+        shutil.rmtree(path, ignore_errors=True)   # the benchmark's own scratch outputs
+    if engine in ("ours", "ours_input"):
+        order = ["--train_ordering", "input"] if engine == "ours_input" else []
+        runs = _run_ours(args, inp, out, [*order, *args.engine_args.split()])
+    elif engine == "peer":
+        runs = [_timed([py, args.peer_script, "--input", os.path.join(inp, "train.txt"), "--output", out,
+                        "--frequency_limit", str(args.frequency_limit)], args.memory_interval)]
+    else:
+        env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+        runs = [_timed([py, "-m", "recsys_common.criteo.spark_preprocess", "--input_path", inp,
+                        "--output_path", out + "_spark", "--frequency_limit", str(args.frequency_limit),
+                        "--master", args.master], args.memory_interval, env),
+                _timed([py, "-m", "recsys_common.criteo.to_split_binary", "--input", out + "_spark",
+                        "--output", out], args.memory_interval)]
+    one = _engine_result(args.rows, runs, raw_bytes)
+    notes = [line for r in runs for line in r["output"].splitlines() if "peak RSS so far" in line]
+    if notes:
+        one["phases"] = notes
+    return one
+
+
+def flat_memory(args, work: str) -> List[Dict[str, object]]:
+    """Our engine (default flags) on generated Terabyte input of each ``--memory_rows`` size: its peaks."""
+    flat = []
+    for rows in [int(r) for r in args.memory_rows.split(",") if r.strip()]:
+        directory = os.path.join(work, f"in_memory_{rows}")
+        _, size, _ = generate_input(directory, rows, args.memory_days, args.seed)
+        out = os.path.join(work, f"out_memory_{rows}")
+        for path in (out, out + ".work"):
+            shutil.rmtree(path, ignore_errors=True)
+        load = round(os.getloadavg()[0], 2)
+        one = _engine_result(rows, _run_ours(args, directory, out, []), size)
+        shutil.rmtree(out, ignore_errors=True)
+        flat.append({"rows": rows, "days": args.memory_days, "raw_bytes": size, "load_avg_1m_before": load,
+                     **{k: one[k] for k in ("seconds", "rows_per_s", "peak_rss_mib", "max_rss_one_process_mib")}})
+        print(f"[benchmark] memory at {rows} rows: {json.dumps(flat[-1])}", file=sys.stderr, flush=True)
+    return flat
+
+
+def engine_ratios(e: Dict[str, Dict], rounds: Dict[str, List[Dict[str, object]]]) -> Dict[str, object]:
+    """Ours (and ours_input) over the peer and Spark: rows/s, peak memory, CPU seconds."""
+    ratios: Dict[str, object] = {}
     for mine in ("ours", "ours_input"):
         for other in ("peer", "spark"):
             if mine in e and other in e:
@@ -384,12 +368,49 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 if len(pairs) > 1:
                     ratios[f"{mine}_vs_{other}_rows_per_s_by_round"] = [
                         round(a["rows_per_s"] / b["rows_per_s"], 2) for a, b in pairs]
-    result["ratios"] = ratios
-    result["extrapolated_at_measured_rate"] = {name: _extrapolate(v["rows_per_s"], cores) for name, v in e.items()}
+    return ratios
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
+    args.peer_script = args.peer_script or default_peer_script()
+    engines = check_args(args)
+    work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
+    started = time.perf_counter()
+    names, raw_bytes, reuse = generate_input(os.path.join(work, "in"), args.rows, args.days, args.seed)
+    generate_s = time.perf_counter() - started
+    cores = os.cpu_count() or 1
+    result: Dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model_name(), "cores": cores,
+        "load_avg_1m_before": round(os.getloadavg()[0], 2), "rows": args.rows,
+        "layout": "terabyte" if args.days else "kaggle", "files": len(names), "raw_bytes": raw_bytes,
+        "frequency_limit": args.frequency_limit, "engine_args": args.engine_args,
+        "generate_s": round(generate_s, 1), "input_reused": reuse,
+        "engines": {}}
+    rounds: Dict[str, List[Dict[str, object]]] = {engine: [] for engine in engines}
+    try:
+        for round_index in range(args.rounds):
+            for engine in engines:
+                if engine == "spark" and round_index:
+                    continue   # one Spark run: it takes minutes, and its ratio is not close
+                rounds[engine].append(run_engine(engine, args, work, raw_bytes))
+                print(f"[benchmark] round {round_index + 1} {engine}: {json.dumps(rounds[engine][-1])}",
+                      file=sys.stderr, flush=True)
+        for engine in engines:
+            result["engines"][engine] = _median_result(rounds[engine])
+        flat = flat_memory(args, work)
+        if flat:
+            result["flat_memory"] = flat
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    result["ratios"] = engine_ratios(result["engines"], rounds)
+    result["extrapolated_at_measured_rate"] = {name: _extrapolate(v["rows_per_s"], cores)
+                                               for name, v in result["engines"].items()}
     print(json.dumps(result))
     return result
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileExistsError,))   # InputError: a bad flag; FileExistsError: --output_json

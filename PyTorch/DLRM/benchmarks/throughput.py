@@ -1,7 +1,7 @@
 """Training and inference throughput (samples/s) of DLRM, printed as JSON; TorchRec fused vs plain EmbeddingBag.
 
-    python -m dlrm.scripts.benchmark                          # CPU defaults: batch 4096, 26 x 100000 tables
-    python -m dlrm.scripts.benchmark --base_device cuda --batch_size 32768 --fp16     # the seed's GPU configuration
+    python benchmarks/throughput.py                          # CPU defaults: batch 4096, 26 x 100000 tables
+    python benchmarks/throughput.py --base_device cuda --batch_size 32768 --fp16     # the seed's GPU configuration
 
 Each measurement is one ``python -m dlrm.scripts.main`` process on synthetic Criteo-shaped data (``--synthetic_dataset``):
 ``--mode train --max_steps S --benchmark_warmup_steps W`` for training, ``--mode inference_benchmark`` for inference.
@@ -23,8 +23,8 @@ natively (``--precision auto``), the dense part compiled with ``torch.compile`` 
 compilation happens in the warmup and is reported as ``compile_s``). Run it with
 ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000`` (it warns otherwise).
 
-    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python -m dlrm.scripts.benchmark
-    python -m dlrm.scripts.benchmark --compare embedding_types     # the subprocess comparison above
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python benchmarks/throughput.py
+    python benchmarks/throughput.py --compare embedding_types     # the subprocess comparison above
 """
 from __future__ import annotations
 
@@ -37,12 +37,16 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
+from recsys_common.cli import run_main
+from recsys_common.io import check_json_output, report_json
+from recsys_common.logger import read_log
+
 NVIDIA_V100_SEED = {"fp32_samples_per_s": 494_000, "amp_samples_per_s": 875_000, "batch_size": 32768,
                     "source": "seed README, 1x V100 32GB, Criteo Terabyte tables"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlrm.scripts.benchmark", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/throughput.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compare", default="torchrec_peer", choices=["torchrec_peer", "embedding_types"],
                    help="torchrec_peer: ours against torchrec.models.dlrm.DLRM in one process (CPU); "
@@ -78,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_main(args, embedding_type: str, mode: str) -> Dict:
-    from recsys_common.logger import read_log
     with tempfile.TemporaryDirectory(prefix="dlrm_bench_") as tmp:
         log = os.path.join(tmp, "log.json")
         cmd = [sys.executable, "-m", "dlrm.scripts.main", "--mode", mode, "--synthetic_dataset",
@@ -110,11 +113,10 @@ def _run_main(args, embedding_type: str, mode: str) -> Dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
-    from recsys_common.io import check_json_output, report_json
     args = build_parser().parse_args(argv)
     check_json_output(args.output_json)   # before minutes of runs, not after
     if args.compare == "torchrec_peer":
-        from dlrm.scripts.benchmark_peer import compare_with_torchrec
+        from torchrec_peer import compare_with_torchrec   # torch and TorchRec, late: --compare embedding_types needs neither
         result = compare_with_torchrec(shapes=[s for s in args.shapes.split(",") if s],
                                        batch_size=args.peer_batch_size, table_size=args.peer_table_size,
                                        peer_variants=[v for v in args.peer_variants.split(",") if v],
@@ -151,5 +153,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileExistsError,))   # --output_json names a file that is not a result

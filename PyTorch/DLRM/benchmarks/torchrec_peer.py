@@ -1,6 +1,6 @@
 """Our training step against TorchRec's own ``torchrec.models.dlrm.DLRM``, back to back in one process (CPU).
 
-Called by ``python -m dlrm.scripts.benchmark`` (``--compare torchrec_peer``, its default), which documents the method;
+Called by ``python benchmarks/throughput.py`` (``--compare torchrec_peer``, its default), which documents the method;
 :func:`compare_with_torchrec` returns the JSON-ready result. TorchRec and FBGEMM must be installed (they are optional
 for the recipe, required for this comparison).
 """
@@ -15,6 +15,11 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+
+from dlrm.model.parallel import ModelConfig, build_trainable_model
+from dlrm.utils.amp import Amp, cpu_runs_bfloat16_natively
+from dlrm.utils.compile import compile_dense as compile_parts
+from dlrm.utils.distributed import setup, teardown
 from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
 
 # The shapes of the issue and of ../shared/peers/torchrec_dlrm_cpu.py: Kaggle Criteo's DLRM and the seed's.
@@ -89,16 +94,13 @@ def build_peer(variant: str, shape: Dict, table_size: int) -> Callable[[Dict[str
 
 def build_ours(shape: Dict, table_size: int, precision: str, compile_dense: bool) \
         -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
-    """The recipe's model and training step (as ``dlrm.scripts.main`` runs it on one CPU process)."""
-    from dlrm.model.parallel import ModelConfig, build_trainable_model
-    from dlrm.scripts.main import _Amp
-    from dlrm.utils.compile import compile_dense as compile_parts
+    """The recipe's model and training step (as ``dlrm.train`` runs it on one CPU process)."""
     config = ModelConfig(NUM_NUMERICAL, [table_size] * NUM_TABLES, [f"cat_{i}" for i in range(NUM_TABLES)],
                          shape["embedding_dim"], shape["bottom_mlp_sizes"], shape["top_mlp_sizes"])
     trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, lr=LR)
     if compile_dense:
         compile_parts(trainable.core)
-    amp = _Amp(precision == "bfloat16", torch.device("cpu"), "bfloat16", 1.0)
+    amp = Amp(precision == "bfloat16", torch.device("cpu"), "bfloat16", 1.0)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step(batch):
@@ -132,9 +134,7 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
                           threads: Optional[int] = None) -> Dict:
     """Samples/s of ours and of each TorchRec variant per shape and round, the per-round ratio ours / best peer and
     its median; with the CPU model, threads, torch/TorchRec versions and the load average before and after."""
-    import torchrec
-    from dlrm.scripts.main import cpu_runs_bfloat16_natively
-    from dlrm.utils.distributed import setup, teardown
+    import torchrec   # optional (as in dlrm.model): imported only for the comparison that needs it
     if threads:
         torch.set_num_threads(threads)
     if os.environ.get("MALLOC_MMAP_MAX_") != "0":

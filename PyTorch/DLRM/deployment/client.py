@@ -19,11 +19,18 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
+from dlrm.scripts.predict import PredictError, check_output
+from recsys_common.cli import exit_status
+from recsys_common.datasets import DatasetError, open_reader
+from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+from recsys_common.flags import add_flag  # --server-url and --server_url alike
+from recsys_common.io import write_predictions
+from recsys_common.serving.client import InferenceClient, ServingError
+
 TOOL = "deployment.client"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0])
     add_flag(p, "--server-url", required=True, help="host:port (Triton: 8000 HTTP, 8001 gRPC)")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
@@ -43,11 +50,6 @@ def served_predictions(server_url: str, protocol: str, model_name: str, dataset:
                        timeout_s: float = 60.0, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` through the server, write ``output``; returns a summary. Raises ``ServingError``
     (unreachable server, a refused request), ``PredictError`` / FeatureSpec / dataset errors on bad input."""
-    from dlrm.scripts.predict import PredictError, check_output
-    from recsys_common.io import write_predictions
-    from recsys_common.datasets import open_reader
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.serving.client import InferenceClient
 
     check_output(output, overwrite, batch_size)   # the rules of dlrm.scripts.predict, before any request
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
@@ -70,10 +72,6 @@ def served_predictions(server_url: str, protocol: str, model_name: str, dataset:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from recsys_common.datasets import DatasetError
-    from recsys_common.feature_spec import FeatureSpecError
-    from recsys_common.serving.client import ServingError
-    from recsys_common.cli import exit_status
 
     def predictions(argv):
         args = build_parser().parse_args(argv)

@@ -1,8 +1,10 @@
 """DLRM checkpoint -> Triton model repository (ONNX and/or TorchScript), with NVIDIA's deployer flags.
 
-    python -m deployment.deployer --deploy_cpu --save-dir /tmp/dlrm_triton \
+``python -m deployment.deployer`` (NVIDIA's name for this command) runs it too.
+
+    python -m deployment.deploy --deploy_cpu --save-dir /tmp/dlrm_triton \
         -- --model_checkpoint /tmp/dlrm_quickstart/checkpoint --dataset /tmp/dlrm_quickstart/data
-    python -m deployment.deployer --onnx --triton-max-batch-size 65536 --triton-dyn-batching-delay 0.5 \
+    python -m deployment.deploy --onnx --triton-max-batch-size 65536 --triton-dyn-batching-delay 0.5 \
         --triton-engine-count 2 --save-dir repo -- --model_checkpoint CKPT --embedding_dim 128
 
 Flags as NVIDIA's PyTorch DLRM ``triton/deployer.py``: ``--ts-script | --ts-trace | --onnx``, ``--triton-*``,
@@ -32,11 +34,22 @@ import json
 import sys
 from typing import Dict, List, Optional, Sequence
 
-TOOL = "deployment.deployer"
-TOOL_PATH = "PyTorch/DLRM/deployment/deployer.py"   # the owner recorded in the repository (--overwrite replaces its files)
+from dlrm import serving
+from dlrm.checkpointing import CheckpointError
+from dlrm.data import DataError, dataset_info
+from recsys_common.cli import InputError, exit_status
+from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate
+from recsys_common.serving import torch_export
+from recsys_common.serving.torch_export import add_format_arguments
+from recsys_common.serving.triton_options import add_triton_arguments, triton_options
+
+TOOL = "deployment.deploy"
+# The owner recorded in the repository (--overwrite replaces its files): NVIDIA's command name, as before the move, so
+# that --overwrite still replaces the models of repositories written then.
+TOOL_PATH = "PyTorch/DLRM/deployment/deployer.py"
 
 
-class DeployError(ValueError):
+class DeployError(InputError):
     """Flags that cannot produce a model repository; the message names the flag."""
 
 
@@ -51,9 +64,7 @@ def _sizes(values: Optional[Sequence[str]], flag: str) -> Optional[List[int]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.torch_export import add_format_arguments
-    from recsys_common.serving.triton_options import add_triton_arguments
-    p = argparse.ArgumentParser(prog="python -m deployment.deployer",
+    p = argparse.ArgumentParser(prog=f"python -m {TOOL}",
                                 description="Export a DLRM checkpoint to a Triton model repository")
     add_format_arguments(p)
     triton = add_triton_arguments(p, default_model_name="dlrm")
@@ -87,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dataset_tables(dataset: str, feature_spec: str):
     """``(table sizes, FeatureSpec as a dict, its path)`` of ``dataset``'s FeatureSpec."""
-    from dlrm.data import dataset_info
     info = dataset_info(dataset, feature_spec)
     return info.cardinalities, info.spec.to_dict(), info.spec.origin, info.num_numerical_features
 
@@ -96,9 +106,6 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
     """Parse ``argv``, write the repository; returns ``{"models", "max_abs_diff", "config", "checkpoint",
     "negative_downsampling_rate"}`` (the rate whose ``log`` the served logit gets, also in recsys_serving.json).
     Raises :class:`DeployError`, ``ModelMismatchError``, ``CheckpointError``, ``FileExistsError`` on bad input."""
-    from dlrm import serving
-    from recsys_common.serving import torch_export
-    from recsys_common.serving.triton_options import triton_options
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]  # NVIDIA's "--" before model flags
     args = build_parser().parse_args(argv)
     formats = torch_export.selected_formats(args.onnx, args.ts_script, args.ts_trace)
@@ -116,7 +123,6 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
     if args.dataset:
         sizes, spec_dict, origin, num_numerical = dataset_tables(args.dataset, args.feature_spec)
         if args.negative_downsampling_rate is None:
-            from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate
             rate = negative_downsampling_rate(FeatureSpec.from_dict(spec_dict, origin=origin))
         expected.update(table_sizes=sizes, table_source=f"{origin} (cardinality)")
         if expected["num_numerical_features"] is None:
@@ -143,9 +149,6 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: prints the result as JSON; on bad input prints ``error: ...`` and returns 2."""
-    from dlrm.data import DataError
-    from dlrm.utils.checkpointing import CheckpointError
-    from recsys_common.cli import exit_status
     return exit_status(deploy, argv, prog=TOOL, report=lambda result: print(json.dumps(result, indent=1)),
                        input_errors=(DeployError, CheckpointError, DataError, ValueError, FileExistsError, OSError))
 

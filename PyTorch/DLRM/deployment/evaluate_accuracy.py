@@ -21,21 +21,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from dlrm import serving
+from dlrm.checkpointing import CheckpointError
+from dlrm.utils.metrics import ClickMetrics
+from recsys_common.cli import CheckFailedError, InputError, exit_status
+from recsys_common.datasets import DatasetError, open_reader
+from recsys_common.feature_spec import FeatureSpec, FeatureSpecError, negative_downsampling_rate as recorded_rate
+from recsys_common.flags import add_flag  # --server-url and --server_url alike
+from recsys_common.io import check_json_output, write_json_output
+from recsys_common.metrics import roc_auc_score
+from recsys_common.serving import client as serving_client
+from recsys_common.serving.client import ServingError
+
 TOOL = "deployment.evaluate_accuracy"
 
 
-class EvaluationError(ValueError):
+class EvaluationError(InputError):
     """Flags or data that cannot be evaluated; the message names the flag or file."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0])
     add_flag(p, "--http-url", default=None, help="HTTP endpoint host:port (Triton's default port 8000)")
     add_flag(p, "--grpc-url", "--server-url", default=None,
@@ -65,21 +77,39 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
     """``urls``: protocol (``"http"`` / ``"grpc"``) -> ``host:port``. Returns the result dict (see the module
     docstring); raises ``ServingError`` naming the url when a server is unreachable or refuses a request.
     ``negative_downsampling_rate``: the served model's ``w`` (``None``: the FeatureSpec's recorded rate)."""
-    import os
-
-    from dlrm import serving
-    from dlrm.utils.metrics import ClickMetrics
-    from recsys_common.datasets import open_reader
-    from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate as recorded_rate
-    from recsys_common.metrics import roc_auc_score
-    from recsys_common.serving.client import InferenceClient
-
     if not urls:
         raise EvaluationError("give --http-url and/or --grpc-url")
     if batch_size < 1:
         raise EvaluationError(f"--batch_size must be >= 1, got {batch_size}")
     if max_rows is not None and max_rows < 1:
         raise EvaluationError(f"--max_rows must be >= 1, got {max_rows}")
+    spec, spec_path, rate = _checked_spec(dataset, feature_spec, mapping, negative_downsampling_rate)
+    model, config, path = serving.load_model(
+        model_checkpoint, num_numerical_features=len(spec.channel_spec["numerical"]),
+        table_sizes=[spec.cardinality(f) for f in spec.channel_spec["categorical"]],
+        table_source=f"{spec_path} (cardinality)")
+    reader = open_reader(spec, mapping, batch_size, channels=["numerical", "categorical", "label"])
+    clients = {protocol: serving_client.InferenceClient(url, protocol=protocol, timeout_s=timeout_s)
+               for protocol, url in urls.items()}
+    try:
+        for client in clients.values():
+            client.wait_until_ready(model_name, timeout_s)
+        scores = _Scores(model, rate, clients, model_name)
+        for index in range(reader.num_batches_total):
+            if max_rows is not None and scores.rows >= max_rows:
+                break
+            scores.add(reader.read_batch(index), max_rows)
+    finally:
+        for client in clients.values():
+            client.close()
+    if scores.rows == 0:
+        raise EvaluationError(f"{spec_path}: mapping {mapping!r} has no rows")
+    return {"model_name": model_name, "rows": scores.rows, "checkpoint": path, "dataset": dataset,
+            "mapping": mapping, "negative_downsampling_rate": rate, **scores.result(urls)}
+
+
+def _checked_spec(dataset: str, feature_spec: str, mapping: str, negative_downsampling_rate: Optional[float]):
+    """``(FeatureSpec, its path, the rate w of the served model)``, the spec checked for the channels and mapping."""
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     if negative_downsampling_rate is not None:
         rate = serving.check_negative_downsampling_rate(negative_downsampling_rate)
@@ -91,83 +121,70 @@ def evaluate(urls: Dict[str, str], model_name: str, dataset: str, model_checkpoi
             raise EvaluationError(f"{spec_path}: no {channel!r} channel (has {sorted(spec.channel_spec)})")
     if mapping not in spec.source_spec:
         raise EvaluationError(f"{spec_path}: no mapping {mapping!r} (has {sorted(spec.source_spec)})")
-    model, config, path = serving.load_model(
-        model_checkpoint, num_numerical_features=len(spec.channel_spec["numerical"]),
-        table_sizes=[spec.cardinality(f) for f in spec.channel_spec["categorical"]],
-        table_source=f"{spec_path} (cardinality)")
-    # the served model's probabilities: sigmoid(logit + log w) when deployed from down-sampled data (w < 1)
-    module = serving.serving_module(model, rate)
-    reader = open_reader(spec, mapping, batch_size, channels=["numerical", "categorical", "label"])
-    clients = {protocol: InferenceClient(url, protocol=protocol, timeout_s=timeout_s)
-               for protocol, url in urls.items()}
-    served: Dict[str, List[np.ndarray]] = {protocol: [] for protocol in clients}
-    seconds = {protocol: 0.0 for protocol in clients}
-    framework, labels = [], []
-    click = {name: ClickMetrics() for name in ("framework", *clients)}
-    if rate < 1.0:   # the uncorrected model's metrics, next to the corrected ones (ClickMetrics' *_corrected)
-        uncorrected = serving.serving_module(model)
-        click["framework_uncorrected"] = ClickMetrics(negative_downsampling_rate=rate)
-    rows = 0
-    try:
-        for client in clients.values():
-            client.wait_until_ready(model_name, timeout_s)
-        for index in range(reader.num_batches_total):
-            if max_rows is not None and rows >= max_rows:
-                break
-            batch = reader.read_batch(index)
-            keep = len(batch["label"]) if max_rows is None else min(len(batch["label"]), max_rows - rows)
-            inputs = {serving.NUMERICAL: np.ascontiguousarray(batch["numerical"][:keep], np.float32),
-                      serving.CATEGORICAL: np.ascontiguousarray(batch["categorical"][:keep], np.int64)}
-            framework.append(serving.predict_probabilities(module, inputs[serving.NUMERICAL],
-                                                           inputs[serving.CATEGORICAL]))
-            labels.append(np.asarray(batch["label"][:keep], np.float64).reshape(-1))
-            click["framework"].add(labels[-1], probabilities=framework[-1])
-            if rate < 1.0:
-                click["framework_uncorrected"].add(labels[-1], probabilities=serving.predict_probabilities(
-                    uncorrected, inputs[serving.NUMERICAL], inputs[serving.CATEGORICAL]))
-            for protocol, client in clients.items():
-                begin = time.perf_counter()
-                out = client.infer(model_name, inputs, [serving.OUTPUT_NAME])[serving.OUTPUT_NAME]
-                seconds[protocol] += time.perf_counter() - begin
-                served[protocol].append(np.asarray(out, np.float32).reshape(-1))
-                click[protocol].add(labels[-1], probabilities=served[protocol][-1])
-            rows += keep
-    finally:
-        for client in clients.values():
-            client.close()
-    if rows == 0:
-        raise EvaluationError(f"{spec_path}: mapping {mapping!r} has no rows")
-    y = np.concatenate(labels)
-    reference = np.concatenate(framework).astype(np.float64)
-    result: Dict[str, Any] = {"model_name": model_name, "rows": rows, "checkpoint": path, "dataset": dataset,
-                              "mapping": mapping, "negative_downsampling_rate": rate,
-                              "framework": {"auc": roc_auc_score(y, reference),
-                                            **click["framework"].metrics(),
-                                            "engine": "PyTorch eager float32"}}
-    if rate < 1.0:   # the down-sampled model's own metrics and their corrected forms (equal to the served ones)
-        result["framework_uncorrected"] = click["framework_uncorrected"].metrics()
-    for protocol, parts in served.items():
-        got = np.concatenate(parts).astype(np.float64)
-        auc = roc_auc_score(y, got)
-        result[protocol] = {"url": urls[protocol], "auc": auc,
-                            "auc_difference": abs(auc - result["framework"]["auc"]),
-                            **click[protocol].metrics()}
-        for name in ("log_loss", "normalized_entropy", "calibration"):
-            result[protocol][f"{name}_difference"] = abs(result[protocol][name] - result["framework"][name])
-        result[protocol]["max_abs_probability_difference"] = float(np.abs(got - reference).max())
-        result[protocol]["seconds_in_requests"] = seconds[protocol]
-    return result
+    return spec, spec_path, rate
+
+
+class _Scores:
+    """The probabilities of PyTorch (the framework) and of each protocol's server, batch by batch, with their click
+    metrics; :meth:`result` compares them."""
+
+    def __init__(self, model, rate: float, clients: Dict[str, Any], model_name: str):
+        # the served model's probabilities: sigmoid(logit + log w) when deployed from down-sampled data (w < 1)
+        self.module = serving.serving_module(model, rate)
+        self.uncorrected = serving.serving_module(model) if rate < 1.0 else None
+        self.rate, self.clients, self.model_name = rate, clients, model_name
+        self.served: Dict[str, List[np.ndarray]] = {protocol: [] for protocol in clients}
+        self.seconds = {protocol: 0.0 for protocol in clients}
+        self.framework: List[np.ndarray] = []
+        self.labels: List[np.ndarray] = []
+        self.click = {name: ClickMetrics() for name in ("framework", *clients)}
+        if rate < 1.0:   # the uncorrected model's metrics, next to the corrected ones (ClickMetrics' *_corrected)
+            self.click["framework_uncorrected"] = ClickMetrics(negative_downsampling_rate=rate)
+        self.rows = 0
+
+    def add(self, batch: Dict[str, np.ndarray], max_rows: Optional[int]) -> None:
+        keep = len(batch["label"]) if max_rows is None else min(len(batch["label"]), max_rows - self.rows)
+        inputs = {serving.NUMERICAL: np.ascontiguousarray(batch["numerical"][:keep], np.float32),
+                  serving.CATEGORICAL: np.ascontiguousarray(batch["categorical"][:keep], np.int64)}
+        numerical, categorical = inputs[serving.NUMERICAL], inputs[serving.CATEGORICAL]
+        self.framework.append(serving.predict_probabilities(self.module, numerical, categorical))
+        self.labels.append(np.asarray(batch["label"][:keep], np.float64).reshape(-1))
+        self.click["framework"].add(self.labels[-1], probabilities=self.framework[-1])
+        if self.uncorrected is not None:
+            self.click["framework_uncorrected"].add(self.labels[-1], probabilities=serving.predict_probabilities(
+                self.uncorrected, numerical, categorical))
+        for protocol, client in self.clients.items():
+            begin = time.perf_counter()
+            out = client.infer(self.model_name, inputs, [serving.OUTPUT_NAME])[serving.OUTPUT_NAME]
+            self.seconds[protocol] += time.perf_counter() - begin
+            self.served[protocol].append(np.asarray(out, np.float32).reshape(-1))
+            self.click[protocol].add(self.labels[-1], probabilities=self.served[protocol][-1])
+        self.rows += keep
+
+    def result(self, urls: Dict[str, str]) -> Dict[str, Any]:
+        """The framework's AUC and metrics, and per protocol the same with their differences from the framework's."""
+        y = np.concatenate(self.labels)
+        reference = np.concatenate(self.framework).astype(np.float64)
+        result: Dict[str, Any] = {"framework": {"auc": roc_auc_score(y, reference),
+                                                **self.click["framework"].metrics(),
+                                                "engine": "PyTorch eager float32"}}
+        if self.rate < 1.0:   # the down-sampled model's own metrics and their corrected forms (equal to the served)
+            result["framework_uncorrected"] = self.click["framework_uncorrected"].metrics()
+        for protocol, parts in self.served.items():
+            got = np.concatenate(parts).astype(np.float64)
+            auc = roc_auc_score(y, got)
+            result[protocol] = {"url": urls[protocol], "auc": auc,
+                                "auc_difference": abs(auc - result["framework"]["auc"]),
+                                **self.click[protocol].metrics()}
+            for name in ("log_loss", "normalized_entropy", "calibration"):
+                result[protocol][f"{name}_difference"] = abs(result[protocol][name] - result["framework"][name])
+            result[protocol]["max_abs_probability_difference"] = float(np.abs(got - reference).max())
+            result[protocol]["seconds_in_requests"] = self.seconds[protocol]
+        return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI; returns 0 (within tolerance), 1 (an AUC outside it), 2 (bad input, unreachable server)."""
-    from dlrm.utils.checkpointing import CheckpointError
-    from recsys_common.cli import CheckFailedError, exit_status
-    from recsys_common.datasets import DatasetError
-    from recsys_common.feature_spec import FeatureSpecError
-    from recsys_common.io import check_json_output, write_json_output
-    from recsys_common.serving.client import ServingError
-
     def compare(argv) -> Dict[str, Any]:
         args = build_parser().parse_args(argv)
         urls = {p: u for p, u in (("http", args.http_url), ("grpc", args.grpc_url)) if u}

@@ -19,11 +19,17 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import run_main
+from recsys_common.datasets import open_reader
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.serving.client import ServingError
+from recsys_common.serving.latency import add_latency_arguments, perf_analyzer_options, run_latency
+from recsys_common.serving.rows import cycling_rows, sidecar_row_maker
+
 TOOL = "deployment.evaluate_latency"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.latency import add_latency_arguments
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__.split("\n\n")[0])
     add_latency_arguments(p, default_model_name="dlrm-onnx", default_batch_sizes=(1, 64, 4096),
                           default_concurrency=(1, 2))
@@ -39,9 +45,6 @@ def dataset_inputs(dataset: str, feature_spec: str, mapping: str,
                    max_rows: int) -> Callable[[int], Dict[str, np.ndarray]]:
     """``make_inputs(batch)`` returning the next ``batch`` rows of the split's first ``max_rows`` (read once),
     cycling."""
-    from recsys_common.datasets import open_reader
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.serving.rows import cycling_rows
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     reader = open_reader(FeatureSpec.from_yaml(spec_path), mapping, max_rows, channels=["numerical", "categorical"])
     if reader.num_batches_total == 0:
@@ -53,8 +56,6 @@ def dataset_inputs(dataset: str, feature_spec: str, mapping: str,
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     """Measure and write the report; returns the records (see ``recsys_common.serving.latency``)."""
-    from recsys_common.serving.latency import perf_analyzer_options, run_latency
-    from recsys_common.serving.rows import sidecar_row_maker
     args = build_parser().parse_args(argv)
     if args.model_repository:
         make_inputs = sidecar_row_maker(args.model_repository, args.model_name)
@@ -68,6 +69,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.serving.client import ServingError
     run_main(main, prog=TOOL, input_errors=(ServingError, ValueError, OSError))

@@ -39,10 +39,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import StorageMeta
 
+from dlrm.utils.distributed import all_reduce_sum
 from recsys_common import checkpoints as catalogue
 from recsys_common.checkpoints import CheckpointError, checkpoint_name  # noqa: F401 (this recipe's names for them)
 from recsys_common.io import atomic_directory
+from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
 
 FORMAT_VERSION = 2
 MARKER = "meta.json"  # the manifest, written last: a step_<N> holding it is complete (recsys_common.checkpoints)
@@ -170,7 +175,6 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
     ``keep``: afterwards remove all but the newest ``keep`` checkpoints under ``root`` (only ``step_<N>``
     directories, never other files). Raises ``FloatingPointError`` instead of saving non-finite weights.
     """
-    import torch.distributed.checkpoint as dcp
     if not all_finite(trainable):
         raise FloatingPointError(f"the weights at step {position.get('global_step')} are NaN or infinite; not "
                                  f"saving them over the last good checkpoint in {root}")
@@ -297,7 +301,6 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def _safe_reader(path: str):
-    from torch.distributed.checkpoint import FileSystemReader
     metadata_file = os.path.join(path, ".metadata")
 
     class SafeReader(FileSystemReader):
@@ -310,7 +313,6 @@ def _safe_reader(path: str):
                 relative = str(info.relative_path)
                 if os.path.basename(relative) != relative or relative in ("", ".", ".."):
                     raise CheckpointError(f"{metadata_file}: data file {relative!r} is outside the checkpoint")
-            from torch.distributed.checkpoint.metadata import StorageMeta
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -365,7 +367,6 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
     training) also the optimizers, the loss scaler and every process's RNG state. Returns ``meta.json``, with
     ``meta["path"]`` the checkpoint loaded.
     """
-    import torch.distributed.checkpoint as dcp
     path = resolve_checkpoint(path)
     meta = read_meta(path)
     if config is not None:
@@ -437,8 +438,6 @@ def check_shared_root(root: str, rank: int, world_size: int, device: torch.devic
     """Collective, before training: every process must see ``root`` (one node, or a file system shared by the
     nodes), since each writes its shards into rank 0's staging directory; raises :class:`CheckpointError` on every
     rank otherwise (``recsys_common.shared_storage``)."""
-    from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
-    from dlrm.utils.distributed import all_reduce_sum
 
     def broadcast(text: str) -> str:
         holder = [text]
@@ -465,7 +464,6 @@ class CheckpointSaver:
                  world_size: int, device: torch.device, scaler=None, every_steps: Optional[int] = None,
                  every_minutes: Optional[float] = None, keep: int = 2):
         def any_late(late: bool) -> bool:
-            from dlrm.utils.distributed import all_reduce_sum
             return all_reduce_sum([1.0 if late else 0.0], device)[0] > 0
         self.policy = catalogue.SavePolicy(every_steps, every_minutes, keep, world_size, any_late,
                                            self.TIME_CHECK_EVERY)
@@ -489,10 +487,34 @@ class CheckpointSaver:
         return self.last_path
 
 
+def open_saver(root: Optional[str], every_steps: Optional[int], every_minutes: Optional[float], keep: int, ctx,
+               trainable, scaler, config: Dict[str, Any], training: Dict[str, Any],
+               resumed_from: Optional[str]) -> Optional[CheckpointSaver]:
+    """The :class:`CheckpointSaver` of a training run saving under ``root`` (--save_checkpoint_path), else None
+    (checking the flags). ``ctx``: the run's ``DistributedContext``; ``resumed_from``: the checkpoint it resumed."""
+    if not root:
+        if every_steps is not None or every_minutes is not None:
+            raise ValueError("--checkpoint_every_steps/--checkpoint_every_minutes need --save_checkpoint_path")
+        return None
+    # First, and on every rank: a multi-node job needs the directory on a shared file system.
+    check_shared_root(root, ctx.rank, ctx.world_size, ctx.device)
+    existing = list_checkpoints(root)
+    # Checkpoints of another run in the same directory would interleave with ours, and resuming from the directory
+    # would pick whichever has the highest step: only the run resumed from the newest of them may add to it.
+    if existing and (resumed_from is None or os.path.realpath(resumed_from) != os.path.realpath(existing[-1][1])):
+        raise CheckpointError(
+            f"{root}: already holds checkpoints of another run (newest: {existing[-1][1]}); pass "
+            f"--load_checkpoint_path {root} to resume that run, or choose a new --save_checkpoint_path")
+    saver = CheckpointSaver(root, trainable, config, training, ctx.rank, ctx.world_size, ctx.device, scaler,
+                            every_steps, every_minutes, keep)
+    if existing:  # resumed from the newest checkpoint here: its step is saved already
+        saver.last_step, saver.last_path = existing[-1][0], existing[-1][1]
+    return saver
+
+
 def read_tensors(path: str) -> Dict[str, torch.Tensor]:
     """Every tensor of checkpoint ``path`` (or the newest under it), whole, in this process (for tools and tests:
     it allocates whole tables). Names: ``dense/<module key>``, ``tables/<i>``, ``embedding_optimizer/<i>/<name>``."""
-    import torch.distributed.checkpoint as dcp
     path = resolve_checkpoint(path)
     read_meta(path)
     out = {key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in _saved_shapes(path).items()}

@@ -1,7 +1,7 @@
 """DLRM for inference: a trained checkpoint as an eager model, the served module and its sidecar.
 
 The ONNX / TorchScript export into a Triton repository is ``recsys_common.serving.torch_export`` (shared with NCF);
-``deployment/deployer.py`` calls it with :func:`serving_module` and :func:`sidecar`.
+``deployment/deploy.py`` calls it with :func:`serving_module` and :func:`sidecar`.
 
 The served model (:class:`ServingDLRM`) takes
 
@@ -25,7 +25,7 @@ is in the exported graph: a row with an id outside ``[0, cardinality)`` scores N
 (``recsys_common.serving.id_range_torch``); ONNX's ``Gather`` alone would wrap a negative id to the table's end.
 
 Loading (:func:`load_model`) builds the plain ``multi_table`` model on the CPU and reads the checkpoint through
-:func:`dlrm.utils.checkpointing.load_checkpoint`, so checkpoints of any embedding type and process count load. The
+:func:`dlrm.checkpointing.load_checkpoint`, so checkpoints of any embedding type and process count load. The
 model configuration comes from the checkpoint's ``meta.json``; flags given by the user are checked against it and a
 difference is an error naming the layer or table (:class:`ModelMismatchError`).
 
@@ -48,8 +48,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlrm import checkpointing
 from dlrm.model.dlrm import DLRM
 from dlrm.model.parallel import ModelConfig, build_trainable_model
+from recsys_common.cli import InputError
 from recsys_common.serving import torch_export
 from recsys_common.serving.id_range_torch import checked_ids, flag_rows
 from recsys_common.serving.rows import random_rows
@@ -60,7 +62,7 @@ INPUT_NAMES = (NUMERICAL, CATEGORICAL)
 OUTPUT_NAME = "probability"
 
 
-class ModelMismatchError(ValueError):
+class ModelMismatchError(InputError):
     """A checkpoint that does not match the flags or FeatureSpec given with it; names the layer, table or flag."""
 
 
@@ -217,9 +219,8 @@ def load_model(checkpoint: str, **expected: Any) -> Tuple[DLRM, ModelConfig, str
 
     ``expected``: keyword values of :func:`check_flags` (flags the user gave); a difference raises
     :class:`ModelMismatchError` naming the layer or table. A damaged or foreign checkpoint raises
-    ``dlrm.utils.checkpointing.CheckpointError`` naming the file.
+    ``dlrm.checkpointing.CheckpointError`` naming the file.
     """
-    from dlrm.utils import checkpointing
     path = checkpointing.resolve_checkpoint(checkpoint)
     meta = checkpointing.read_meta(path)
     config = config_from_meta(meta, path)

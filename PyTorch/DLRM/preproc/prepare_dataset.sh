@@ -14,7 +14,8 @@
 #     2. recsys_common.criteo.spark_preprocess     dictionaries + parquet train/test/validation in OUTPUT_PATH
 #     3. recsys_common.criteo.to_split_binary      parquet -> BINARY_PATH/{train,test,validation}/*.bin + feature_spec.yaml
 # Environment (defaults in brackets; PREPROC_CONFIG=configs/<name>.sh sets several at once):
-#   INPUT_PATH [/data/dlrm/criteo]  BINARY_PATH [/data/dlrm/binary_dataset]  FREQUENCY_LIMIT [15]  PYTHON [python3]
+#   INPUT_PATH [/data/dlrm/criteo]  BINARY_PATH [/data/dlrm/binary_dataset]  FREQUENCY_LIMIT [15]
+#   PYTHON [the project's .venv python when there is one, else python3: common/recipe_env.sh]
 #   OVERWRITE [0]  PREPROC_ENGINE [polars, or spark when SPARK_MASTER is set]
 #   Polars: WORK_DIR [BINARY_PATH.work: intermediate files and resume state]  PREPROC_ARGS (more flags, see
 #           python -m recsys_common.criteo.polars_preprocess --help)
@@ -26,7 +27,6 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../../.." && pwd)"
 
 if [[ -n "${PREPROC_CONFIG:-}" ]]; then
     # shellcheck source=/dev/null
@@ -48,11 +48,14 @@ case "$DEVICE" in
     *) die "second argument must be CPU (or GPU), got '$DEVICE'" ;;
 esac
 
-PYTHON="${PYTHON:-python3}"
-# recsys_common is installed by the setup (pip install -e common); fall back to the checkout.
-if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
-    export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# The interpreter: PYTHON as given (a path or a command name), else the project's .venv python when there is one,
+# else python3; PYTHONPATH: the recipe and recsys_common, in a checkout or the Docker image. Both from
+# common/recipe_env.sh, as quickstart.sh, sourced in the recipe directory.
+pushd "$here/.." >/dev/null
+# shellcheck source=../../../common/recipe_env.sh
+source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
+popd >/dev/null
+PYTHON="${PYTHON:-$PY}"
 
 # The steps (verify, then Polars; or verify, Spark, conversion) are shared with TensorFlow2/DLRM_DCNv2's script.
 steps="$("$PYTHON" -c 'import os, recsys_common.criteo as c; print(os.path.dirname(c.__file__))')/prepare_dataset_steps.sh"

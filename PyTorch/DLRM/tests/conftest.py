@@ -1,5 +1,7 @@
 """Shared fixtures: tiny Criteo-shaped datasets generated per session (never real data committed to the repo)."""
+import importlib
 import os
+import sys
 
 import pytest
 
@@ -7,6 +9,7 @@ from recsys_testing import make_criteo_like_dataset, recipe_env
 
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))
+BENCHMARKS_DIR = os.path.join(RECIPE_DIR, "benchmarks")
 
 TABLE_SIZES = [1000, 500, 200, 100, 50, 20, 10, 5]
 SMALL_MODEL = ["--embedding_dim", "16", "--bottom_mlp_sizes", "32,16", "--top_mlp_sizes", "64,32,1",
@@ -20,6 +23,14 @@ def make_dataset(directory, train_rows=8192, test_rows=2048, table_sizes=TABLE_S
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("dlrm_small"))
+
+
+def load_benchmark(name):
+    """``benchmarks/<name>.py`` as a module. The folder holds scripts run as ``python benchmarks/<name>.py`` (not a
+    package): its directory goes on ``sys.path`` as running a script puts it there (one benchmark imports another)."""
+    if BENCHMARKS_DIR not in sys.path:
+        sys.path.insert(0, BENCHMARKS_DIR)
+    return importlib.import_module(name)
 
 
 def train_args(dataset, log_path, *extra):

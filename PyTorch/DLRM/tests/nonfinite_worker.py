@@ -1,4 +1,4 @@
-"""torchrun worker of tests/test_distributed_failures.py: the training loop's NaN guard (``_NonFiniteLoss``) on 2 ranks.
+"""torchrun worker of tests/test_distributed_failures.py: the training loop's NaN guard (``NonFiniteLoss``) on 2 ranks.
 
     torchrun --nproc_per_node=2 tests/nonfinite_worker.py OUT_DIR
 
@@ -14,12 +14,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dlrm.scripts.main import _NonFiniteLoss
+from dlrm.train import NonFiniteLoss
 from recsys_common.torch_distributed import shutdown_process_group
 
 
 def run_guard(per_step: bool, rank: int):
-    guard = _NonFiniteLoss(torch.device("cpu"), per_step=per_step)
+    guard = NonFiniteLoss(torch.device("cpu"), per_step=per_step)
     for step in range(1, 5):
         try:
             guard.record(torch.tensor(float("nan") if rank == 1 and step == 2 else 0.5), step)

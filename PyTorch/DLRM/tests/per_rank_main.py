@@ -4,9 +4,9 @@ node-local disks would on a multi-node job)."""
 import os
 import sys
 
-from dlrm.scripts.main import _cli
+from dlrm.train import command_line
 
 if __name__ == "__main__":
     rank = os.environ.get("RANK", "0")
     sys.argv = [sys.argv[0]] + [a.replace("{rank}", rank) for a in sys.argv[1:]]
-    sys.exit(_cli())
+    sys.exit(command_line())

@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from conftest import train_args
+from conftest import load_benchmark, train_args
 from dlrm.model import torchrec_available
-from dlrm.scripts.main import _Amp, main
+from dlrm.train import main
+from dlrm.utils.amp import Amp
 
 FUSED = pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
 
@@ -34,7 +35,7 @@ def _one_step(amp_dtype, lr=0.5, scale=8192.0):
         config = ModelConfig(13, [50, 20, 7], ["c0", "c1", "c2"], embedding_dim=8, bottom_mlp_sizes=[16, 8],
                              top_mlp_sizes=[16, 1])
         trainable = build_trainable_model(config, "torchrec_fused", ctx.device, 1, lr=lr, local_batch_size=64)
-        amp = _Amp(amp_dtype is not None, ctx.device, amp_dtype, scale)
+        amp = Amp(amp_dtype is not None, ctx.device, amp_dtype, scale)
         generator = torch.Generator().manual_seed(5)
         numerical = torch.randn(64, 13, generator=generator)
         categorical = torch.stack([torch.randint(0, n, (64,), generator=generator) for n in (50, 20, 7)], 1)
@@ -97,7 +98,7 @@ def test_half_precisions_with_fused_optimizer_train_like_float32(small_dataset, 
                                            ("fpu avx512f amx_tile amx_bf16 amx_int8", True),
                                            ("fpu avx2 avx512f avx512bw", False)])
 def test_cpu_bfloat16_detection_reads_the_cpu_flags(tmp_path, flags, native):
-    from dlrm.scripts.main import cpu_runs_bfloat16_natively
+    from dlrm.utils.amp import cpu_runs_bfloat16_natively
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n")
     assert cpu_runs_bfloat16_natively(str(cpuinfo)) is native
@@ -106,7 +107,7 @@ def test_cpu_bfloat16_detection_reads_the_cpu_flags(tmp_path, flags, native):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_default_precision_on_a_cpu_follows_its_bfloat16_support(small_dataset, tmp_path, monkeypatch, native):
-    import dlrm.scripts.main as main_module
+    import dlrm.train as main_module
     monkeypatch.setattr(main_module, "cpu_runs_bfloat16_natively", lambda: native)
     args = [a for a in train_args(small_dataset, tmp_path / "log.json", "--embedding_type", "multi_table",
                                   "--max_steps", "2") if a != "--nofp16"]  # the defaults: --fp16 on, no --amp
@@ -124,7 +125,7 @@ def test_bfloat16_autocast_with_embedding_bags_reaches_the_float32_auc(small_dat
 
 
 def test_precision_benchmark_reports_medians_of_its_own_step_times():
-    from dlrm.scripts import benchmark_precision
+    benchmark_precision = load_benchmark("precision")
     out = benchmark_precision.main(["--embedding_types", "multi_table", "--batch_size", "64", "--table_sizes",
                                     "50,20,7", "--bottom_mlp_sizes", "16", "--top_mlp_sizes", "16,1",
                                     "--steps", "5", "--warmup_steps", "1"])

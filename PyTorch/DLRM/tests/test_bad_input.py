@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import RECIPE_DIR, subprocess_env, train_args
-from dlrm.scripts.main import main
+from dlrm.train import main
 
 
 @pytest.fixture

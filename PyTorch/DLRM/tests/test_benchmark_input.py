@@ -1,4 +1,4 @@
-"""Smoke tests of the input benchmarks: dlrm.scripts.benchmark_input (files vs synthetic) and the preprocessing
+"""Smoke tests of the input benchmarks: benchmarks/input_pipeline.py (files vs synthetic) and the preprocessing
 benchmark's peak-memory accounting (this process and its children). Figures are in the README, not asserted."""
 import json
 import os
@@ -8,15 +8,16 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import RECIPE_DIR, subprocess_env
-from preproc import benchmark_preprocess
+from conftest import RECIPE_DIR, load_benchmark, subprocess_env
+
+benchmark_preprocess = load_benchmark("preprocess")
 
 
 def test_benchmark_input_prints_files_and_synthetic_samples_per_s_and_their_ratio(tmp_path, capsys, monkeypatch):
     for key, value in subprocess_env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(RECIPE_DIR)
-    from dlrm.scripts import benchmark_input
+    benchmark_input = load_benchmark("input_pipeline")
     out = tmp_path / "result.json"
     result = benchmark_input.main(["--table_sizes", "100,10", "--batch_size", "128", "--embedding_dim", "4",
                                    "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--steps", "3",

@@ -20,9 +20,9 @@ import torch
 
 from conftest import RECIPE_DIR, subprocess_env, train_args
 from dlrm.model import torchrec_available
-from dlrm.scripts.main import _cli, main
-from dlrm.utils import checkpointing
-from dlrm.utils.checkpointing import CheckpointError, list_checkpoints, read_tensors
+from dlrm.train import command_line, main
+from dlrm import checkpointing
+from dlrm.checkpointing import CheckpointError, list_checkpoints, read_tensors
 from recsys_testing import free_port
 
 FUSED = pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
@@ -253,7 +253,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(small
                       "--warmup_steps", "0", "--max_steps", "30", "--save_checkpoint_path", str(tmp_path / "ck"),
                       "--checkpoint_every_steps", "1", "--keep_checkpoints", "0")
     monkeypatch.setattr(sys, "argv", ["dlrm.scripts.main", *args])
-    assert _cli() == 1
+    assert command_line() == 1
     error = capsys.readouterr().err
     assert "training loss became nan at step 2" in error
     assert "the last good checkpoint, from step 1, is" in error
@@ -288,13 +288,13 @@ def test_old_format_and_tampered_checkpoints_are_refused(small_dataset, tmp_path
 
 def test_deferred_nan_check_names_the_first_bad_step():
     """The CUDA way (no host sync per step: the first bad step is kept on the device), run on the CPU."""
-    from dlrm.scripts.main import _NonFiniteLoss
-    guard = _NonFiniteLoss(torch.device("cpu"), per_step=False)
+    from dlrm.train import NonFiniteLoss
+    guard = NonFiniteLoss(torch.device("cpu"), per_step=False)
     for step, loss in enumerate([0.7, 0.6, float("inf"), float("nan"), 0.5], start=1):
         guard.record(torch.tensor(loss), step)
     with pytest.raises(FloatingPointError, match="became NaN or infinite at step 3"):
         guard.check()
-    fine = _NonFiniteLoss(torch.device("cpu"), per_step=False)
+    fine = NonFiniteLoss(torch.device("cpu"), per_step=False)
     fine.record(torch.tensor(0.7), 1)
     fine.check()
 

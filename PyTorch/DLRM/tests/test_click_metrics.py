@@ -34,7 +34,7 @@ def _checkpoint_metrics(checkpoint, dataset, tmp_path):
 
 
 def test_training_log_and_test_mode_report_ctr_metrics_of_the_predictions(small_dataset, tmp_path):
-    from dlrm.scripts.main import main
+    from dlrm.train import main
     from recsys_common import plot_log
     result = main(train_args(small_dataset, tmp_path / "train.json", "--embedding_type", "multi_table",
                              "--max_steps", "24", "--test_freq", "12", "--save_checkpoint_path",

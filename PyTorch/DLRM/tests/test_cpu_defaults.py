@@ -5,8 +5,8 @@ import pytest
 
 from conftest import SMALL_MODEL, make_dataset
 from dlrm.data import dataset_info, default_synthetic_info
-from dlrm.scripts.main import main, parse
-from dlrm.utils import cpu_defaults
+from dlrm import cli
+from dlrm.train import main
 from recsys_common.logger import read_log
 
 GIB = 2 ** 30
@@ -14,9 +14,11 @@ INFO = default_synthetic_info([1000] * 26, 13)   # NVIDIA's 26 tables
 
 
 def _apply(argv, device="cpu", world_size=1, memory=23 * GIB, rows=100_000, monkeypatch=None):
-    monkeypatch.setattr(cpu_defaults, "train_rows", lambda args, info: rows)
-    args = parse(["--dataset", "/nonexistent"] + argv)
-    return args, cpu_defaults.apply_cpu_defaults(args, device, world_size, INFO, memory_bytes=memory)
+    """``(config, line)``: the configuration built with the CPU defaults chosen in, and the line printed."""
+    monkeypatch.setattr(cli, "train_rows", lambda flag_values, info: rows)
+    flag_values, given_flags = cli.read_flags(["--dataset", "/nonexistent"] + argv)
+    return cli.settle(flag_values, given_flags, device_type=device, world_size=world_size, info=INFO,
+                      memory_bytes=memory)
 
 
 def test_cpu_picks_batch_rate_and_schedule_for_100k_rows(monkeypatch):
@@ -56,8 +58,8 @@ def test_dataset_smaller_than_a_batch_and_memory_bound(monkeypatch):
 def test_rows_are_counted_from_the_files(tmp_path):
     data = make_dataset(tmp_path / "d", train_rows=3000, test_rows=100)
     info = dataset_info(data)
-    assert cpu_defaults.train_rows(parse(["--dataset", data]), info) == 3000
-    assert cpu_defaults.train_rows(parse(["--dataset", data, "--dataset_subset", "0.5"]), info) == 1500
+    assert cli.train_rows(cli.read_flags(["--dataset", data])[0], info) == 3000
+    assert cli.train_rows(cli.read_flags(["--dataset", data, "--dataset_subset", "0.5"])[0], info) == 1500
 
 
 def test_run_prints_the_choice_first(small_dataset, tmp_path, capsys):

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import RECIPE_DIR, subprocess_env, train_args
 from dlrm.model import torchrec_available
-from dlrm.scripts.main import main
+from dlrm.train import main
 from recsys_testing import run_torchrun_nodes
 from recsys_common.torch_distributed import live_gloo_threads
 
@@ -89,7 +89,7 @@ def test_two_nodes_match_one_process_and_their_checkpoint_loads_in_one(small_dat
     assert [r.returncode for r in launchers] == [0, 0]
     two_nodes = summary(tmp_path / "nodes.json")
     assert_matches_reference(two_nodes, reference["result"])
-    # the 2-process run's final checkpoint is complete (meta.json is written last; layout of dlrm.utils.checkpointing)
+    # the 2-process run's final checkpoint is complete (meta.json is written last; layout of dlrm.checkpointing)
     assert os.path.isfile(tmp_path / "tw" / "step_000000020" / "meta.json")
     single = main(train_args(small_dataset, tmp_path / "single.json", "--mode", "test", "--embedding_type",
                              "torchrec_fused", "--load_checkpoint_path", str(tmp_path / "tw")))

@@ -27,7 +27,7 @@ def click_log(path, seed: int, rows: int = 40000) -> str:
 
 
 def test_dlrm_on_downsampled_clicks_reports_corrected_calibration(tmp_path):
-    from dlrm.scripts.main import main
+    from dlrm.train import main
     from recsys_common import prepare_clicks
     prepare_clicks.main(["--input", click_log(tmp_path / "log.csv", seed=0), "--output", str(tmp_path / "ds"),
                          "--label", "clicked", "--categorical", *CATEGORICAL, "--numerical", "score",

@@ -7,7 +7,7 @@ slots; movie year, movie age, genre count; time-ordered 90/10 split), baseline: 
 import pytest
 
 from conftest import SMALL_MODEL  # noqa: F401  (puts the recipe and common/ on sys.path)
-from dlrm.scripts.main import main
+from dlrm.train import main
 from recsys_testing import shared_data_path
 
 # Measured here with exactly this configuration: DLRM 0.7765, logistic regression 0.7740 (+0.0025). The assertion

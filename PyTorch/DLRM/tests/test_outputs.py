@@ -6,11 +6,15 @@ import os
 
 import pytest
 
-from dlrm.scripts import benchmark, gen_csv, prepare_synthetic_dataset, transcode
-from preproc import benchmark_preprocess, logistic_baseline, movielens_ctr
+from conftest import load_benchmark
+from dlrm.scripts import gen_csv, prepare_synthetic_dataset, transcode
+from preproc import logistic_baseline, movielens_ctr
 from recsys_common.datasets import read_columns
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError
+
+benchmark = load_benchmark("throughput")
+benchmark_preprocess = load_benchmark("preprocess")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNTHETIC = ["--synthetic_dataset_num_entries", "800", "--synthetic_dataset_table_sizes", "10,300"]

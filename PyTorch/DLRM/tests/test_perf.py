@@ -3,6 +3,7 @@ torch.compile of the dense part, and the benchmark against TorchRec's DLRM (its 
 import pytest
 import torch
 
+from conftest import load_benchmark
 from dlrm.model import DotInteraction, MultiTableEmbeddings, torchrec_available
 from dlrm.model.embeddings import FusedSGDTableEmbeddings
 from dlrm.model.parallel import ModelConfig, build_trainable_model
@@ -111,7 +112,7 @@ def test_compiled_dense_part_trains_as_the_eager_one():
 @pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
 def test_benchmark_prints_ours_and_torchrecs_dlrm_side_by_side_with_the_ratio(capsys):
     import json
-    from dlrm.scripts import benchmark
+    benchmark = load_benchmark("throughput")
     result = benchmark.main(["--shapes", "tiny", "--peer_batch_size", "16", "--peer_table_size", "50", "--rounds", "2",
                              "--steps", "2", "--warmup_steps", "1", "--no-compile", "--precision", "float32"])
     printed = json.loads(capsys.readouterr().out)
@@ -132,7 +133,7 @@ def test_fused_sgd_tables_leave_the_test_auc_on_synthetic_data_unchanged(small_d
     and loss (the tolerance is float rounding: the update is the same sum in another order)."""
     from conftest import train_args
     from dlrm.model import parallel
-    from dlrm.scripts.main import main
+    from dlrm.train import main
     results = {}
     for fused in (True, False):
         build = parallel.build_trainable_model

@@ -38,7 +38,7 @@ def _test_columns(dataset, rows=300):
 
 def test_predict_equals_the_recipes_evaluation(checkpoint, small_dataset, tmp_path):
     from dlrm.scripts import predict
-    from dlrm.scripts.main import main as train_main
+    from dlrm.train import main as train_main
     out = tmp_path / "p.csv"
     summary = predict.main(["--load_checkpoint_path", checkpoint, "--dataset", small_dataset, "--output", str(out),
                             "--batch_size", "500"])

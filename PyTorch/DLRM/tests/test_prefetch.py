@@ -11,7 +11,7 @@ import torch
 from conftest import train_args
 from dlrm.data import DataError, SplitBinaryBatches, dataset_info
 from dlrm.data.prefetch import Prefetcher
-from dlrm.scripts.main import main
+from dlrm.train import main
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from dlrm.scripts.main import main
+from dlrm.train import main
 from recsys_testing import prepare_avazu_splits, seed_study_margin
 
 DLRM_ARGS = ["--base_device", "cpu", "--nofp16", "--embedding_type", "multi_table", "--Adam_embedding_optimizer",

@@ -12,7 +12,10 @@ import pytest
 from recsys_common.datasets import open_reader, read_columns
 from recsys_testing import shared_data_path
 
-from preproc import benchmark_preprocess, logistic_baseline, movielens_ctr
+from conftest import load_benchmark
+from preproc import logistic_baseline, movielens_ctr
+
+benchmark_preprocess = load_benchmark("preprocess")
 
 PREPROC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preproc")
 SCRIPT = os.path.join(PREPROC, "prepare_dataset.sh")

@@ -2,7 +2,7 @@
 import os
 import re
 
-from dlrm.scripts.main import FLAGS
+from dlrm.cli import FLAGS
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 ROW = re.compile(r"^\| `--(\w+)` \| `([^`]*)` \|")

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import SMALL_MODEL
 from dlrm.scripts import gen_csv, prepare_synthetic_dataset, transcode
-from dlrm.scripts.main import main
+from dlrm.train import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,7 +17,7 @@ SERVED_TOLERANCE = 1e-6
 
 @pytest.fixture(scope="module")
 def repository(checkpoint, small_dataset, tmp_path_factory):
-    from deployment import deployer
+    from deployment import deploy as deployer
     repo = str(tmp_path_factory.mktemp("dlrm_triton") / "repo")
     deployer.deploy(["--onnx", "--ts-script", "--deploy_cpu", "--triton-max-batch-size", "4096", "--save-dir", repo,
                      "--model_checkpoint", checkpoint, "--dataset", small_dataset, "--check_rows", "0"])

@@ -15,7 +15,7 @@ TOLERANCE = 1e-6   # float32 rounding of the reordered MLP sums (test_serving_ex
 
 
 def _deploy(checkpoint, repo, *extra):
-    from deployment import deployer
+    from deployment import deploy as deployer
     return deployer.deploy(["--onnx", "--ts-script", "--save-dir", str(repo), "--model_checkpoint", checkpoint,
                             "--check_rows", "64", *extra])
 
@@ -81,7 +81,7 @@ def test_rate_defaults_to_the_datasets_and_the_flag_overrides_it(checkpoint, sma
 
 @pytest.mark.parametrize("rate", ["0", "1.5", "-0.1", "nan"])
 def test_bad_rate_is_an_error_naming_the_flag(checkpoint, tmp_path, capsys, rate):
-    from deployment import deployer
+    from deployment import deploy as deployer
     assert deployer.main(["--onnx", "--save-dir", str(tmp_path / "repo"), "--model_checkpoint", checkpoint,
                           "--negative_downsampling_rate", rate]) == 2
     assert "--negative_downsampling_rate must lie in (0, 1]" in capsys.readouterr().err

@@ -17,7 +17,7 @@ OUTPUT = ["probability"]
 @pytest.fixture(scope="module")
 def checkpoint(small_dataset, tmp_path_factory):
     """A briefly trained checkpoint of the tests' small model (default embedding type: TorchRec where installed)."""
-    from dlrm.scripts.main import main
+    from dlrm.train import main
     out = tmp_path_factory.mktemp("serving_ckpt")
     main(train_args(small_dataset, out / "log.json", "--max_steps", "32", "--save_checkpoint_path",
                     str(out / "ck")))

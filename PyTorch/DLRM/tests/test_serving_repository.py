@@ -8,7 +8,7 @@ from test_serving_export import ONNX_TOLERANCE, checkpoint  # noqa: F401  (modul
 
 
 def test_deployer_writes_a_triton_repository(checkpoint, small_dataset, tmp_path):
-    from deployment import deployer
+    from deployment import deploy as deployer
     from recsys_common.serving.model_config import check_model_directory
     from recsys_common.serving.repository import read_sidecar
     repo = tmp_path / "repo"
@@ -36,9 +36,9 @@ def test_capped_hashed_tables_deploy_against_their_dataset(small_dataset, tmp_pa
     ``evaluate_accuracy`` (which compare the checkpoint's tables with the FeatureSpec's cardinalities) accept it, and
     still refuse a FeatureSpec the model was not trained on."""
     from conftest import TABLE_SIZES, train_args
-    from deployment import deployer
+    from deployment import deploy as deployer
     from dlrm import serving
-    from dlrm.scripts.main import main
+    from dlrm.train import main
     ck = str(tmp_path / "ck")
     main(train_args(small_dataset, tmp_path / "log.json", "--max_steps", "4", "--max_table_size", "300",
                     "--hash_indices", "--save_checkpoint_path", ck))
@@ -55,7 +55,7 @@ def test_capped_hashed_tables_deploy_against_their_dataset(small_dataset, tmp_pa
 
 
 def test_deployer_refuses_bad_input(checkpoint, small_dataset, tmp_path, capsys):
-    from deployment import deployer
+    from deployment import deploy as deployer
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "notes.txt").write_text("mine")
@@ -79,7 +79,7 @@ def test_readme_deployer_table_matches_the_parser():
     two never drift)."""
     import re
     from conftest import RECIPE_DIR
-    from deployment.deployer import build_parser
+    from deployment.deploy import build_parser
     text = open(os.path.join(RECIPE_DIR, "README.md")).read()
     section = text[text.index("## Deployment"):text.index("## What differs")]
     rows = {}

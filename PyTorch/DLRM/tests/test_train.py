@@ -4,8 +4,8 @@ import pytest
 
 from conftest import train_args
 from dlrm.model import torchrec_available
-from dlrm.scripts.main import main
-from dlrm.utils.checkpointing import read_tensors
+from dlrm.train import main
+from dlrm.checkpointing import read_tensors
 
 FUSED = pytest.mark.skipif(not torchrec_available(), reason="torchrec/fbgemm not installed")
 

@@ -26,7 +26,7 @@ def test_auto_falls_back_to_embedding_bag_and_trains(small_dataset, tmp_path):
     proc = run_python(f"""
         from dlrm.model import torchrec_available
         assert not torchrec_available()
-        from dlrm.scripts.main import main
+        from dlrm.train import main
         r = main(["--dataset", {small_dataset!r}, "--batch_size", "256", "--lr", "0.5", "--warmup_steps", "5",
                   "--max_steps", "16", "--embedding_dim", "16", "--bottom_mlp_sizes", "32,16",
                   "--top_mlp_sizes", "32,1", "--print_freq", "0", "--log_path", {str(tmp_path / 'log.json')!r}])
@@ -44,7 +44,7 @@ def test_requesting_torchrec_without_it_says_what_to_install(small_dataset, tmp_
     proc = subprocess.run([sys.executable, "-c", BLOCK_IMPORTS + "import sys, runpy; sys.argv = ['main', "
                            f"'--dataset', {small_dataset!r}, '--embedding_type', 'torchrec_fused', '--log_path', "
                            f"{str(tmp_path / 'log.json')!r}]; "
-                           "from dlrm.scripts.main import _cli; sys.exit(_cli())"],
+                           "from dlrm.train import command_line; sys.exit(command_line())"],
                           cwd=RECIPE_DIR, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "needs torchrec and fbgemm-gpu" in proc.stderr and "--embedding_type multi_table" in proc.stderr

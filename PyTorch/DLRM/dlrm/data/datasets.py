@@ -29,6 +29,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from recsys_common.cli import InputError
 from recsys_common.datasets import DatasetError, open_reader
 from recsys_common.feature_spec import FeatureSpec, FeatureSpecError, negative_downsampling_rate
 
@@ -37,7 +38,7 @@ from .prefetch import DeviceTransfer, Prefetcher
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Input data the recipe cannot use; the message names the file and feature."""
 
 

@@ -22,6 +22,7 @@ the loss scaler steps only the optimizers whose parameters have ``.grad`` (:meth
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -283,7 +284,6 @@ def device_memory_caps(device: torch.device) -> dict:
     """The planner's memory limits per process from this machine, not TorchRec's defaults (32 GiB of HBM per GPU,
     128 GiB of host memory): ``hbm_cap`` = the GPU's total memory on CUDA; ``ddr_cap`` = the host's memory shared by
     the processes of this node (tables live there on the CPU)."""
-    import os
     caps = {}
     if device.type == "cuda":
         caps["hbm_cap"] = int(torch.cuda.get_device_properties(device).total_memory)
@@ -296,5 +296,4 @@ def device_memory_caps(device: torch.device) -> dict:
 
 
 def _local_world_size(world_size: int) -> int:
-    import os
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

@@ -12,20 +12,19 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS, gen_csv_parser, gen_csv_main
+
 TOOL = "dlrm.scripts.gen_csv"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.dataset_tools import gen_csv_parser
     return gen_csv_parser(TOOL, __doc__)
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    from recsys_common.dataset_tools import gen_csv_main
     return gen_csv_main(argv, TOOL, __doc__)
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
     run_main(main, input_errors=INPUT_ERRORS)

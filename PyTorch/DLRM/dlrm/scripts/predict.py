@@ -24,14 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from recsys_common.io import add_prediction_flags
+from recsys_common.checkpoints import CheckpointError
+from recsys_common.cli import InputError, run_main
+from recsys_common.datasets import DatasetError, open_reader
+from recsys_common.feature_spec import FeatureSpec, FeatureSpecError
+from recsys_common.io import add_prediction_flags, write_predictions
+from recsys_common.metrics import roc_auc_score
 
 
-class PredictError(ValueError):
+class PredictError(InputError):
     """Input that cannot be scored; the message names the file / feature / row or the flag."""
 
 
@@ -69,8 +75,7 @@ def _check_rows(numerical: np.ndarray, categorical: np.ndarray, first_row: int, 
 def _locate_bad_csv_value(spec, mapping: str) -> None:
     """Raise :class:`PredictError` naming file, feature, row and value of the first CSV value that its feature's
     dtype cannot hold (pyarrow's conversion error names only the column)."""
-    import re
-    import pyarrow as pa
+    import pyarrow as pa   # only to find a bad CSV value (recsys_common.datasets imports pyarrow late too)
     import pyarrow.csv as pacsv
     integer = re.compile(r"^\s*[-+]?\d+\s*$")
     for chunk in spec.source_spec.get(mapping, []):
@@ -119,13 +124,10 @@ def predict(load_checkpoint_path: str, dataset: str, output: str, feature_spec: 
             mapping: str = "test", batch_size: int = 65536, overwrite: bool = False) -> Dict[str, Any]:
     """Score mapping ``mapping`` of ``dataset``'s FeatureSpec with the checkpoint; write ``output``; return the
     summary. Raises :class:`PredictError` (and the checkpoint / FeatureSpec / dataset errors) naming what is wrong."""
+    # torch (through the model), late: deployment/client.py takes PredictError and check_output from this module
+    # on machines that only talk to a server
     from dlrm import serving
-    from recsys_common.datasets import DatasetError, open_reader
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.io import write_predictions
     from dlrm.utils.metrics import ClickMetrics
-    from recsys_common.metrics import roc_auc_score
-
     check_output(output, overwrite, batch_size)
     spec_path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset, feature_spec)
     spec = FeatureSpec.from_yaml(spec_path)
@@ -186,10 +188,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from dlrm.utils.checkpointing import CheckpointError
-    from recsys_common.cli import run_main
-    from recsys_common.datasets import DatasetError
-    from recsys_common.feature_spec import FeatureSpecError
     run_main(main, prog="dlrm.scripts.predict", input_errors=(PredictError, CheckpointError, DatasetError,
                                                              FeatureSpecError, ValueError, FileExistsError),
              failures=(OSError,), report=lambda summary: print(json.dumps(summary, indent=1)))

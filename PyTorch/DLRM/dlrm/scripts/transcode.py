@@ -10,6 +10,9 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from recsys_common import transcode
+from recsys_common.cli import run_main
+
 
 def _with_format(argv: Optional[Sequence[str]]) -> list:
     args = list(argv) if argv is not None else sys.argv[1:]
@@ -19,11 +22,8 @@ def _with_format(argv: Optional[Sequence[str]]) -> list:
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    from recsys_common import transcode
     return transcode.main(_with_format(argv))
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.transcode import INPUT_ERRORS
-    run_main(main, input_errors=INPUT_ERRORS)
+    run_main(main, input_errors=transcode.INPUT_ERRORS)

@@ -1,1 +1,1 @@
-"""Training utilities: learning-rate schedule, exact ROC AUC, process groups, checkpoints."""
+"""Small shared utilities: learning-rate schedule, exact ROC AUC, mixed precision, process groups, CUDA graphs."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.distributed as dist
 
 
 class GraphedDLRM:
     def __init__(self, trainable, amp, batch_size: int, num_tables: int, num_numerical: int, device: torch.device):
-        import torch.distributed as dist
         self.trainable = trainable
         self.core = trainable.core
         self.batch_size = batch_size

@@ -16,6 +16,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from recsys_common.torch_distributed import shutdown_process_group
+
 
 @dataclasses.dataclass
 class DistributedContext:
@@ -85,7 +87,6 @@ def teardown(ctx: DistributedContext) -> None:
     Called from ``main``'s ``finally``: while an exception propagates, the ranks skip the barrier, which ranks still
     inside a collective would never reach. Safe to call twice.
     """
-    from recsys_common.torch_distributed import shutdown_process_group
     if ctx.owns_group:
         ctx.owns_group = False
         shutdown_process_group(barrier=sys.exc_info()[1] is None)

@@ -17,7 +17,9 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from dlrm.utils.distributed import all_gather_1d, all_reduce_sum, group_active
 from recsys_common import metrics as _metrics
 
 
@@ -41,12 +43,10 @@ def distributed_roc_auc_score(labels: torch.Tensor, scores: torch.Tensor,
     Without an initialised process group of more than one process it is :func:`roc_auc_score`. ``stats`` (a dict),
     when given, receives ``rows_gathered``: the scores this process received from all processes (the smaller class).
     """
-    from dlrm.utils.distributed import all_gather_1d, group_active
     if stats is not None:
         stats["rows_gathered"] = 0
     if not group_active():
         return roc_auc_score(labels, scores)
-    import torch.distributed as dist
     # gloo reduces and gathers CPU tensors, NCCL CUDA ones: the collectives run on the device the scores came from.
     device = scores.device
 
@@ -56,13 +56,13 @@ def distributed_roc_auc_score(labels: torch.Tensor, scores: torch.Tensor,
             stats["rows_gathered"] += int(gathered.size)
         return gathered
 
-    def all_reduce_sum(array: np.ndarray) -> np.ndarray:
+    def all_reduce_int64(array: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(device)
         dist.all_reduce(tensor)
         return tensor.cpu().numpy()
 
     return _metrics.distributed_roc_auc_score(labels.detach().to("cpu").reshape(-1).numpy(), _scores_numpy(scores),
-                                              all_gather, all_reduce_sum)
+                                              all_gather, all_reduce_int64)
 
 
 def binary_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -120,7 +120,6 @@ class ClickMetrics:
 
     def all_reduce(self, device: torch.device) -> None:
         """Sum every process's sums (collective: every rank calls it; nothing happens without a process group)."""
-        from dlrm.utils.distributed import all_reduce_sum
         flat = np.concatenate([self.ctr_sums, self.corrected_sums, self.reliability_sums.reshape(-1)])
         total = np.asarray(all_reduce_sum(flat.tolist(), device), dtype=np.float64)
         n = len(self.ctr_sums)
