@@ -633,18 +633,10 @@ def _remove_work_dir(work_dir: str, num_counts: int) -> None:
         os.rmdir(work_dir)
 
 
-def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequence[str],
-            numerical: Sequence[str] = (), input_format_name: str = "auto", delimiter: Optional[str] = None,
-            frequency_limit: int = DEFAULT_FREQUENCY_LIMIT, dictionary_source: str = "train",
-            numerical_transform: str = "log", split: str = "random",
-            split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
-            shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 18,
-            overwrite: bool = False, work_dir: Optional[str] = None,
-            negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
-    """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
-    pl = _polars()
-    started = time.time()
-    inputs = list(inputs)
+def _checked_fractions(inputs: Sequence[str], categorical: Sequence[str], numerical: Sequence[str],
+                       split_fractions: Sequence[float], split: str, time_column: Optional[str],
+                       frequency_limit: int, block_rows: int) -> List[float]:
+    """The arguments of :func:`prepare` checked before any pass over the data; the split fractions as floats."""
     if not inputs:
         raise ClickLogError("no --input file given")
     if not categorical and not numerical:
@@ -660,42 +652,36 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         raise ClickLogError(f"--frequency_limit must be >= 1, got {frequency_limit}")
     if block_rows < 1:
         raise ClickLogError(f"--block_rows must be >= 1, got {block_rows}")
-    downsampling = check_downsampling_rate(negative_downsampling_rate)
-    names = feature_names(categorical, numerical, label)
-    check_output_directory(output, overwrite)   # refused before the passes over the data, not after
+    return fractions
 
-    roles = {"label": [label], "categorical": list(categorical), "numerical": list(numerical)}
-    if split == "time":
-        roles["time"] = [time_column]
-    lf, total_rows = _scan_all(inputs, input_format_name, delimiter, roles)
-    described = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (+{len(inputs) - 1} more)"
 
-    work_dir = work_dir or os.path.abspath(output).rstrip(os.sep) + ".prepare_clicks.work"
-    fingerprint = _fingerprint(inputs, {
-        "label": label, "categorical": list(categorical), "numerical": list(numerical), "split": split,
-        "fractions": fractions, "time_column": time_column, "seed": int(seed), "format": input_format_name,
-        "delimiter": delimiter, "dictionary_source": dictionary_source,
-        "moments": numerical_transform == "standardize"})
+def _count_pass(lf, described: str, work_dir: str, fingerprint: str, split_config: Dict[str, Any],
+                categorical: Sequence[str], numerical: Sequence[str], label: str, dictionary_source: str,
+                standardize: bool, block_rows: int, total_rows: Optional[int]):
+    """Passes 0-1 (the time cutoffs, the value counts), or what a run stopped in pass 2 saved of them:
+    ``(split_config, stats, counts, resumed)``."""
     resumed = _load_pass1(work_dir, fingerprint)
-    t1 = time.time()
     if resumed is not None:
-        split_config, stats, counts = resumed
         print(f"[prepare_clicks] passes 0-1: reusing the counts saved in {work_dir} by a run stopped in pass 2",
               flush=True)
-    else:
-        split_config = {"kind": split, "fractions": fractions, "seed": int(seed)}
-        if split == "time":
-            print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
-            with _parse_errors(described):
-                split_config.update(time_column=time_column,
-                                    **time_cutoffs(lf, described, time_column, fractions, block_rows))
-        print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
-              f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
+        return (*resumed, True)
+    if split_config["kind"] == "time":
+        time_column = split_config["time_column"]
+        print(f"[prepare_clicks] pass 0: rows per distinct {time_column!r}", flush=True)
         with _parse_errors(described):
-            stats, counts = count_values(lf.with_columns(_split_expr(split_config).alias(_SPLIT)), categorical,
-                                         numerical, label, dictionary_source == "train",
-                                         numerical_transform == "standardize", block_rows, described, total_rows)
-    lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
+            split_config.update(time_cutoffs(lf, described, time_column, split_config["fractions"], block_rows))
+    print(f"[prepare_clicks] pass 1: counting values of {len(categorical)} categorical column(s) over "
+          f"{'train rows' if dictionary_source == 'train' else 'all rows'} of {described}", flush=True)
+    with _parse_errors(described):
+        stats, counts = count_values(lf.with_columns(_split_expr(split_config).alias(_SPLIT)), categorical,
+                                     numerical, label, dictionary_source == "train", standardize, block_rows,
+                                     described, total_rows)
+    return split_config, stats, counts, False
+
+
+def _split_rows(lf, stats, described: str, label: str, numerical: Sequence[str], split_config: Dict[str, Any],
+                block_rows: int) -> Dict[str, int]:
+    """Rows per split counted in pass 1, after refusing a bad label or number (naming its row) and an empty split."""
     rows = int(stats["rows"])
     if rows == 0:
         raise ClickLogError(f"{described}: no data rows (only a header?)")
@@ -706,33 +692,33 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
             _raise_bad_row(lf, int(stats[f"bad_num_{i}"]), name, "a number", block_rows)
     split_rows = {"train": int(stats["rows_train"]), "validation": int(stats["rows_validation"]),
                   "test": int(stats["rows_test"])}
+    fractions = split_config["fractions"]
     for name, wanted in zip(SPLITS, fractions):
         if wanted > 0 and split_rows[name] == 0:
-            hint = (f"; the time column {time_column!r} has {split_config['distinct_times']} distinct value(s), "
-                    f"and rows of one time stay in one split" if split == "time" else
-                    f"; {rows} rows are too few for these fractions")
+            hint = (f"; the time column {split_config['time_column']!r} has {split_config['distinct_times']} "
+                    f"distinct value(s), and rows of one time stay in one split" if split_config["kind"] == "time"
+                    else f"; {rows} rows are too few for these fractions")
             raise ClickLogError(f"{described}: the {name} split would have no rows (fractions {fractions}){hint}")
-    print(f"[prepare_clicks] pass 1: {rows:,} rows in {time.time() - t1:.1f} s", flush=True)
-    if resumed is None:
-        _save_pass1(work_dir, fingerprint, split_config, stats, counts)
+    return split_rows
 
-    dictionaries = build_dictionaries(counts, categorical, frequency_limit)
-    cardinalities = [FIRST_FREQUENT_ID + d.height for d in dictionaries]
-    numerical_stats = []
-    if numerical_transform == "standardize":
-        for i, name in enumerate(numerical):
-            n, s, q = stats[f"n_{i}"] or 0, stats[f"s_{i}"] or 0.0, stats[f"q_{i}"] or 0.0
-            mean = s / n if n else 0.0
-            std = math.sqrt(max(q / n - mean * mean, 0.0)) if n else 1.0
-            numerical_stats.append({"mean": mean, "std": std if std > 0 else 1.0, "count": int(n)})
-    splits = [s for s, f in zip(SPLITS, fractions) if f > 0]
-    config = {
-        "label": label, "categorical": list(categorical), "numerical": list(numerical), "features": names,
-        "frequency_limit": int(frequency_limit), "dictionary_source": dictionary_source,
-        "numerical_transform": numerical_transform, "numerical_stats": numerical_stats,
-        "input_format": input_format_name, "delimiter": delimiter,
-    }
-    metadata = {
+
+def _numerical_stats(stats, numerical: Sequence[str], numerical_transform: str) -> List[Dict[str, float]]:
+    """Train mean and standard deviation of each numerical column (``standardize`` only; else empty)."""
+    if numerical_transform != "standardize":
+        return []
+    out = []
+    for i, _ in enumerate(numerical):
+        n, s, q = stats[f"n_{i}"] or 0, stats[f"s_{i}"] or 0.0, stats[f"q_{i}"] or 0.0
+        mean = s / n if n else 0.0
+        std = math.sqrt(max(q / n - mean * mean, 0.0)) if n else 1.0
+        out.append({"mean": mean, "std": std if std > 0 else 1.0, "count": int(n)})
+    return out
+
+
+def _dataset_metadata(inputs: Sequence[str], label: str, numerical_transform: str, split_config: Dict[str, Any],
+                      split_rows: Dict[str, int], splits: Sequence[str], downsampling: float) -> Dict[str, Any]:
+    """The feature spec's ``metadata`` (``num_samples`` is replaced by the rows written once pass 2 is done)."""
+    return {
         "dataset": "prepare_clicks", "inputs": [os.path.basename(p) for p in inputs], "label": label,
         "categorical_ids": "0 missing, 1 rare or unseen, 2.. frequent values by decreasing count",
         "numerical_transform": {"log": "log(x + 3); missing or x <= -3 -> 0",
@@ -743,44 +729,113 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         "negative_downsampling_rate": downsampling,
     }
 
+
+def _write_blocks(pass2, writers: Dict[str, DatasetWriter], config: Dict[str, Any], lookups, rows: int,
+                  block_rows: int, described: str, downsampling: float, seed: int, shuffle_train: bool):
+    """Pass 2: map every block and write its rows to their splits (train negatives down-sampled, train rows
+    permuted within the block); returns (rows seen per split before down-sampling, positives written per split)."""
+    progress = _Progress(rows, "pass 2 (map and write)")
+    positives = {s: 0 for s in writers}
+    seen = {s: 0 for s in writers}            # rows of each split before down-sampling (pass 1's counts)
+    for block_number, block in enumerate(_batches(pass2, block_rows, described)):
+        split_of_row = block[_SPLIT].to_numpy()
+        arrays = map_block(block, config, lookups)
+        for index, name in enumerate(SPLITS):
+            if name not in writers:
+                continue
+            rows_here = np.flatnonzero(split_of_row == index)
+            seen[name] += int(rows_here.size)
+            if name == "train" and downsampling < 1.0:
+                rows_here = rows_here[negative_kept(block[_ROW].to_numpy()[rows_here],
+                                                    arrays[LABEL_FEATURE][rows_here], downsampling, seed)]
+            if not rows_here.size:
+                continue
+            if name == "train" and shuffle_train:
+                rows_here = np.random.default_rng([seed, block_number]).permutation(rows_here)
+            part = {c: a[rows_here] for c, a in arrays.items()}
+            positives[name] += int(part[LABEL_FEATURE].sum())
+            writers[name].write(part)
+        progress.update(block.height)
+    progress.update(0, final=True)
+    return seen, positives
+
+
+@contextlib.contextmanager
+def _split_writers(spec, splits: Sequence[str]) -> Iterator[Dict[str, DatasetWriter]]:
+    """One open :class:`DatasetWriter` per split; all closed (with the error, if any) on the way out."""
+    writers = {s: DatasetWriter(spec, s) for s in splits}
+    for w in writers.values():
+        w.__enter__()
+    try:
+        yield writers
+    except BaseException as error:
+        for w in writers.values():
+            w.__exit__(type(error), error, None)
+        raise
+    for w in writers.values():
+        w.__exit__(None, None, None)
+
+
+def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequence[str],
+            numerical: Sequence[str] = (), input_format_name: str = "auto", delimiter: Optional[str] = None,
+            frequency_limit: int = DEFAULT_FREQUENCY_LIMIT, dictionary_source: str = "train",
+            numerical_transform: str = "log", split: str = "random",
+            split_fractions: Sequence[float] = (0.8, 0.1, 0.1), time_column: Optional[str] = None, seed: int = 0,
+            shuffle_train: bool = True, output_format: str = "split_binary", block_rows: int = 1 << 18,
+            overwrite: bool = False, work_dir: Optional[str] = None,
+            negative_downsampling_rate: float = 1.0) -> Dict[str, Any]:
+    """Prepare ``inputs`` into ``output``; returns ``{"spec": FeatureSpec, "report": dict}``. See the module doc."""
+    pl = _polars()
+    started = time.time()
+    inputs = list(inputs)
+    fractions = _checked_fractions(inputs, categorical, numerical, split_fractions, split, time_column,
+                                   frequency_limit, block_rows)
+    downsampling = check_downsampling_rate(negative_downsampling_rate)
+    names = feature_names(categorical, numerical, label)
+    check_output_directory(output, overwrite)   # refused before the passes over the data, not after
+    roles = {"label": [label], "categorical": list(categorical), "numerical": list(numerical)}
+    if split == "time":
+        roles["time"] = [time_column]
+    lf, total_rows = _scan_all(inputs, input_format_name, delimiter, roles)
+    described = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (+{len(inputs) - 1} more)"
+    work_dir = work_dir or os.path.abspath(output).rstrip(os.sep) + ".prepare_clicks.work"
+    fingerprint = _fingerprint(inputs, {
+        "label": label, "categorical": list(categorical), "numerical": list(numerical), "split": split,
+        "fractions": fractions, "time_column": time_column, "seed": int(seed), "format": input_format_name,
+        "delimiter": delimiter, "dictionary_source": dictionary_source,
+        "moments": numerical_transform == "standardize"})
+    t1 = time.time()
+    split_config = {"kind": split, "fractions": fractions, "seed": int(seed)}
+    if split == "time":
+        split_config["time_column"] = time_column
+    split_config, stats, counts, resumed = _count_pass(
+        lf, described, work_dir, fingerprint, split_config, categorical, numerical, label, dictionary_source,
+        numerical_transform == "standardize", block_rows, total_rows)
+    lf = lf.with_columns(_split_expr(split_config).alias(_SPLIT))
+    split_rows = _split_rows(lf, stats, described, label, numerical, split_config, block_rows)
+    rows = int(stats["rows"])
+    print(f"[prepare_clicks] pass 1: {rows:,} rows in {time.time() - t1:.1f} s", flush=True)
+    if not resumed:
+        _save_pass1(work_dir, fingerprint, split_config, stats, counts)
+    dictionaries = build_dictionaries(counts, categorical, frequency_limit)
+    cardinalities = [FIRST_FREQUENT_ID + d.height for d in dictionaries]
+    splits = [s for s, f in zip(SPLITS, fractions) if f > 0]
+    config = {
+        "label": label, "categorical": list(categorical), "numerical": list(numerical), "features": names,
+        "frequency_limit": int(frequency_limit), "dictionary_source": dictionary_source,
+        "numerical_transform": numerical_transform,
+        "numerical_stats": _numerical_stats(stats, numerical, numerical_transform),
+        "input_format": input_format_name, "delimiter": delimiter,
+    }
+    metadata = _dataset_metadata(inputs, label, numerical_transform, split_config, split_rows, splits, downsampling)
     pass2 = lf.select([pl.col(_ROW), pl.col(_SPLIT)] + mapped_columns(config))
     lookups = [DictionaryLookup(d) for d in dictionaries]
-    progress = _Progress(rows, "pass 2 (map and write)")
-    positives = {s: 0 for s in splits}
-    seen = {s: 0 for s in splits}            # rows of each split before down-sampling (pass 1's counts)
     with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         spec = make_feature_spec(config, cardinalities, splits, output_format, metadata)
         spec.base_directory = tmp
-        writers = {s: DatasetWriter(spec, s) for s in splits}
-        for w in writers.values():
-            w.__enter__()
-        try:
-            for block_number, block in enumerate(_batches(pass2, block_rows, described)):
-                split_of_row = block[_SPLIT].to_numpy()
-                arrays = map_block(block, config, lookups)
-                for index, name in enumerate(SPLITS):
-                    if name not in writers:
-                        continue
-                    rows_here = np.flatnonzero(split_of_row == index)
-                    seen[name] += int(rows_here.size)
-                    if name == "train" and downsampling < 1.0:
-                        rows_here = rows_here[negative_kept(block[_ROW].to_numpy()[rows_here],
-                                                            arrays[LABEL_FEATURE][rows_here], downsampling, seed)]
-                    if not rows_here.size:
-                        continue
-                    if name == "train" and shuffle_train:
-                        rows_here = np.random.default_rng([seed, block_number]).permutation(rows_here)
-                    part = {c: a[rows_here] for c, a in arrays.items()}
-                    positives[name] += int(part[LABEL_FEATURE].sum())
-                    writers[name].write(part)
-                progress.update(block.height)
-        except BaseException as error:
-            for w in writers.values():
-                w.__exit__(type(error), error, None)
-            raise
-        for w in writers.values():
-            w.__exit__(None, None, None)
-        progress.update(0, final=True)
+        with _split_writers(spec, splits) as writers:
+            seen, positives = _write_blocks(pass2, writers, config, lookups, rows, block_rows, described,
+                                            downsampling, seed, shuffle_train)
         written = {s: writers[s].rows_written for s in splits}
         if seen != {s: split_rows[s] for s in splits}:
             raise ClickLogError(f"{described}: pass 2 read {seen} rows, pass 1 counted {split_rows}: "
@@ -789,20 +844,8 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
         os.makedirs(os.path.join(tmp, "dictionaries"))
         for i, d in enumerate(dictionaries):
             d.write_parquet(os.path.join(tmp, "dictionaries", f"{i}.parquet"))
-        # Every train positive is kept, so the train positive rate before down-sampling is positives / rows seen.
-        positives_before = positives["train"]
-        report = {
-            "tool": TOOL, "config": config, "split": split_config, "rows": rows, "num_samples": written,
-            "positive_rate": {s: round(positives[s] / written[s], 6) if written[s] else None for s in splits},
-            "cardinalities": dict(zip(names["categorical"], cardinalities)),
-            "values_seen": {c: int(counts[i].height) for i, c in enumerate(categorical)},
-            "negative_downsampling": {"rate": downsampling, "train_rows_before": seen["train"],
-                                      "train_rows_after": written["train"],
-                                      "train_positive_rate_before": round(positives_before / seen["train"], 6),
-                                      "seed": int(seed)},
-            "output_format": output_format, "seconds": round(time.time() - started, 2),
-            "polars": pl.__version__,
-        }
+        report = _run_report(config, split_config, rows, written, positives, seen, names, cardinalities, counts,
+                             categorical, downsampling, seed, output_format, started, pl.__version__)
         atomic_write_text(os.path.join(tmp, REPORT_NAME), json.dumps(report, indent=1, default=str) + "\n")
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     _remove_work_dir(work_dir, len(counts))
@@ -813,7 +856,24 @@ def prepare(inputs: Sequence[str], output: str, label: str, categorical: Sequenc
     return {"spec": FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml")), "report": report}
 
 
-# ------------------------------------------------------------------------------------------------ inference
+def _run_report(config, split_config, rows, written, positives, seen, names, cardinalities, counts, categorical,
+                downsampling, seed, output_format, started, polars_version) -> Dict[str, Any]:
+    """``prepare_clicks_report.json``: what was read, written and chosen. Every train positive is kept, so the
+    train positive rate before down-sampling is positives / rows seen."""
+    return {
+        "tool": TOOL, "config": config, "split": split_config, "rows": rows, "num_samples": written,
+        "positive_rate": {s: round(positives[s] / written[s], 6) if written[s] else None for s in written},
+        "cardinalities": dict(zip(names["categorical"], cardinalities)),
+        "values_seen": {c: int(counts[i].height) for i, c in enumerate(categorical)},
+        "negative_downsampling": {"rate": downsampling, "train_rows_before": seen["train"],
+                                  "train_rows_after": written["train"],
+                                  "train_positive_rate_before": round(positives["train"] / seen["train"], 6),
+                                  "seed": int(seed)},
+        "output_format": output_format, "seconds": round(time.time() - started, 2),
+        "polars": polars_version,
+    }
+
+
 class ClickEncoder:
     """The saved mapping of a prepared dataset, applied to new rows (a Polars/pandas frame, or a dict of lists).
 

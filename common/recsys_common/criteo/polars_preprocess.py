@@ -62,6 +62,7 @@ from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, 
 from .layout import (DELIMITER_CHOICES, EXPONENT_RE, HEADER_CHOICES, INTEGER_RE, MAX_EXACT_DOUBLE_INTEGER,
                      MAX_MANTISSA_DIGITS, ZERO_FRACTION_RE, CriteoInputError, FileFormat, InputLayout,
                      discover_input, sniff_format, split_boundaries)
+from .report import CriteoPreprocessError, check_malformed, malformed_total
 from .to_split_binary import dataset_metadata
 from ..feature_spec import FeatureSpec
 from ..io import atomic_directory, atomic_write_text, check_output_directory
@@ -89,10 +90,6 @@ def _maybe_killed(step: str, n: int) -> None:
     if os.environ.get(_KILL_ENV) == f"{step}:{n}":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class CriteoPreprocessError(RuntimeError):
-    """The run cannot produce a trustworthy dataset (too many malformed rows, a changed input on resume)."""
 
 
 # ----------------------------------------------------------------------------------------------------- reading
@@ -521,9 +518,11 @@ def _typed_numbers(frame) -> Tuple[np.ndarray, np.ndarray]:
     return label, numerical
 
 
-def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedChunk:
-    """Parse one chunk with the Spark job's row rules; ``examples``: how many malformed lines to quote."""
-    data, n_lines, sep = chunk.data, chunk.num_lines, fmt.delimiter
+def _read_chunk_frame(data: bytes, n_lines: int, sep: str):
+    """(typed, frame, kept, structural, padded_lines, starts, ends) of one chunk's text: the frame read typed when
+    every line is well formed (``typed`` is that frame, else None and every field is text), the lines kept in
+    it, each line's structural reason (-1: none; empty or too many fields), which lines had fewer than 40
+    fields, and the line offsets when they were needed (else None)."""
     structural = np.full(n_lines, -1, dtype=np.int16)       # reason index of empty / too-long lines
     padded_lines = np.zeros(n_lines, dtype=bool)
     kept = np.arange(n_lines)
@@ -552,6 +551,13 @@ def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedCh
                 starts, ends = _line_offsets(data)
                 padded_lines[candidate] = _fields_of_candidates(data, sep, frame, candidate, starts,
                                                                 ends) < NUM_FIELDS
+    return typed, frame, kept, structural, padded_lines, starts, ends
+
+
+def parse_chunk(chunk: RawChunk, fmt: FileFormat, examples: int = 0) -> ParsedChunk:
+    """Parse one chunk with the Spark job's row rules; ``examples``: how many malformed lines to quote."""
+    data, n_lines, sep = chunk.data, chunk.num_lines, fmt.delimiter
+    typed, frame, kept, structural, padded_lines, starts, ends = _read_chunk_frame(data, n_lines, sep)
     if frame.height != len(kept):
         raise CriteoPreprocessError(f"internal: parsed {frame.height} rows from {len(kept)} lines")
     n = len(kept)
@@ -1171,32 +1177,13 @@ def _input_report(r: _Run, resumed: List[str]) -> Tuple[Dict[str, Any], Dict[str
     report["rows_malformed"] = malformed
     report["rows_written"] = {s: rows_read[s] - sum(malformed[s].values()) for s in SPLITS}
     examples = [e for p in r.files for e in info[os.path.basename(p)]["examples"]][:args.max_examples]
-    _check_malformed(args, report, examples, split_name, bounds)
-    return report, info, bounds
-
-
-def _check_malformed(args: argparse.Namespace, report: Dict[str, Any], examples: List[Dict[str, Any]],
-                     split_name: str, bounds: Tuple[int, int]) -> None:
-    """Report the malformed rows (with examples) and refuse an input with none good or too many bad."""
-    malformed = report["rows_malformed"]
-    total_rows = sum(report["rows_read"].values())
-    total_malformed = sum(sum(m.values()) for m in malformed.values())
-    if total_malformed:
+    if malformed_total(report):
         report["malformed_examples"] = [
             {"file": e["file"], "line": e["line"], "reason": e["reason"], "text": e["text"],
              "split": SPLITS[int(_split_of_lines(np.array([e["data_line"]]), e["file"] == split_name, bounds)[0])]}
             for e in examples]
-        print(f"[criteo] {total_malformed} malformed row(s) of {total_rows} excluded: {json.dumps(malformed)}",
-              flush=True)
-        for e in examples[:5]:
-            print(f"[criteo]   {e['file']}:{e['line']}: {e['reason']}: {e['text'][:120]!r}", flush=True)
-    if total_rows == 0:
-        raise CriteoPreprocessError(f"{args.input_path}: no rows")
-    if total_malformed > args.max_malformed_fraction * total_rows:
-        raise CriteoPreprocessError(
-            f"{args.input_path}: {total_malformed} of {total_rows} rows are malformed "
-            f"({total_malformed / total_rows:.2%} > --max_malformed_fraction {args.max_malformed_fraction:.2%}): "
-            f"{json.dumps(malformed)}; first: {json.dumps(examples[:3])}")
+    check_malformed(args.input_path, report, examples, args.max_malformed_fraction)
+    return report, info, bounds
 
 
 @dataclass
@@ -1360,9 +1347,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     print(f"[criteo] {time.time() - r.started:7.1f} s  pass 2 done; {_peak_rss_note()}", flush=True)
     _finish_train(r, out, info, report)
     _publish(r, out, report, cardinalities)
-    total_malformed = sum(sum(m.values()) for m in report["rows_malformed"].values())
     print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, malformed "
-          f"{total_malformed}, padded {sum(report['rows_padded'].values())}, {report['seconds']} s; "
+          f"{malformed_total(report)}, padded {sum(report['rows_padded'].values())}, {report['seconds']} s; "
           f"{_peak_rss_note()}", flush=True)
     return report
 

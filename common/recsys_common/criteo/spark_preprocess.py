@@ -76,6 +76,7 @@ from . import (CATEGORICAL_COLUMNS, DEFAULT_FREQUENCY_LIMIT, FIRST_FREQUENT_ID, 
 from .layout import (DELIMITER_CHOICES, EXPONENT_RE, HEADER_CHOICES, INTEGER_RE, MAX_EXACT_DOUBLE_INTEGER,
                      MAX_INTEGER, MAX_MANTISSA_DIGITS, ZERO_FRACTION_RE, CriteoInputError, FileFormat,
                      InputLayout, discover_input, sniff_format, split_boundaries)
+from .report import CriteoPreprocessError, check_malformed, malformed_total, rows_written
 from ..io import atomic_directory, atomic_write_text, check_output_directory
 
 _ROW_BITS = 33                      # monotonically_increasing_id(): partition index << 33 | row within partition
@@ -84,10 +85,6 @@ _MAX_EXAMPLE_CHARS = 300
 JOINS_PER_CODEGEN_STAGE = 7          # joins fused into one generated method (see codegen_stage_boundary)
 HUGE_METHOD_LIMIT = 8000             # HotSpot's: larger generated methods are never JIT-compiled
 LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC"   # the driver's JVM for a local master (see spark_settings)
-
-
-class CriteoPreprocessError(RuntimeError):
-    """The job ran but its result cannot be trusted (too many malformed rows, an inconsistent line index)."""
 
 
 # ----------------------------------------------------------------------------------------------------- arguments
@@ -523,7 +520,7 @@ def run(args: argparse.Namespace, spark) -> Dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, spark) -> Dict[str, Any]:
-    from pyspark.sql import functions as F
+    """The job's passes, top to bottom; everything is written inside one atomic output directory."""
     started = time.time()
     layout = discover_input(args.input_path, args.layout)
     report: Dict[str, Any] = {"input": layout.describe(), "frequency_limit": args.frequency_limit,
@@ -536,111 +533,123 @@ def _run(args: argparse.Namespace, spark) -> Dict[str, Any]:
     report["input_format"] = {os.path.basename(p): f.describe() for p, f in formats.items()}
     for kind, names in _format_summary(formats).items():
         print(f"[criteo] {kind}: {names}", flush=True)
-
     # cardinalities.json (which to_split_binary needs first) is the marker: removed first, written last.
     with atomic_directory(args.output_path, overwrite=args.overwrite, tool="recsys_common.criteo.spark_preprocess",
                           marker="cardinalities.json") as out:
         work = os.path.join(out, "_work")
-        # Pass 1: number the lines of the split file.
-        offsets = block_line_offsets(spark, layout.split_file)
-        _progress(started, f"pass 1: {offsets[-1]} lines in {os.path.basename(layout.split_file)}")
-        raw, split_info = read_raw_with_splits(spark, layout, offsets, formats)
-        report["split"] = split_info
-        parsed = parse_rows(raw)
-
-        # Pass 2: counts for dictionaries and the report, written once and read twice.
-        value_counts(parsed, args.dictionary_source).write.parquet(os.path.join(work, "counts"))
-        counts = spark.read.parquet(os.path.join(work, "counts"))
-        _progress(started, "pass 2: value counts")
-        status = _status_counts(counts.where(F.col("column") == -1).collect())
-        rows_read = {s: sum(v.values()) for s, v in status.items() if s != "unassigned"}
-        malformed = {s: {k: v for k, v in status[s].items() if k not in ("ok", "padded")} for s in SPLITS}
-        total_rows = sum(rows_read.values())
-        total_malformed = sum(sum(m.values()) for m in malformed.values())
-        report["rows_read"] = rows_read
-        report["rows_padded"] = {s: status[s].get("padded", 0) for s in SPLITS}
-        report["rows_malformed"] = malformed
-        report["rows_written"] = {s: rows_read[s] - sum(malformed[s].values()) for s in SPLITS}
-        unassigned = status.pop("unassigned", {})
-        expected_split_lines = split_info["lines_in_split_file"]
-        split_file_rows = (rows_read["test"] + rows_read["validation"] +
-                           (rows_read["train"] if layout.kind == "kaggle" else 0))
-        if unassigned or split_file_rows != expected_split_lines:
-            raise CriteoPreprocessError(f"{layout.split_file}: {split_file_rows} rows were assigned to splits by line "
-                                        f"number ({sum(unassigned.values())} without one) but the file has "
-                                        f"{expected_split_lines} lines")
-        if total_malformed:
-            examples = (parsed.where(F.col("_reason").isNotNull())
-                        .select("_file", "_block", "_row", "_line", "split", "_reason",
-                                F.substring("_text", 1, _MAX_EXAMPLE_CHARS).alias("text"))
-                        .limit(args.max_examples).collect())
-            files = list(layout.train_files) + [layout.split_file]
-            lines = example_line_numbers(examples, files, formats)
-            report["malformed_examples"] = [
-                {"file": os.path.basename(files[r["_file"]]), "line": line,
-                 "split": r["split"], "reason": r["_reason"], "text": r["text"]} for r, line in zip(examples, lines)]
-            print(f"[criteo] {total_malformed} malformed row(s) of {total_rows} excluded: "
-                  f"{json.dumps(malformed)}", flush=True)
-            for e in report["malformed_examples"][:5]:
-                where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
-                print(f"[criteo]   {where}: {e['reason']}: {e['text'][:120]!r}", flush=True)
-        if total_rows == 0:
-            raise CriteoPreprocessError(f"{args.input_path}: no rows")
-        if total_malformed > args.max_malformed_fraction * total_rows:
-            raise CriteoPreprocessError(
-                f"{args.input_path}: {total_malformed} of {total_rows} rows are malformed "
-                f"({total_malformed / total_rows:.2%} > --max_malformed_fraction {args.max_malformed_fraction:.2%}): "
-                f"{json.dumps(malformed)}; first: {json.dumps(report.get('malformed_examples', [])[:3])}")
-
-        # Dictionaries.
-        build_dictionaries(counts, args.frequency_limit).write.parquet(os.path.join(out, "models"))
-        dictionaries = spark.read.parquet(os.path.join(out, "models"))
-        size_rows = dictionaries.groupBy("column").agg(F.count(F.lit(1)).alias("n"), F.max("id").alias("max_id")).collect()
-        sizes = [0] * NUM_CATEGORICAL
-        for r in size_rows:
-            sizes[int(r["column"])] = int(r["n"])
-            if int(r["max_id"]) != int(r["n"]) + FIRST_FREQUENT_ID - 1:
-                raise CriteoPreprocessError(f"dictionary of column {r['column']} has {r['n']} values but max id "
-                                            f"{r['max_id']}")
-        cardinalities = [n + FIRST_FREQUENT_ID for n in sizes]
-        _progress(started, f"dictionaries: cardinalities {cardinalities}")
-        report["cardinalities"] = cardinalities
-
-        # Pass 3: transform and write the splits in input order, one job. With every dictionary broadcast the rows
-        # stay in the tasks that read them (one input block each, in file then block order), so sorting each task's
-        # rows by (split, row) is enough: its part file per split holds them in line order, and part files sorted by
-        # name follow the input. A sort-merge-joined dictionary moves rows between tasks: then a global sort.
-        data = transform(parsed, dictionaries, sizes, args)
-        in_place = len(broadcast_columns(sizes, args.broadcast_max_rows)) == NUM_CATEGORICAL
-        if not in_place:
-            data = data.orderBy("split", "_file", "_block", "_row")
-        _write_splits(spark, data.drop("_file", "_block", "_row"), os.path.join(work, "splits"), sort=not in_place)
-        _progress(started, "pass 3: splits written")
-        for split in SPLITS:
-            source = os.path.join(work, "splits", f"split={split}")
-            target = os.path.join(out, split)
-            if not os.path.isdir(source):
-                os.makedirs(target)   # an empty split (e.g. no validation rows in a tiny input)
-            elif split == "train" and args.train_ordering == "random":
-                # Pass 4: the train rows in random order, from the compact parquet just written.
-                partitions = args.shuffle_partitions or max(spark.sparkContext.defaultParallelism,
-                                                            -(-report["rows_written"]["train"] // 2_000_000))
-                shuffle_train(spark, source, target, args.seed, partitions)
-                _progress(started, f"pass 4: train rows shuffled ({partitions} part files)")
-            else:
-                os.replace(source, target)
+        parsed, counts = _read_and_count(spark, layout, formats, args, report, work, started)
+        _report_malformed(parsed, layout, formats, args, report)
+        dictionaries, sizes = _dictionaries(spark, counts, args, out, report, started)
+        _write_outputs(spark, transform(parsed, dictionaries, sizes, args), sizes, args, work, out, report, started)
         _remove_tree(work)
-
-        atomic_write_text(os.path.join(out, "model_size.json"),
-                          json.dumps({f"_c{1 + NUM_NUMERICAL + i}": c - 1 for i, c in enumerate(cardinalities)},
-                                     indent=2) + "\n")
-        atomic_write_text(os.path.join(out, "cardinalities.json"), json.dumps(cardinalities) + "\n")
-        report["seconds"] = round(time.time() - started, 1)
-        atomic_write_text(os.path.join(out, "preprocess_report.json"), json.dumps(report, indent=2) + "\n")
+        _write_metadata(out, report, started)
     print(f"[criteo] wrote {args.output_path}: rows {json.dumps(report['rows_written'])}, "
-          f"malformed {total_malformed}, padded {sum(report['rows_padded'].values())}, "
+          f"malformed {malformed_total(report)}, padded {sum(report['rows_padded'].values())}, "
           f"{report['seconds']} s", flush=True)
     return report
+
+
+def _read_and_count(spark, layout: InputLayout, formats: Dict[str, FileFormat], args: argparse.Namespace,
+                    report: Dict[str, Any], work: str, started: float):
+    """Pass 1 (number the split file's lines, read and parse every row) and pass 2 (value counts, written once and
+    read twice); fills the report's row counts. Returns (parsed rows, counts)."""
+    from pyspark.sql import functions as F
+    offsets = block_line_offsets(spark, layout.split_file)
+    _progress(started, f"pass 1: {offsets[-1]} lines in {os.path.basename(layout.split_file)}")
+    raw, split_info = read_raw_with_splits(spark, layout, offsets, formats)
+    report["split"] = split_info
+    parsed = parse_rows(raw)
+    value_counts(parsed, args.dictionary_source).write.parquet(os.path.join(work, "counts"))
+    counts = spark.read.parquet(os.path.join(work, "counts"))
+    _progress(started, "pass 2: value counts")
+    status = _status_counts(counts.where(F.col("column") == -1).collect())
+    unassigned = status.pop("unassigned", {})
+    rows_read = {s: sum(v.values()) for s, v in status.items()}
+    malformed = {s: {k: v for k, v in status[s].items() if k not in ("ok", "padded")} for s in SPLITS}
+    report["rows_read"] = rows_read
+    report["rows_padded"] = {s: status[s].get("padded", 0) for s in SPLITS}
+    report["rows_malformed"] = malformed
+    report["rows_written"] = rows_written(rows_read, malformed)
+    split_file_rows = (rows_read["test"] + rows_read["validation"] +
+                       (rows_read["train"] if layout.kind == "kaggle" else 0))
+    if unassigned or split_file_rows != split_info["lines_in_split_file"]:
+        raise CriteoPreprocessError(f"{layout.split_file}: {split_file_rows} rows were assigned to splits by line "
+                                    f"number ({sum(unassigned.values())} without one) but the file has "
+                                    f"{split_info['lines_in_split_file']} lines")
+    return parsed, counts
+
+
+def _report_malformed(parsed, layout: InputLayout, formats: Dict[str, FileFormat], args: argparse.Namespace,
+                      report: Dict[str, Any]) -> None:
+    """Quote up to ``--max_examples`` malformed rows (file, line, split, reason, text) and apply the shared rule
+    (:func:`.report.check_malformed`)."""
+    from pyspark.sql import functions as F
+    if malformed_total(report):
+        examples = (parsed.where(F.col("_reason").isNotNull())
+                    .select("_file", "_block", "_row", "_line", "split", "_reason",
+                            F.substring("_text", 1, _MAX_EXAMPLE_CHARS).alias("text"))
+                    .limit(args.max_examples).collect())
+        files = list(layout.train_files) + [layout.split_file]
+        lines = example_line_numbers(examples, files, formats)
+        report["malformed_examples"] = [
+            {"file": os.path.basename(files[r["_file"]]), "line": line,
+             "split": r["split"], "reason": r["_reason"], "text": r["text"]} for r, line in zip(examples, lines)]
+    check_malformed(args.input_path, report, report.get("malformed_examples", []), args.max_malformed_fraction)
+
+
+def _dictionaries(spark, counts, args: argparse.Namespace, out: str, report: Dict[str, Any], started: float):
+    """The dictionaries (``out/models``), checked to number their values densely; (dictionaries, sizes)."""
+    from pyspark.sql import functions as F
+    build_dictionaries(counts, args.frequency_limit).write.parquet(os.path.join(out, "models"))
+    dictionaries = spark.read.parquet(os.path.join(out, "models"))
+    size_rows = (dictionaries.groupBy("column")
+                 .agg(F.count(F.lit(1)).alias("n"), F.max("id").alias("max_id")).collect())
+    sizes = [0] * NUM_CATEGORICAL
+    for r in size_rows:
+        sizes[int(r["column"])] = int(r["n"])
+        if int(r["max_id"]) != int(r["n"]) + FIRST_FREQUENT_ID - 1:
+            raise CriteoPreprocessError(f"dictionary of column {r['column']} has {r['n']} values but max id "
+                                        f"{r['max_id']}")
+    report["cardinalities"] = [n + FIRST_FREQUENT_ID for n in sizes]
+    _progress(started, f"dictionaries: cardinalities {report['cardinalities']}")
+    return dictionaries, sizes
+
+
+def _write_outputs(spark, data, sizes: List[int], args: argparse.Namespace, work: str, out: str,
+                   report: Dict[str, Any], started: float) -> None:
+    """Pass 3: transform and write the splits in input order, one job. With every dictionary broadcast the rows
+    stay in the tasks that read them (one input block each, in file then block order), so sorting each task's
+    rows by (split, row) is enough: its part file per split holds them in line order, and part files sorted by
+    name follow the input. A sort-merge-joined dictionary moves rows between tasks: then a global sort.
+    Pass 4 (``--train_ordering random``): the train rows shuffled from the compact parquet just written."""
+    in_place = len(broadcast_columns(sizes, args.broadcast_max_rows)) == NUM_CATEGORICAL
+    if not in_place:
+        data = data.orderBy("split", "_file", "_block", "_row")
+    _write_splits(spark, data.drop("_file", "_block", "_row"), os.path.join(work, "splits"), sort=not in_place)
+    _progress(started, "pass 3: splits written")
+    for split in SPLITS:
+        source = os.path.join(work, "splits", f"split={split}")
+        target = os.path.join(out, split)
+        if not os.path.isdir(source):
+            os.makedirs(target)   # an empty split (e.g. no validation rows in a tiny input)
+        elif split == "train" and args.train_ordering == "random":
+            partitions = args.shuffle_partitions or max(spark.sparkContext.defaultParallelism,
+                                                        -(-report["rows_written"]["train"] // 2_000_000))
+            shuffle_train(spark, source, target, args.seed, partitions)
+            _progress(started, f"pass 4: train rows shuffled ({partitions} part files)")
+        else:
+            os.replace(source, target)
+
+
+def _write_metadata(out: str, report: Dict[str, Any], started: float) -> None:
+    """model_size.json, cardinalities.json (the marker) and preprocess_report.json."""
+    cardinalities = report["cardinalities"]
+    atomic_write_text(os.path.join(out, "model_size.json"),
+                      json.dumps({f"_c{1 + NUM_NUMERICAL + i}": c - 1 for i, c in enumerate(cardinalities)},
+                                 indent=2) + "\n")
+    atomic_write_text(os.path.join(out, "cardinalities.json"), json.dumps(cardinalities) + "\n")
+    report["seconds"] = round(time.time() - started, 1)
+    atomic_write_text(os.path.join(out, "preprocess_report.json"), json.dumps(report, indent=2) + "\n")
 
 
 def input_formats(layout: InputLayout, header: str, delimiter: str) -> Dict[str, FileFormat]:
