@@ -1,5 +1,5 @@
 """DLRM: `python dlrm.py --dataset_path ... [flags]` or `horovodrun -np N python dlrm.py ...` (`--help`: the flags)."""
-from dlrm_dcnv2.main import command
+from dlrm_dcnv2.train import command
 
 if __name__ == "__main__":
     command(model="dlrm")

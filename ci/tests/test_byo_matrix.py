@@ -107,8 +107,8 @@ def _wide_deep(csv_dir, spec_in, data, tmp_path):
 
 
 def _tf2_dlrm(csv_dir, spec_in, data, tmp_path, model):
-    from dlrm_dcnv2.dataloading import gen_csv, transcode
-    from dlrm_dcnv2.main import main
+    from dlrm_dcnv2.data import gen_csv, transcode
+    from dlrm_dcnv2.train import main
     gen_csv.main(["--feature_spec_in", spec_in, "--output", csv_dir, "--size", str(TRAIN_ROWS)])
     spec = transcode.main(["--input", csv_dir, "--output", data, "--chunk_size", "50"])
     result = main(["--dataset_path", data, "--cpu", "--batch_size", str(BATCH), "--valid_batch_size", "16",
@@ -143,7 +143,7 @@ def test_spec_goes_through_the_four_tools_and_trains(tmp_path, name, recipe):
             _pytorch_dlrm(csv_dir, str(spec_in), data, tmp_path)
         return
     if recipe == "tf2_dlrm" and not onehot + multihot:
-        from dlrm_dcnv2.main import UsageError
+        from dlrm_dcnv2.cli import UsageError
         with pytest.raises(UsageError, match="no categorical feature.*need at least one embedding table"):
             _tf2_dlrm(csv_dir, str(spec_in), data, tmp_path, "dlrm")
         return

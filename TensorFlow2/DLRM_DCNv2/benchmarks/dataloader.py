@@ -1,27 +1,29 @@
-"""Input pipeline throughput: ``python -m dlrm_dcnv2.dataloading.dataloader_benchmark`` prints samples/s as JSON.
+"""Input pipeline throughput: ``python benchmarks/dataloader.py`` prints samples/s as JSON.
 
 Iterates the batches one rank would get (tf tensors, as training sees them) without a model, so the figure is the
 ceiling the input puts on training. ``--world_size N --rank r`` simulates rank ``r`` of ``N`` with table-wise
 placement (``--dist_strategy basic``): it reads its own tables for the whole global batch and its slice of the rest.
 The first ``--warmup_batches`` (TensorFlow's first ops, page cache) are not timed.
 
-    python -m dlrm_dcnv2.dataloading.dataloader_benchmark --dataset_type tf_raw --dataset_path /data/dlrm \\
+    python benchmarks/dataloader.py --dataset_type tf_raw --dataset_path /data/dlrm \\
         --batch_size 65536 --max_batches 200
 """
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Iterable, Optional
 
-from .dataloader import DATASET_TYPES, create_input
-from .transcribe import add_synthetic_flags, synthetic_options
+from dlrm_dcnv2.data.dataloader import DATASET_TYPES, create_input, load_spec
+from dlrm_dcnv2.data.transcribe import add_synthetic_flags, synthetic_options
+from dlrm_dcnv2.distributed.placement import plan_placement
+from recsys_common.cli import run_main
+from recsys_common.io import check_json_output, report_json
 from recsys_common.machine import cpu_model_name as cpu_model
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlrm_dcnv2.dataloading.dataloader_benchmark",
+    p = argparse.ArgumentParser(prog="python benchmarks/dataloader.py",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset_type", choices=DATASET_TYPES, default="tf_raw")
@@ -41,12 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Iterable[str]] = None) -> dict:
     args = build_parser().parse_args(None if argv is None else list(argv))
-    from recsys_common.io import check_json_output, report_json
     check_json_output(args.output_json)
     kw = synthetic_options(args)
+    if args.dataset_type != "synthetic" or args.synthetic_dataset_use_feature_spec:
+        kw["spec"] = load_spec(args.dataset_path, args.feature_spec, "--feature_spec")  # parsed once
     input_tables = None
     if args.world_size > 1:
-        from dlrm_dcnv2.distributed.placement import plan_placement
         probe = create_input(args.dataset_type, args.dataset_path, args.feature_spec, mapping=args.mapping,
                              global_batch_size=args.batch_size, **kw)
         placement = plan_placement(probe.metadata.table_sizes, 1, args.world_size, strategy="basic")
@@ -75,5 +77,4 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(ValueError, FileExistsError), failures=(OSError,))   # DataError is a ValueError

@@ -1,10 +1,10 @@
 """Where a training step's time goes: the TensorFlow profiler over the benchmark's step, summed by op type, as JSON.
 
-    python -m dlrm_dcnv2.scripts.profile_step --model dlrm --shape kaggle            # float32
-    python -m dlrm_dcnv2.scripts.profile_step --model dlrm --shape kaggle --amp      # mixed_bfloat16
-    python -m dlrm_dcnv2.scripts.profile_step --model dcnv2 --shape kaggle --amp --top 15
+    python benchmarks/profile_step.py --model dlrm --shape kaggle            # float32
+    python benchmarks/profile_step.py --model dlrm --shape kaggle --amp      # mixed_bfloat16
+    python benchmarks/profile_step.py --model dcnv2 --shape kaggle --amp --top 15
 
-Builds the same model, optimizers and ``Trainer`` as ``scripts.benchmark``'s ``ours`` side (``build_ours``) on the same
+Builds the same model, optimizers and ``Trainer`` as ``benchmarks/throughput.py``'s ``ours`` side (``build_ours``) on the same
 synthetic batches, runs ``--warmup_steps`` steps, then traces ``--steps`` steps with ``tf.profiler`` and reads the
 trace back with TensorFlow's own converter (``framework_op_stats``, what TensorBoard's profile plugin shows). Prints
 the self time of each op type per step and its share of the busy time (the profiler's ``IDLE`` left out;
@@ -27,7 +27,11 @@ import json
 import os
 from typing import Any, Dict, Optional, Sequence
 
+from recsys_common.cli import run_main
 from recsys_common.tf_profile import add_profile_flags, check_profile_args, profile_steps
+from throughput import MODELS, SHAPES, build_ours, machine_info, make_batches  # the sibling benchmark's model
+
+# TensorFlow is imported in main() on purpose, after the flags are read.
 
 GROUPS = (
     ("gemm", ("MatMul",)),
@@ -43,8 +47,7 @@ GROUPS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dlrm_dcnv2.scripts.benchmark import MODELS, SHAPES
-    p = argparse.ArgumentParser(prog="python -m dlrm_dcnv2.scripts.profile_step", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="dlrm", choices=MODELS)
     p.add_argument("--shape", default="kaggle", choices=tuple(SHAPES))
@@ -63,7 +66,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     check_profile_args(args)
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
-    from dlrm_dcnv2.scripts.benchmark import SHAPES, build_ours, make_batches, machine_info
 
     shape = dict(SHAPES[args.shape])
     tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if args.amp else "float32")
@@ -82,5 +84,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main)

@@ -1,12 +1,12 @@
 """Training and inference samples/s of this recipe's DLRM / DCNv2 against the same model written the plain Keras way.
 
-    python -m dlrm_dcnv2.scripts.benchmark                                   # both models, Kaggle + seed shapes
-    python -m dlrm_dcnv2.scripts.benchmark --models dlrm --shapes kaggle --amp --output_json bench.json
+    python benchmarks/throughput.py                                   # both models, Kaggle + seed shapes
+    python benchmarks/throughput.py --models dlrm --shapes kaggle --amp --output_json bench.json
 
 Two sides, on the same data:
 
-* ``ours``: ``nn.model.build_model`` (our SparseModel, DenseModel), ``nn.optimizers.create_optimizers`` and the
-  recipe's ``nn.trainer.Trainer`` step (``--xla``: compiled by XLA), a Python loop of ``train_step``; inference is
+* ``ours``: ``model.model.build_model`` (our SparseModel, DenseModel), ``model.optimizers.create_optimizers`` and
+  the recipe's ``model.trainer.Trainer`` step (``--xla``: compiled by XLA), a Python loop of ``train_step``; inference is
   the compiled forward pass.
 * ``plain_keras``: what a Keras user writes: a functional model with one ``tf.keras.layers.Embedding`` per table,
   ``Dense`` MLPs, TensorFlow Recommenders' ``DotInteraction`` (DLRM) / ``tfrs.layers.dcn.Cross`` (DCNv2) when
@@ -43,7 +43,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from recsys_common.cli import InputError
+from recsys_common.cli import InputError, run_main
+from recsys_common.io import check_json_output, report_json
+from recsys_common.machine import cpu_bf16_instructions
+
+# TensorFlow and the recipe's model modules (TensorFlow code) are imported inside the functions that build and time
+# a model, on purpose: the parent process of the subprocess measurements never starts TensorFlow.
 
 SIDES = ("ours", "plain_keras")
 MODELS = ("dlrm", "dcnv2")
@@ -72,7 +77,7 @@ DECAY_START_STEP, DECAY_STEPS = 48000, 24000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlrm_dcnv2.scripts.benchmark", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/throughput.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="dlrm,dcnv2", help="comma list of dlrm, dcnv2")
     p.add_argument("--shapes", default="kaggle,seed", help=f"comma list of {', '.join(SHAPES)}")
@@ -128,7 +133,7 @@ def fingerprint(batches: Sequence[Dict[str, np.ndarray]], steps: int) -> str:
 
 # ------------------------------------------------------------------------------------------------ the two sides
 def _schedule(model: str):
-    from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
+    from dlrm_dcnv2.model.lr_scheduler import WarmupPolyDecay
     o = OPTIMIZER[model]
     return WarmupPolyDecay(o["learning_rate"], o["warmup_steps"], DECAY_START_STEP, DECAY_STEPS)
 
@@ -140,9 +145,9 @@ def build_ours(model_name: str, shape: Dict[str, Any], batches, xla: bool,
     ``(numerical, categorical tuple, labels)`` for ``trainer.train_step``. Also what ``profile_step`` profiles."""
     import tensorflow as tf
     from dlrm_dcnv2.distributed import hvd_utils
-    from dlrm_dcnv2.nn.model import build_model
-    from dlrm_dcnv2.nn.optimizers import create_optimizers
-    from dlrm_dcnv2.nn.trainer import Trainer
+    from dlrm_dcnv2.model.model import build_model
+    from dlrm_dcnv2.model.optimizers import create_optimizers
+    from dlrm_dcnv2.model.trainer import Trainer
 
     ctx = hvd_utils.Context()
     model = build_model(table_sizes=shape["table_sizes"], embedding_dims=shape["embedding_dim"],
@@ -318,13 +323,13 @@ def measure(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _measure_in_subprocess(spec: Dict[str, Any]) -> Dict[str, Any]:
-    recipe = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    recipe = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     common = os.path.join(os.path.dirname(os.path.dirname(recipe)), "common")
     env = dict(os.environ, **MALLOC_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [recipe, common, env.get("PYTHONPATH", "")] if p)
     env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    proc = subprocess.run([sys.executable, "-m", "dlrm_dcnv2.scripts.benchmark", "--_measure", json.dumps(spec)],
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--_measure", json.dumps(spec)],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark measurement {spec['side']}/{spec['model']} failed "
@@ -343,7 +348,6 @@ def machine_info() -> Dict[str, Any]:
                 break
     except (OSError, subprocess.SubprocessError):
         pass
-    from recsys_common.machine import cpu_bf16_instructions
     return {"cpu_model": model, "cpu_count": os.cpu_count(), "python": platform.python_version(),
             "cpu_bf16_instructions": cpu_bf16_instructions()}  # what --amp's bf16 GEMMs ran on
 
@@ -362,7 +366,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args._measure:
         print(json.dumps(measure(json.loads(args._measure))), flush=True)
         return {}
-    from recsys_common.io import check_json_output, report_json
     check_json_output(args.output_json)  # before minutes of runs, not after
     models = _parse_list(args.models, MODELS, "--models")
     shapes = _parse_list(args.shapes, tuple(SHAPES), "--shapes")
@@ -426,5 +429,4 @@ def _medians(records: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileExistsError,))   # InputError: a bad flag; FileExistsError: --output_json

@@ -16,7 +16,7 @@ What it writes (``--model-name`` defaults to the checkpoint's model, ``dlrm`` or
 
 Every model directory also gets ``recsys_serving.json`` (inputs with their dims and id ranges, the checkpoint, the
 feature spec when ``--dataset_path`` is given, ``negative_downsampling_rate``). Inputs and output: see
-:mod:`deployment.export`. A model trained on negatives down-sampled to rate ``w`` (the feature spec's recorded rate,
+:mod:`dlrm_dcnv2.serving`. A model trained on negatives down-sampled to rate ``w`` (the feature spec's recorded rate,
 or ``--negative_downsampling_rate``, which overrides it) serves ``sigmoid(logit + log w)``, the full data's
 probability; the correction is in the monolithic and the dense graphs.
 
@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
-LOG = logging.getLogger("deployment.deploy")
-TOOL = "dlrm_dcnv2.deploy"
-LAYOUTS = ("monolithic", "ensemble", "both")
-FORMATS = ("onnx", "tf-savedmodel")
-PLATFORM = {"onnx": "onnxruntime_onnx", "tf-savedmodel": "tensorflow_savedmodel"}
-MODEL_FILE = {"onnx": "model.onnx", "tf-savedmodel": "model.savedmodel"}
-SUFFIX = {"onnx": "onnx", "tf-savedmodel": "savedmodel"}
+# DeployError is this command's bad-input error (defined with the library it checks for)
+from dlrm_dcnv2.serving import FORMATS, LAYOUTS, DeployError, check_downsampling_rate, write_repository
+from recsys_common.cli import exit_status
+from recsys_common.serving.triton_options import add_batching_delay_arguments
+
 UNAVAILABLE_FORMATS = {
     "hps": "Merlin HPS (the seed's sparse backend) needs NVIDIA's HugeCTR/HPS Triton backend, which is not on PyPI "
            "and cannot run on these CPU machines; use --sparse-format tf-savedmodel (what HPS would replace) or onnx",
@@ -53,12 +50,7 @@ UNAVAILABLE_FORMATS = {
 }
 
 
-class DeployError(ValueError):
-    """A flag, checkpoint or repository problem; the message names it."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.triton_options import add_batching_delay_arguments
     p = argparse.ArgumentParser(prog="python -m deployment.deploy", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint-dir", required=True,
@@ -115,112 +107,26 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                              ("--engine-count-per-device", args.engine_count_per_device, 1)):
         if value is not None and value < low:
             raise DeployError(f"{flag} must be at least {low}, got {value}")
-    rate = args.negative_downsampling_rate
-    if rate is not None and not 0.0 < rate <= 1.0:   # also refuses NaN
-        raise DeployError(f"--negative_downsampling_rate must lie in (0, 1] (the probability a training negative "
-                          f"was kept), got {rate}")
+    check_downsampling_rate(args.negative_downsampling_rate)
     return args
 
 
-def deploy(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = None,
-           sparse_model_name: Optional[str] = None, dense_model_name: Optional[str] = None, version: int = 1,
-           layout: str = "monolithic", formats: Sequence[str] = FORMATS, sparse_format: str = "tf-savedmodel",
-           dense_format: str = "onnx", max_batch_size: int = 32768, dynamic_batching_delay_us: Optional[int] = None,
-           instance_count: int = 1, cpu: bool = False, opset: int = 17, dataset_path: Optional[str] = None,
-           feature_spec: str = "feature_spec.yaml", overwrite: bool = False,
-           negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
-    """Write the repository (see the module docstring); returns ``{"repository", "models": {name: platform},
-    "checkpoint", "model", "negative_downsampling_rate"}``. Raises ``DeployError`` / ``CheckpointError`` /
-    ``OutputDirectoryError``. ``negative_downsampling_rate``: w of the training data, whose ``log w`` the served
-    logits get (``None``: the feature spec's recorded rate, 1.0 without ``dataset_path``)."""
-    from recsys_common.io import check_output_directory
-    from recsys_common.serving.model_config import EnsembleStep, TensorSpec, check_model_directory, model_config_text
-    from recsys_common.serving.repository import model_repository
-    from deployment import export
-
-    check_output_directory(repository, overwrite)  # before minutes of loading and exporting
-    if negative_downsampling_rate is not None and not 0.0 < float(negative_downsampling_rate) <= 1.0:
-        raise DeployError(f"--negative_downsampling_rate must lie in (0, 1] (the probability a training negative "
-                          f"was kept), got {negative_downsampling_rate}")
-    spec = spec_dict = feature_names = None
-    if dataset_path:
-        from dlrm_dcnv2.dataloading.dataloader import load_spec
-        spec = load_spec(dataset_path, feature_spec, "--feature_spec")
-        spec_dict = spec.to_dict()
-    loaded = export.load_checkpoint_model(checkpoint_dir, spec)
-    if spec is not None:
-        feature_names = export.check_feature_spec(loaded.config, spec, loaded.path)
-    rate = negative_downsampling_rate
-    if rate is None and spec is not None:
-        from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
-        rate = recorded_rate(spec)
-    loaded.negative_downsampling_rate = 1.0 if rate is None else float(rate)
-    LOG.info("negative down-sampling rate %g: %s", loaded.negative_downsampling_rate,
-             f"served probabilities are sigmoid(logit + log {loaded.negative_downsampling_rate:g})"
-             if loaded.negative_downsampling_rate < 1.0 else "no correction")
-    name = model_name or loaded.model_name
-    kind = "KIND_CPU" if cpu else "KIND_GPU"
-
-    def tensors(description: Dict[str, Dict[str, Any]]) -> List[TensorSpec]:
-        return [TensorSpec(n, d["dtype"], d["dims"]) for n, d in description.items()]
-
-    def add(repo, model: str, part: str, fmt: str) -> None:
-        inputs, outputs = export.io_description(loaded, part)
-        text = model_config_text(model, PLATFORM[fmt], tensors(inputs), tensors(outputs), max_batch_size,
-                                 dynamic_batching_delay_us=dynamic_batching_delay_us, instance_count=instance_count,
-                                 instance_kind=kind)
-        version_dir = repo.add_model(model, text, version=version,
-                                     sidecar=export.sidecar(loaded, part, fmt, feature_names, spec_dict))
-        target = os.path.join(version_dir, MODEL_FILE[fmt])
-        LOG.info("exporting %s (%s, %s) ...", model, part, fmt)
-        if fmt == "onnx":
-            export.export_onnx(loaded, part, target, opset)
-        else:
-            export.export_savedmodel(loaded, part, target)
-        written[model] = PLATFORM[fmt]
-
-    written: Dict[str, str] = {}
-    with model_repository(repository, overwrite=overwrite, tool=TOOL) as repo:
-        if layout in ("monolithic", "both"):
-            for fmt in formats:
-                add(repo, f"{name}-{SUFFIX[fmt]}", "monolithic", fmt)
-        if layout in ("ensemble", "both"):
-            sparse_name, dense_name = sparse_model_name or f"{name}-sparse", dense_model_name or f"{name}-dense"
-            add(repo, sparse_name, "sparse", sparse_format)
-            add(repo, dense_name, "dense", dense_format)
-            inputs, outputs = export.io_description(loaded, "monolithic")
-            sparse_inputs, _ = export.io_description(loaded, "sparse")
-            dense_inputs, _ = export.io_description(loaded, "dense")
-            steps = [EnsembleStep(sparse_name, {n: n for n in sparse_inputs}, {export.EMBEDDINGS: export.EMBEDDINGS}),
-                     EnsembleStep(dense_name, {n: n for n in dense_inputs}, {export.PROBABILITY: export.PROBABILITY})]
-            text = model_config_text(name, "ensemble", tensors(inputs), tensors(outputs), max_batch_size,
-                                     ensemble_steps=steps)
-            repo.add_model(name, text, version=version,
-                           sidecar=dict(export.sidecar(loaded, "monolithic", "ensemble", feature_names, spec_dict),
-                                        steps=[sparse_name, dense_name]))
-            written[name] = "ensemble"
-    for model in written:  # what landed on disk, checked once more as Triton would load it
-        check_model_directory(os.path.join(repository, model))
-    return {"repository": os.path.abspath(repository), "models": written, "checkpoint": loaded.path,
-            "model": loaded.model_name, "negative_downsampling_rate": loaded.negative_downsampling_rate}
-
-
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Parse ``argv`` and deploy; returns :func:`deploy`'s result."""
+    """Parse ``argv`` and write the repository; returns ``dlrm_dcnv2.serving.write_repository``'s result."""
     args = parse_args(argv)
-    return deploy(args.checkpoint_dir, args.model_repository_path, model_name=args.model_name,
-                  sparse_model_name=args.sparse_model_name, dense_model_name=args.dense_model_name,
-                  version=args.model_version, layout=args.layout, formats=args.format_list,
-                  sparse_format=args.sparse_format, dense_format=args.dense_format,
-                  max_batch_size=args.max_batch_size, dynamic_batching_delay_us=args.dynamic_batching_delay_us,
-                  instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
-                  dataset_path=args.dataset_path, feature_spec=args.feature_spec, overwrite=args.overwrite,
-                  negative_downsampling_rate=args.negative_downsampling_rate)
+    return write_repository(args.checkpoint_dir, args.model_repository_path, model_name=args.model_name,
+                            sparse_model_name=args.sparse_model_name, dense_model_name=args.dense_model_name,
+                            version=args.model_version, layout=args.layout, formats=args.format_list,
+                            sparse_format=args.sparse_format, dense_format=args.dense_format,
+                            max_batch_size=args.max_batch_size,
+                            dynamic_batching_delay_us=args.dynamic_batching_delay_us,
+                            instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
+                            dataset_path=args.dataset_path, feature_spec=args.feature_spec,
+                            overwrite=args.overwrite, negative_downsampling_rate=args.negative_downsampling_rate)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: prints the models written; a clear one-line error and exit status 1 (2 for flags)."""
-    from recsys_common.cli import exit_status
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     def report(result: Dict[str, Any]) -> None:
@@ -229,8 +135,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         rate = result["negative_downsampling_rate"]
         print(f"negative down-sampling rate {rate:g}: " + (f"served probability = sigmoid(logit + log {rate:g})"
                                                           if rate < 1.0 else "no correction"))
-    return exit_status(main, argv, input_errors=(DeployError,), failures=(ValueError, OSError), with_type=True,
-                       report=report)
+    return exit_status(main, argv, failures=(ValueError, OSError), with_type=True, report=report)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ loader in batches of ``--batch_size`` (at most ``--max_steps`` batches). The ser
 ``Evaluator`` (the one ``--mode eval`` uses) on the checkpoint's model. Reported for each side: the exact AUC
 (``recsys_common.metrics.roc_auc_score``; the recipe's on its logits, the server's on the probabilities) and
 NVIDIA's approximate AUC (``tf.keras.metrics.AUC(--auc_thresholds)``), the click-model figures log loss,
-normalized entropy and calibration (``dlrm_dcnv2.nn.evaluator.click_metrics``) with the served side's differences,
+normalized entropy and calibration (``dlrm_dcnv2.model.metrics.click_metrics``) with the served side's differences,
 plus the largest per-row probability difference. The run fails (exit status 1) when an exact AUC differs from the
 recipe's by more than ``--tolerance``. A model deployed from negatively down-sampled data serves
 ``sigmoid(logit + log w)``; the recipe's logits get the same ``log w`` (``--negative_downsampling_rate``, default the
@@ -29,11 +29,23 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from dlrm_dcnv2 import serving
+from dlrm_dcnv2.data import create_input
+from dlrm_dcnv2.data.dataloader import load_spec
+from dlrm_dcnv2.model.metrics import CLICK_METRICS, CORRECTED_CLICK_METRICS, click_metrics
+from recsys_common.cli import CheckFailedError, exit_status
+from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
+from recsys_common.flags import add_flag  # --server-url and --server_url alike
+from recsys_common.io import check_json_output, write_json_output
+from recsys_common.metrics import roc_auc_score
+from recsys_common.serving.client import InferenceClient
+
+# The recipe's Evaluator (TensorFlow) is imported inside the two functions that score rows, on purpose: a flag error
+# costs no TensorFlow start-up.
 PROTOCOLS = ("grpc", "http")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.flags import add_flag  # --server-url and --server_url alike
     p = argparse.ArgumentParser(prog="python -m deployment.evaluate_accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset_path", required=True, help="dataset directory (its feature spec)")
     p.add_argument("--dataset_type", default="tf_raw", choices=("tf_raw", "split_tfrecords"), help="dataset format")
@@ -58,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_rows(dataset_type: str, dataset_path: str, feature_spec: str, mapping: str, batch_size: int,
+def load_rows(dataset_type: str, dataset_path: str, spec, mapping: str, batch_size: int,
               max_steps: Optional[int]) -> List[tuple]:
-    """The batches both sides score: ``(numerical, categorical tuple, labels)`` tensors of the recipe's loader."""
-    from dlrm_dcnv2.dataloading import create_input
-    data = create_input(dataset_type, dataset_path, feature_spec, mapping=mapping, global_batch_size=batch_size)
+    """The batches both sides score: ``(numerical, categorical tuple, labels)`` tensors of the recipe's loader
+    (``spec``: the dataset's feature spec, parsed once)."""
+    data = create_input(dataset_type, dataset_path, mapping=mapping, global_batch_size=batch_size, spec=spec)
     batches = []
     for i, batch in enumerate(data):
         if max_steps is not None and i >= max_steps:
@@ -73,31 +85,15 @@ def load_rows(dataset_type: str, dataset_path: str, feature_spec: str, mapping: 
     return batches
 
 
-def serving_inputs(batch, hotness: Sequence[int], num_numerical: int) -> Dict[str, np.ndarray]:
-    """One loader batch as the server's inputs (multi-hot ids padded with -1 to the model's hotness)."""
-    from deployment.export import NUMERICAL, PAD, categorical_input
-    numerical, categorical, _ = batch
-    out: Dict[str, np.ndarray] = {}
-    if num_numerical:
-        out[NUMERICAL] = np.asarray(numerical, np.float32)
-    for t, (ids, h) in enumerate(zip(categorical, hotness)):
-        ids = np.asarray(ids, np.int64).reshape(len(ids), -1)
-        if ids.shape[1] < h:
-            ids = np.concatenate([ids, np.full((len(ids), h - ids.shape[1]), PAD, np.int64)], axis=1)
-        out[categorical_input(t)] = ids
-    return out
-
-
 def served_probabilities(url: str, protocol: str, model: str, requests: List[Dict[str, np.ndarray]],
                          timeout_s: float) -> np.ndarray:
     """Every request through ``model`` at ``url``; the probabilities in row order (float32 [rows])."""
-    from recsys_common.serving.client import InferenceClient
-    from deployment.export import PROBABILITY
+    probability = serving.PROBABILITY
     out = []
     with InferenceClient(url, protocol, timeout_s=timeout_s) as client:
         client.wait_until_ready(model, timeout_s=timeout_s)
         for i, inputs in enumerate(requests):
-            out.append(np.asarray(client.infer(model, inputs, [PROBABILITY])[PROBABILITY], np.float32).reshape(-1))
+            out.append(np.asarray(client.infer(model, inputs, [probability])[probability], np.float32).reshape(-1))
             if (i + 1) % 50 == 0:
                 print(f"[{protocol}] {i + 1}/{len(requests)} requests", file=sys.stderr, flush=True)
     return np.concatenate(out)
@@ -106,8 +102,7 @@ def served_probabilities(url: str, protocol: str, model: str, requests: List[Dic
 def metrics(labels: np.ndarray, scores: np.ndarray, probabilities: np.ndarray, thresholds: int) -> Dict[str, float]:
     """Exact AUC of ``scores`` (logits or probabilities rank the rows alike) and approximate AUC of the
     probabilities."""
-    from recsys_common.metrics import roc_auc_score
-    from dlrm_dcnv2.nn.evaluator import approximate_auc
+    from dlrm_dcnv2.model.evaluator import approximate_auc
     return {"auc_exact": float(roc_auc_score(labels, scores)),
             "auc": approximate_auc(labels, probabilities, thresholds)}
 
@@ -119,29 +114,26 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
                       negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
     """The report (see the module docstring); ``urls``: {protocol: host:port}. ``report["passed"]`` tells whether
     every protocol's exact AUC is within ``tolerance`` of the recipe's. Each side also has ``log_loss``,
-    ``normalized_entropy`` and ``calibration`` (``dlrm_dcnv2.nn.evaluator.click_metrics``: the recipe's from its
+    ``normalized_entropy`` and ``calibration`` (``dlrm_dcnv2.model.metrics.click_metrics``: the recipe's from its
     logits, the server's from the probabilities) and each served entry their ``*_difference``.
 
     ``negative_downsampling_rate``: the w the served model was deployed with (``None``: the feature spec's recorded
     rate, deploy.py's default). With w < 1 the served model returns ``sigmoid(logit + log w)``; the recipe's side
     adds the same ``log w`` to its logits, so both report the full data's (corrected) metrics, and
     ``recipe_uncorrected`` holds the down-sampled model's own metrics with their ``*_corrected`` forms."""
-    from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
-    from dlrm_dcnv2.dataloading.dataloader import load_spec
-    from dlrm_dcnv2.nn.evaluator import CLICK_METRICS, CORRECTED_CLICK_METRICS, Evaluator, click_metrics
-    from deployment.export import load_checkpoint_model
+    from dlrm_dcnv2.model.evaluator import Evaluator
     mapping = "train" if test_on_train else "test"
     spec = load_spec(dataset_path, feature_spec, "--feature_spec")
     rate = recorded_rate(spec) if negative_downsampling_rate is None else float(negative_downsampling_rate)
     if not 0.0 < rate <= 1.0:   # also refuses NaN
         raise ValueError(f"--negative_downsampling_rate must lie in (0, 1], got {negative_downsampling_rate}")
-    loaded = load_checkpoint_model(checkpoint, spec)
-    batches = load_rows(dataset_type, dataset_path, feature_spec, mapping, batch_size, max_steps)
+    loaded = serving.load_checkpoint_model(checkpoint, spec)
+    batches = load_rows(dataset_type, dataset_path, spec, mapping, batch_size, max_steps)
     labels = np.concatenate([np.asarray(b[2], np.float32).reshape(-1) for b in batches])
 
     begin = time.perf_counter()
     raw_logits = Evaluator(loaded.model, auc_thresholds=auc_thresholds).predict(batches)["logits"].astype(np.float64)
-    logits = raw_logits + np.log(rate) if rate < 1.0 else raw_logits   # as served (deployment.export.served_logits)
+    logits = raw_logits + np.log(rate) if rate < 1.0 else raw_logits   # as served (serving.LoadedModel.served_logits)
     recipe_probabilities = 1.0 / (1.0 + np.exp(-logits))
     report: Dict[str, Any] = {
         "model_name": model_name, "checkpoint": loaded.path, "dataset_path": dataset_path, "split": mapping,
@@ -151,7 +143,7 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
         "served": {}}
     if rate < 1.0:
         report["recipe_uncorrected"] = click_metrics(labels, logits=raw_logits, negative_downsampling_rate=rate)
-    requests = [serving_inputs(b, loaded.hotness, loaded.num_numerical) for b in batches]
+    requests = [serving.serving_inputs(b, loaded.hotness, loaded.num_numerical) for b in batches]
     passed = True
     for protocol, url in urls.items():
         begin = time.perf_counter()
@@ -176,7 +168,6 @@ def evaluate_accuracy(dataset_path: str, checkpoint: str, model_name: str, urls:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Parse ``argv``, evaluate, print and (``--output_json``) write the report; returns it."""
-    from recsys_common.io import check_json_output, write_json_output
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     if not protocols or any(p not in PROTOCOLS for p in protocols):
@@ -207,7 +198,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     """Exit status 0 when within tolerance, 1 when not or on an error (printed as one line)."""
-    from recsys_common.cli import CheckFailedError, exit_status
 
     def checked(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
         report = main(argv)

@@ -17,11 +17,14 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
+from dlrm_dcnv2.serving import PROBABILITY, rows_from_dataset
+from recsys_common.cli import exit_status
+from recsys_common.serving.latency import add_latency_arguments, perf_analyzer_options, run_latency
+from recsys_common.serving.repository import read_sidecar
+from recsys_common.serving.rows import cycling_rows, random_rows
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.latency import add_latency_arguments
     p = argparse.ArgumentParser(prog="python -m deployment.evaluate_latency", description=__doc__.split("\n\n")[0])
     add_latency_arguments(p, default_batch_sizes=(1, 64, 1024, 8192), default_concurrency=(1, 2))
     p.add_argument("--dataset_path", default=None, help="rows of this dataset's test split make the requests")
@@ -31,22 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def rows_from_dataset(dataset_path: str, feature_spec: str, rows: int) -> Dict[str, np.ndarray]:
-    """The first ``rows`` rows (fewer if the split is shorter) of the test split as serving inputs."""
-    from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
-    from dlrm_dcnv2.scripts.predict import read_feature_batches
-    spec = load_spec(dataset_path, feature_spec, "--feature_spec")
-    meta = metadata_from_spec(spec)
-    _, batch = next(read_feature_batches(spec, "test", meta.categorical_features, meta.numerical_features, rows))
-    return batch
-
-
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """Parse ``argv``, measure, write the report; returns the records (one per batch size x concurrency)."""
-    from recsys_common.serving.latency import perf_analyzer_options, run_latency
-    from recsys_common.serving.repository import read_sidecar
-    from recsys_common.serving.rows import cycling_rows, random_rows
-    from deployment.export import PROBABILITY
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     if bool(args.dataset_path) == bool(args.model_repository_path):
         raise ValueError("give exactly one of --dataset_path (real rows) and --model-repository-path (random rows)")
@@ -65,7 +54,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    from recsys_common.cli import exit_status
     return exit_status(main, argv, failures=(ValueError, OSError, RuntimeError), with_type=True)
 
 

@@ -27,7 +27,7 @@ for MODEL in "${MODELS[@]}"; do
   echo "== $MODEL: deploy"
   "$PY" -m deployment.deploy --checkpoint-dir "$QS/${MODEL}_checkpoint" --model-repository-path "$OUT/repo_$MODEL" \
       --dataset_path "$QS/data" --cpu --overwrite
-  read -r HTTP_PORT GRPC_PORT < <("$PY" -c "from recsys_testing import free_port as f; print(f(), f())")
+  read -r HTTP_PORT GRPC_PORT < <("$PY" -c "from recsys_common.machine import free_port as f; print(f(), f())")
   "$PY" -m recsys_common.serving.mlserver_launcher --model-repository "$OUT/repo_$MODEL" \
       --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" > "$OUT/server_$MODEL.log" 2>&1 &
   SERVER=$!

@@ -55,6 +55,10 @@ import numpy as np
 from recsys_common import checkpoints as catalogue
 from recsys_common.checkpoints import CheckpointError, checkpoint_name  # noqa: F401 (this recipe's names for them)
 from recsys_common.io import MANIFEST_NAME, atomic_directory, atomic_write_text, read_manifest
+from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
+
+# TensorFlow (and hvd_utils, TensorFlow code) is imported inside the functions that touch tensors, on purpose: the
+# serving commands and the training program's flag checks read checkpoints without a TensorFlow start-up.
 
 LOG = logging.getLogger(__name__)
 
@@ -273,7 +277,6 @@ def _agree(flag: bool, ctx) -> bool:
 def _check_shared(root: str, ctx) -> None:
     """Before training: every rank must see ``root`` (one node, or a file system shared by the nodes), since each
     rank writes its shards into rank 0's staging directory (``recsys_common.shared_storage``)."""
-    from recsys_common.shared_storage import DirectoryNotSharedError, check_shared_directory
 
     def count(flag: bool) -> int:
         import tensorflow as tf

@@ -2,16 +2,17 @@
 
 NVIDIA's ``--batch_size 65536 --valid_batch_size 65536`` made a 100k-row CPU run peak at 14.8 GB and take 2 steps
 per epoch, inside an 8000-step warmup. On a CPU (no GPU visible, or ``--cpu``), when the command line does not set
-``--batch_size``, :func:`apply_cpu_defaults` picks the batch with the repository's one rule
+``--batch_size``, :func:`choose_cpu_defaults` picks the batch with the repository's one rule
 (:func:`recsys_common.cpu_defaults.choose_cpu_batch`), scales the learning rate with it (linear for SGD, DLRM's
 optimizer; square root for Adam, DCNv2's), and lays NVIDIA's step-based schedule (warmup, decay start, decay length)
 over this run as NVIDIA lays it over one Criteo-1TB epoch (:func:`recsys_common.cpu_defaults.scale_schedule_steps`).
 ``--valid_batch_size``, when not given, is bounded by memory only. Flags given on the command line are kept; a GPU
-keeps NVIDIA's values.
+keeps NVIDIA's values. The choices are returned (the run's one configuration is built from them,
+``dlrm_dcnv2.cli.settle``); nothing is written into the parsed flags.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import AbstractSet, Any, Dict, List, Optional, Tuple
 
 from recsys_common import cpu_defaults
 
@@ -34,45 +35,51 @@ def model_width(args, embedding_dims: List[int]) -> int:
     return width
 
 
-def train_rows(args) -> Optional[int]:
-    """Rows of the training split, read from the files' sizes; None where only reading would tell (TFRecords), and
-    for the synthetic type (its rows are batches x batch size)."""
-    if args.dataset_type != "tf_raw" or not args.dataset_path:
-        return None
-    from dlrm_dcnv2.dataloading.dataloader import load_spec
-    from recsys_common.datasets import count_rows
-    return count_rows(load_spec(args.dataset_path, args.feature_spec, "--feature_spec"), "train")
+def train_rows(data) -> Optional[int]:
+    """Rows of the training split (``data``: the run's ``DataConfig``, its spec parsed once): read from the files'
+    sizes; None where only reading would tell (TFRecords), and for the synthetic type."""
+    return data.train_rows()
 
 
-def apply_cpu_defaults(args, on_gpu: bool, world_size: int, embedding_dims: List[int],
-                       gpu_learning_rate: float, memory_bytes: Optional[int] = None) -> Optional[str]:
-    """On a CPU, set ``args.batch_size`` / ``valid_batch_size`` / ``learning_rate`` / the schedule steps that the
-    command line left at NVIDIA's defaults (``args.flags_given``, from ``parse_args``); returns the line to print
-    (None when nothing changed). ``gpu_learning_rate`` is the model's NVIDIA default (DLRM 24, DCNv2 0.0001)."""
-    if on_gpu or getattr(args, "flags_given", None) is None:
+def run_steps(args, batch: int, rows: Optional[int]) -> Optional[int]:
+    """Optimizer steps of this run at ``batch`` (epochs x steps per epoch, capped by ``--max_steps``); None when the
+    training rows are unknown. The last partial batch is trained too (``data.batch_layout``)."""
+    if args.dataset_type == "synthetic":
+        steps_per_epoch = args.synthetic_dataset_train_batches
+    elif rows is not None:
+        steps_per_epoch = -(-rows // batch)
+    else:
         return None
-    given = set(args.flags_given)
+    steps = steps_per_epoch * args.epochs
+    return min(steps, args.max_steps) if args.max_steps > 0 else steps
+
+
+def choose_cpu_defaults(args, model: str, given_flags: AbstractSet[str], data, *, on_gpu: bool, world_size: int,
+                        embedding_dims: List[int], gpu_learning_rate: float,
+                        memory_bytes: Optional[int] = None) -> Tuple[Dict[str, Any], Optional[str]]:
+    """On a CPU (not ``on_gpu``), the values of ``--batch_size`` / ``--valid_batch_size`` / ``--learning_rate`` / the schedule steps
+    that the command line left at NVIDIA's defaults (``given_flags``: the destinations it set); returns ``(values,
+    the line to print)`` (``({}, None)`` when nothing is chosen). ``args``: the parsed flags (read, never written);
+    ``data``: the run's ``DataConfig`` (its training rows are counted only when the batch is chosen);
+    ``gpu_learning_rate``: the model's NVIDIA default (DLRM 24, DCNv2 0.0001)."""
+    if on_gpu:
+        return {}, None
     recipe = cpu_defaults.RecipeBatch(NVIDIA_BATCH_SIZE, gpu_learning_rate,
                                       "linear" if args.optimizer == "sgd" else "sqrt", "batch_size", "learning_rate",
                                       "valid_batch_size")
     training = args.mode == "train"
-    rows = train_rows(args) if cpu_defaults.training_batch_wanted(given, recipe, training) else None
-    parts, choice = cpu_defaults.apply_batch_defaults(
-        args, given, recipe, world_size=world_size, training=training, train_rows=rows, memory_bytes=memory_bytes,
+    rows = train_rows(data) if cpu_defaults.training_batch_wanted(given_flags, recipe, training) else None
+    chosen = cpu_defaults.choose_batch_defaults(
+        given_flags, recipe, world_size=world_size, training=training, train_rows=rows,
+        given_learning_rate=args.learning_rate, memory_bytes=memory_bytes,
         bytes_per_row=BYTES_PER_ROW_NVIDIA_DLRM * model_width(args, embedding_dims) / NVIDIA_DLRM_WIDTH)
-    if choice is not None:
-        if args.dataset_type == "synthetic":
-            steps_per_epoch = args.synthetic_dataset_train_batches
-        else:
-            # the last partial batch is trained too (dataloader.batch_layout)
-            steps_per_epoch = -(-rows // choice.batch) if rows is not None else None
-        run_steps = None
-        if steps_per_epoch is not None:
-            run_steps = steps_per_epoch * args.epochs
-            if args.max_steps > 0:
-                run_steps = min(run_steps, args.max_steps)
-        schedule = cpu_defaults.apply_schedule_defaults(args, given, SCHEDULE_FLAGS, choice.batch, NVIDIA_BATCH_SIZE,
-                                                        NVIDIA_RUN_STEPS, run_steps)
-        if schedule:
-            parts.append(schedule)
-    return cpu_defaults.defaults_line(f"{args.model}.py", parts, "--batch_size")
+    values, parts = dict(chosen.values), list(chosen.parts)
+    if chosen.choice is not None:
+        schedule = {dest: getattr(args, dest) for dest in SCHEDULE_FLAGS}
+        moved, line = cpu_defaults.choose_schedule_defaults(
+            given_flags, schedule, chosen.choice.batch, NVIDIA_BATCH_SIZE, NVIDIA_RUN_STEPS,
+            run_steps(args, chosen.choice.batch, rows))
+        values.update(moved)
+        if line:
+            parts.append(line)
+    return values, cpu_defaults.defaults_line(f"{model}.py", parts, "--batch_size")

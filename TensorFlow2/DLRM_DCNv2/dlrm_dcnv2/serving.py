@@ -1,4 +1,5 @@
-"""A training checkpoint as servable models: monolithic, or split into a sparse (embeddings) and a dense half.
+"""A training checkpoint as servable models (monolithic, or split into a sparse and a dense half), and the Triton
+model repository of them (:func:`write_repository`, what ``deployment/deploy.py`` runs).
 
 The serving interface (the same for the SavedModel, the ONNX model and the ensemble; batch dimension first)::
 
@@ -27,18 +28,35 @@ dense graphs; with ``w = 1`` no op is added (the graph of a model without down-s
 Example (one process, CPU)::
 
     loaded = load_checkpoint_model("/tmp/dlrm_dcnv2_quickstart/dlrm_checkpoint")   # newest step_<N>
-    fn, specs = monolithic_function(loaded)
-    export_onnx(fn, specs, "/tmp/model.onnx")
+    export_onnx(loaded, "monolithic", "/tmp/model.onnx")
+    write_repository("/tmp/dlrm_dcnv2_quickstart/dlrm_checkpoint", "/tmp/dlrm_repo", cpu=True)
+
+TensorFlow (with the model code and tf2onnx) is imported inside the functions that build or run graphs, on purpose:
+the commands over this module (``deployment/``, ``python -m dlrm_dcnv2.predict``) check their flags and inputs
+without a TensorFlow start-up.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from dlrm_dcnv2.checkpointing import CheckpointError, read_state, resolve_checkpoint, restore_checkpoint
+from dlrm_dcnv2.data.dataloader import load_spec, metadata_from_spec
+from recsys_common.cli import InputError
+from recsys_common.datasets import DatasetError, open_reader
+from recsys_common.feature_spec import negative_downsampling_rate as recorded_rate
+from recsys_common.io import check_output_directory
+from recsys_common.serving.model_config import EnsembleStep, TensorSpec, check_model_directory, model_config_text
+from recsys_common.serving.repository import model_repository
+from recsys_common.serving.rows import random_rows
+
+LOG = logging.getLogger("dlrm_dcnv2.serving")
 
 NUMERICAL = "numerical"
 PROBABILITY = "probability"
@@ -101,7 +119,6 @@ class LoadedModel:
 # ------------------------------------------------------------------------------------------------ loading
 def checkpoint_config(checkpoint: str) -> Tuple[str, Dict[str, Any], Dict[str, Any]]:
     """``(step_<N> path, state.json, model config)`` of ``checkpoint`` (one step_<N>, or a directory of them)."""
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError, read_state, resolve_checkpoint
     path = resolve_checkpoint(checkpoint)
     state = read_state(path)
     config = state.get("config") or {}
@@ -121,8 +138,6 @@ def check_feature_spec(config: Dict[str, Any], spec, where: str) -> List[str]:
     table's rows (more ids than rows cannot be looked up; fewer is accepted), its max hotness, and the number of
     numerical features. Raises ``CheckpointError`` naming the spec file, the feature and both values.
     """
-    from dlrm_dcnv2.dataloading.dataloader import metadata_from_spec
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError
     meta = metadata_from_spec(spec)
     origin = getattr(spec, "origin", "feature spec")
     tables, hotness = list(config["table_sizes"]), list(config["hotness"])
@@ -154,8 +169,7 @@ def load_checkpoint_model(checkpoint: str, feature_spec=None) -> LoadedModel:
     not fit the configuration (naming the file and table/layer).
     """
     import tensorflow as tf
-    from dlrm_dcnv2.nn.model import build_model
-    from dlrm_dcnv2.utils.checkpointing import restore_checkpoint
+    from dlrm_dcnv2.model.model import build_model
 
     path, state, config = checkpoint_config(checkpoint)
     if feature_spec is not None:
@@ -192,7 +206,7 @@ def _specs(loaded: LoadedModel, numerical: bool = True, categorical: bool = True
     return specs
 
 
-def _ids(tensors, hotness: Sequence[int]) -> tuple:
+def model_ids(tensors, hotness: Sequence[int]) -> tuple:
     """Serving ids ``[b, h]`` -> the model's: ``[b]`` for one-hot tables, ``[b, h]`` (padded -1) for multi-hot."""
     import tensorflow as tf
     return tuple(tf.reshape(x, [-1]) if h == 1 else x for x, h in zip(tensors, hotness))
@@ -209,13 +223,13 @@ def _checked_ids(loaded: LoadedModel, tensors) -> tuple:
         ids, ok = checked_ids(x, rows, PAD if h > 1 else 0)
         safe.append(ids)
         oks.append(ok)
-    return _ids(safe, loaded.hotness), all_rows_ok(oks)
+    return model_ids(safe, loaded.hotness), all_rows_ok(oks)
 
 
 def monolithic_function(loaded: LoadedModel) -> Tuple[Callable, list]:
     """``(tf.function, input specs)``: numerical, cat_<t>... -> {"probability": [b, 1]} (the whole model)."""
     import tensorflow as tf
-    model, hotness, has_numerical = loaded.model, loaded.hotness, loaded.num_numerical > 0
+    model, has_numerical = loaded.model, loaded.num_numerical > 0
     specs = _specs(loaded)
 
     def serve(*inputs):
@@ -231,7 +245,7 @@ def monolithic_function(loaded: LoadedModel) -> Tuple[Callable, list]:
 def sparse_function(loaded: LoadedModel) -> Tuple[Callable, list]:
     """``(tf.function, input specs)``: cat_<t>... -> {"embeddings": [b, sum(dims)]} (every table's lookup)."""
     import tensorflow as tf
-    sparse, hotness = loaded.model.sparse, loaded.hotness
+    sparse = loaded.model.sparse
     specs = _specs(loaded, numerical=False)
 
     def serve(*inputs):
@@ -332,7 +346,7 @@ def keras_probabilities(loaded: LoadedModel, inputs: Dict[str, np.ndarray]) -> n
     import tensorflow as tf
     numerical = (tf.constant(inputs[NUMERICAL], tf.float32) if loaded.num_numerical
                  else tf.zeros([len(next(iter(inputs.values()))), 0], tf.float32))
-    ids = _ids([tf.constant(inputs[categorical_input(t)], tf.int64) for t in range(len(loaded.hotness))],
+    ids = model_ids([tf.constant(inputs[categorical_input(t)], tf.int64) for t in range(len(loaded.hotness))],
                loaded.hotness)
     logits = loaded.model((numerical, ids), training=False)
     return tf.sigmoid(loaded.served_logits(tf.cast(logits, tf.float32))).numpy()
@@ -342,5 +356,189 @@ def random_inputs(loaded: LoadedModel, batch_size: int, seed: int = 0) -> Dict[s
     """A valid batch of the monolithic model's serving inputs (``recsys_common.serving.rows.random_rows`` of its
     sidecar inputs): numericals N(0, 1), ids uniform in each table, multi-hot rows padded with -1 after a random
     number (at least one) of ids."""
-    from recsys_common.serving.rows import random_rows
     return random_rows(io_description(loaded, "monolithic")[0], batch_size, seed)
+
+
+# ------------------------------------------------------------------------------------------------ dataset rows
+def read_feature_batches(spec, mapping: str, categorical: Sequence[str], numerical: Sequence[str],
+                         batch_size: int) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
+    """Yield ``(first_row, {serving input name: array})`` batches of ``mapping`` of a dataset (any split-binary /
+    CSV / parquet spec; labels not needed): ``numerical`` float32 [b, n], ``cat_<t>`` int64 [b, hotness] (padded
+    with -1). Ids are range-checked per batch (``DatasetError`` naming the file, feature and row); numericals must be
+    finite."""
+    channels = [ch for ch in spec.channel_spec if "label" not in ch.lower() and spec.channel_spec[ch]]
+    reader = open_reader(spec, mapping, batch_size, channels=channels, check_values=True)
+    position = {name: t for t, name in enumerate(categorical)}
+    for index in range(reader.num_batches_total):
+        batch = reader.read_batch(index)
+        first = index * batch_size
+        columns: Dict[str, np.ndarray] = {}
+        for ch in channels:
+            names, value = spec.channel_spec[ch], batch[ch]
+            for j, name in enumerate(names):
+                columns[name] = value[j] if isinstance(value, list) else value[:, j]
+        out: Dict[str, np.ndarray] = {}
+        if numerical:
+            values = np.stack([np.asarray(columns[n], np.float32) for n in numerical], axis=1)
+            if not np.isfinite(values).all():
+                row, col = (int(x[0]) for x in np.nonzero(~np.isfinite(values)))
+                source = spec.resolve_file(spec.chunk_of_feature(mapping, numerical[col])["files"][0])
+                raise DatasetError(f"{source}: numerical feature {numerical[col]!r} row {first + row} is "
+                                   f"{values[row, col]} (NaN/inf)")
+            out[NUMERICAL] = values
+        for name in categorical:
+            ids = np.asarray(columns[name], np.int64)
+            out[categorical_input(position[name])] = ids.reshape(len(ids), -1)
+        yield first, out
+
+
+def serving_inputs(batch, hotness: Sequence[int], num_numerical: int) -> Dict[str, np.ndarray]:
+    """One batch of the recipe's loader (``create_input``) as the server's inputs (multi-hot ids padded with -1 to
+    the model's hotness)."""
+    numerical, categorical, _ = batch
+    out: Dict[str, np.ndarray] = {}
+    if num_numerical:
+        out[NUMERICAL] = np.asarray(numerical, np.float32)
+    for t, (ids, h) in enumerate(zip(categorical, hotness)):
+        ids = np.asarray(ids, np.int64).reshape(len(ids), -1)
+        if ids.shape[1] < h:
+            ids = np.concatenate([ids, np.full((len(ids), h - ids.shape[1]), PAD, np.int64)], axis=1)
+        out[categorical_input(t)] = ids
+    return out
+
+
+def rows_from_dataset(dataset_path: str, feature_spec: str, rows: int, mapping: str = "test") -> Dict[str, np.ndarray]:
+    """The first ``rows`` rows (fewer if the split is shorter) of ``mapping`` as serving inputs."""
+    spec = load_spec(dataset_path, feature_spec, "--feature_spec")
+    meta = metadata_from_spec(spec)
+    _, batch = next(read_feature_batches(spec, mapping, meta.categorical_features, meta.numerical_features, rows))
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ the repository
+TOOL = "dlrm_dcnv2.deploy"
+LAYOUTS = ("monolithic", "ensemble", "both")
+FORMATS = ("onnx", "tf-savedmodel")
+PLATFORM = {"onnx": "onnxruntime_onnx", "tf-savedmodel": "tensorflow_savedmodel"}
+MODEL_FILE = {"onnx": "model.onnx", "tf-savedmodel": "model.savedmodel"}
+SUFFIX = {"onnx": "onnx", "tf-savedmodel": "savedmodel"}
+
+
+class DeployError(InputError):
+    """A flag, checkpoint or repository problem; the message names it."""
+
+
+def check_downsampling_rate(rate: Optional[float]) -> None:
+    """``--negative_downsampling_rate``: None (the feature spec's) or in (0, 1] (raises ``DeployError``)."""
+    if rate is not None and not 0.0 < float(rate) <= 1.0:   # also refuses NaN
+        raise DeployError(f"--negative_downsampling_rate must lie in (0, 1] (the probability a training negative "
+                          f"was kept), got {rate}")
+
+
+def load_for_serving(checkpoint_dir: str, dataset_path: Optional[str] = None,
+                     feature_spec: str = "feature_spec.yaml", negative_downsampling_rate: Optional[float] = None
+                     ) -> Tuple[LoadedModel, Optional[List[str]], Optional[dict]]:
+    """``(the loaded model, the spec's categorical feature names, the spec as a dict)`` (the last two None without
+    ``dataset_path``): the spec checked against the checkpoint, the down-sampling rate set (``None``: the spec's
+    recorded rate, 1.0 without a spec)."""
+    spec = spec_dict = feature_names = None
+    if dataset_path:
+        spec = load_spec(dataset_path, feature_spec, "--feature_spec")
+        spec_dict = spec.to_dict()
+    loaded = load_checkpoint_model(checkpoint_dir, spec)
+    if spec is not None:
+        feature_names = check_feature_spec(loaded.config, spec, loaded.path)
+    rate = negative_downsampling_rate
+    if rate is None and spec is not None:
+        rate = recorded_rate(spec)
+    loaded.negative_downsampling_rate = 1.0 if rate is None else float(rate)
+    LOG.info("negative down-sampling rate %g: %s", loaded.negative_downsampling_rate,
+             f"served probabilities are sigmoid(logit + log {loaded.negative_downsampling_rate:g})"
+             if loaded.negative_downsampling_rate < 1.0 else "no correction")
+    return loaded, feature_names, spec_dict
+
+
+@dataclass(frozen=True)
+class TritonModels:
+    """What every model of one repository gets: its ``config.pbtxt`` settings and the sidecar's description."""
+    loaded: LoadedModel
+    max_batch_size: int = 32768
+    dynamic_batching_delay_us: Optional[int] = None
+    instance_count: int = 1
+    instance_kind: str = "KIND_GPU"
+    version: int = 1
+    opset: int = DEFAULT_OPSET
+    feature_names: Optional[Sequence[str]] = None
+    spec_dict: Optional[dict] = None
+
+    def add(self, repo, model: str, part: str, fmt: str) -> str:
+        """Write ``part`` in format ``fmt`` as ``model`` into ``repo``; returns its Triton platform."""
+        inputs, outputs = io_description(self.loaded, part)
+        text = model_config_text(model, PLATFORM[fmt], _tensor_specs(inputs), _tensor_specs(outputs),
+                                 self.max_batch_size, dynamic_batching_delay_us=self.dynamic_batching_delay_us,
+                                 instance_count=self.instance_count, instance_kind=self.instance_kind)
+        version_dir = repo.add_model(model, text, version=self.version,
+                                     sidecar=sidecar(self.loaded, part, fmt, self.feature_names, self.spec_dict))
+        target = os.path.join(version_dir, MODEL_FILE[fmt])
+        LOG.info("exporting %s (%s, %s) ...", model, part, fmt)
+        if fmt == "onnx":
+            export_onnx(self.loaded, part, target, self.opset)
+        else:
+            export_savedmodel(self.loaded, part, target)
+        return PLATFORM[fmt]
+
+    def add_ensemble(self, repo, name: str, sparse_name: str, dense_name: str, sparse_format: str,
+                     dense_format: str) -> Dict[str, str]:
+        """The seed's two-model ensemble: ``sparse_name`` (lookups), ``dense_name`` (MLPs) and ``name`` chaining
+        them; returns ``{model: platform}``."""
+        written = {sparse_name: self.add(repo, sparse_name, "sparse", sparse_format),
+                   dense_name: self.add(repo, dense_name, "dense", dense_format)}
+        inputs, outputs = io_description(self.loaded, "monolithic")
+        sparse_inputs, _ = io_description(self.loaded, "sparse")
+        dense_inputs, _ = io_description(self.loaded, "dense")
+        steps = [EnsembleStep(sparse_name, {n: n for n in sparse_inputs}, {EMBEDDINGS: EMBEDDINGS}),
+                 EnsembleStep(dense_name, {n: n for n in dense_inputs}, {PROBABILITY: PROBABILITY})]
+        text = model_config_text(name, "ensemble", _tensor_specs(inputs), _tensor_specs(outputs),
+                                 self.max_batch_size, ensemble_steps=steps)
+        repo.add_model(name, text, version=self.version,
+                       sidecar=dict(sidecar(self.loaded, "monolithic", "ensemble", self.feature_names,
+                                            self.spec_dict), steps=[sparse_name, dense_name]))
+        written[name] = "ensemble"
+        return written
+
+
+def _tensor_specs(description: Dict[str, Dict[str, Any]]) -> List[TensorSpec]:
+    return [TensorSpec(n, d["dtype"], d["dims"]) for n, d in description.items()]
+
+
+def write_repository(checkpoint_dir: str, repository: str, *, model_name: Optional[str] = None,
+                     sparse_model_name: Optional[str] = None, dense_model_name: Optional[str] = None,
+                     version: int = 1, layout: str = "monolithic", formats: Sequence[str] = FORMATS,
+                     sparse_format: str = "tf-savedmodel", dense_format: str = "onnx", max_batch_size: int = 32768,
+                     dynamic_batching_delay_us: Optional[int] = None, instance_count: int = 1, cpu: bool = False,
+                     opset: int = DEFAULT_OPSET, dataset_path: Optional[str] = None,
+                     feature_spec: str = "feature_spec.yaml", overwrite: bool = False,
+                     negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
+    """Write the Triton repository of ``checkpoint_dir`` (see ``deployment/deploy.py``); returns ``{"repository",
+    "models": {name: platform}, "checkpoint", "model", "negative_downsampling_rate"}``. Raises ``DeployError`` /
+    ``CheckpointError`` / ``OutputDirectoryError``. ``negative_downsampling_rate``: w of the training data, whose
+    ``log w`` the served logits get (``None``: the feature spec's recorded rate, 1.0 without ``dataset_path``)."""
+    check_output_directory(repository, overwrite)  # before minutes of loading and exporting
+    check_downsampling_rate(negative_downsampling_rate)
+    loaded, feature_names, spec_dict = load_for_serving(checkpoint_dir, dataset_path, feature_spec,
+                                                        negative_downsampling_rate)
+    name = model_name or loaded.model_name
+    models = TritonModels(loaded, max_batch_size, dynamic_batching_delay_us, instance_count,
+                          "KIND_CPU" if cpu else "KIND_GPU", version, opset, feature_names, spec_dict)
+    written: Dict[str, str] = {}
+    with model_repository(repository, overwrite=overwrite, tool=TOOL) as repo:
+        if layout in ("monolithic", "both"):
+            for fmt in formats:
+                written[f"{name}-{SUFFIX[fmt]}"] = models.add(repo, f"{name}-{SUFFIX[fmt]}", "monolithic", fmt)
+        if layout in ("ensemble", "both"):
+            written.update(models.add_ensemble(repo, name, sparse_model_name or f"{name}-sparse",
+                                               dense_model_name or f"{name}-dense", sparse_format, dense_format))
+    for model in written:  # what landed on disk, checked once more as Triton would load it
+        check_model_directory(os.path.join(repository, model))
+    return {"repository": os.path.abspath(repository), "models": written, "checkpoint": loaded.path,
+            "model": loaded.model_name, "negative_downsampling_rate": loaded.negative_downsampling_rate}

@@ -16,7 +16,8 @@
 # Environment [default]:
 #   INPUT_PATH [/data/dlrm/criteo]              day_0 .. day_23 (plain or .gz), or a directory with Kaggle's train.txt
 #   BINARY_PATH [/data/dlrm/binary_dataset]     the dataset to train on
-#   PREPROC_ENGINE [polars; spark when SPARK_MASTER is set]   PYTHON [python3]  OVERWRITE [0: refuse non-empty outputs]
+#   PREPROC_ENGINE [polars; spark when SPARK_MASTER is set]   OVERWRITE [0: refuse non-empty outputs]
+#   PYTHON [the repository's .venv python when there is one (make setup), else python3]
 #   Polars: WORK_DIR [BINARY_PATH.work]         intermediate files and the resume state of a killed run
 #           PREPROC_ARGS                        more flags (python -m recsys_common.criteo.polars_preprocess --help)
 #   Spark:  OUTPUT_PATH [/data/dlrm/spark/output]  Spark output (dictionaries + parquet), intermediate
@@ -46,7 +47,10 @@ esac
 ENGINE="${PREPROC_ENGINE:-}"   # empty: the shared steps pick polars, or spark when SPARK_MASTER is set
 ENGINE_ERROR="PREPROC_ENGINE must be polars or spark"
 
-PYTHON="${PYTHON:-python3}"
+# The interpreter as common/recipe_env.sh picks it (quickstart.sh sources that; this script runs from anywhere):
+# PYTHON when it names an executable, else the repository's .venv python when there is one, else python3.
+PYTHON="${PYTHON:-$repo/.venv/bin/python}"
+[[ -x "$PYTHON" ]] || command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 # recsys_common is installed by the setup (pip install -e common); fall back to the checkout.
 if ! "$PYTHON" -c "import recsys_common" 2>/dev/null; then
     export PYTHONPATH="$repo/common${PYTHONPATH:+:$PYTHONPATH}"

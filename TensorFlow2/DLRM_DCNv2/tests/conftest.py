@@ -1,5 +1,6 @@
 """Shared fixtures of the TF2 DLRM/DCNv2 tests: tiny Criteo-shaped datasets generated per session (never real data)."""
 import os
+import sys
 
 import pytest
 
@@ -10,6 +11,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))
+# The benchmarks are scripts (python benchmarks/<what>.py, which puts benchmarks/ first on the path and lets them
+# import each other); the tests import them the same way.
+BENCHMARKS_DIR = os.path.join(RECIPE_DIR, "benchmarks")
+sys.path.insert(0, BENCHMARKS_DIR)
 
 TABLE_SIZES = [1000, 500, 200, 100, 50, 20, 10, 5]
 

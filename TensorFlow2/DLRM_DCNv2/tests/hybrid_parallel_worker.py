@@ -30,8 +30,8 @@ import tensorflow as tf  # noqa: E402
 from dlrm_dcnv2.distributed import hvd_utils  # noqa: E402
 from dlrm_dcnv2.distributed.gradients import broadcast_replicated_variables, reduce_gradients  # noqa: E402
 from dlrm_dcnv2.distributed.placement import plan_placement  # noqa: E402
-from dlrm_dcnv2.nn.optimizers import create_optimizers  # noqa: E402
-from dlrm_dcnv2.nn.sparse_model import SparseModel  # noqa: E402
+from dlrm_dcnv2.model.optimizers import create_optimizers  # noqa: E402
+from dlrm_dcnv2.model.sparse_model import SparseModel  # noqa: E402
 
 TABLE_SIZES = [60, 40, 30, 25, 12, 6]
 # Same dims and hotness; 6 steps of 32 samples look up at most ~1/3 of the rows of each.

@@ -14,7 +14,7 @@ for path in (RECIPE, os.path.join(RECIPE, "..", "..", "common")):
         sys.path.insert(0, path)
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from dlrm_dcnv2.main import cli  # noqa: E402
+from dlrm_dcnv2.train import cli  # noqa: E402
 
 if __name__ == "__main__":
     rank = os.environ.get("HOROVOD_RANK", "0")

@@ -14,7 +14,7 @@ SHAPES = {
 
 
 def model_config(model):
-    """``state.json``'s ``config`` as ``dlrm_dcnv2.main.model_config`` writes it for ``SHAPES[model]``."""
+    """``state.json``'s ``config`` as ``dlrm_dcnv2.cli.DlrmDcnv2Config.model_config`` gives it for ``SHAPES[model]``."""
     return dict(SHAPES[model], model=model)
 
 
@@ -22,8 +22,8 @@ def write_checkpoint(root, model, seed=3, step=7):
     """Build ``SHAPES[model]`` with random weights (``seed``), save it under ``root``; returns the step_<N> path."""
     import tensorflow as tf
     from dlrm_dcnv2.distributed.hvd_utils import Context
-    from dlrm_dcnv2.nn.model import build_model
-    from dlrm_dcnv2.utils.checkpointing import save_checkpoint
+    from dlrm_dcnv2.model.model import build_model
+    from dlrm_dcnv2.checkpointing import save_checkpoint
     shape = SHAPES[model]
     tf.keras.utils.set_random_seed(seed)
     keras_model = build_model(table_sizes=shape["table_sizes"], embedding_dims=shape["embedding_dims"],

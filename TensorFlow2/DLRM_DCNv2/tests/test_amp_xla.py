@@ -9,7 +9,7 @@ PyTorch recipe's tests/test_amp.py asserts for bf16.
 import pytest
 
 from conftest import tiny_model_flags
-from dlrm_dcnv2.main import main
+from dlrm_dcnv2.train import main
 
 AMP_TOLERANCE = 0.002
 XLA_TOLERANCE = 0.002

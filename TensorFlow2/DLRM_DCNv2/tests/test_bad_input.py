@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dlrm_dcnv2.dataloading import DataError, create_input
+from dlrm_dcnv2.data import DataError, create_input
 
 from conftest import make_dataset
 
@@ -113,7 +113,7 @@ def test_non_finite_numerical_names_file_feature_and_row(dataset, value):
 
 
 def test_unreadable_file_fails_at_open_not_mid_epoch(dataset, monkeypatch):
-    from dlrm_dcnv2.dataloading import raw_binary_dataset
+    from dlrm_dcnv2.data import raw_binary_dataset
 
     def refuse(path, flags):
         if path.endswith("cat_1.bin"):
@@ -133,8 +133,8 @@ def test_fewer_rows_than_ranks(tmp_path):
 
 
 def _tfrecords(tmp_path, ids, max_hotness_in_spec):
-    from dlrm_dcnv2.dataloading.dataloader import DatasetMetadata
-    from dlrm_dcnv2.dataloading.split_tfrecords_dataset import SplitWriter, tfrecords_spec
+    from dlrm_dcnv2.data.dataloader import DatasetMetadata
+    from dlrm_dcnv2.data.split_tfrecords_dataset import SplitWriter, tfrecords_spec
     meta = DatasetMetadata([10], [ids.shape[1]], 1, ["cat_0.bin"], ["num_0"])
     spec = tfrecords_spec(meta, ["train"])
     writer = SplitWriter(spec, str(tmp_path), "train", prebatch_size=2)
@@ -171,15 +171,16 @@ def test_split_tfrecords_length_json_disagreeing_with_the_files(tmp_path):
         create_input("split_tfrecords", path, global_batch_size=3)
 
 
-def test_training_on_bad_data_exits_1_naming_the_file_and_writes_no_checkpoint(dataset, tmp_path, capsys):
-    """Through the entry point: a bad id mid-epoch ends the run with status 1 and one line naming file and row."""
+def test_training_on_bad_data_exits_2_naming_the_file_and_writes_no_checkpoint(dataset, tmp_path, capsys):
+    """Through the entry point: a bad id mid-epoch ends the run with status 2 (bad input: DataError is a
+    recsys_common.cli.InputError, as every bad-input error of the tree) and one line naming file and row."""
     from conftest import tiny_model_flags
-    from dlrm_dcnv2.main import cli
+    from dlrm_dcnv2.train import cli
     _poke(os.path.join(dataset, "train/cat_1.bin"), np.int16, 300, 600)   # cardinality 500; batch 1
     save = tmp_path / "ckpt"
     status = cli(tiny_model_flags("dlrm") + ["--dataset_path", dataset, "--seed", "1", "--batch_size", "256",
                                              "--save_checkpoint_path", str(save)], model="dlrm")
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     assert "train/cat_1.bin: categorical feature 'cat_1.bin' row 300 has id 600 outside [0, cardinality=500)" in err
     assert not save.exists() or not any(p.name.startswith("step_") for p in save.iterdir())

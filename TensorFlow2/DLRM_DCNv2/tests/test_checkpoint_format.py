@@ -14,9 +14,9 @@ import tensorflow as tf
 
 from dlrm_dcnv2.distributed.hvd_utils import Context
 from dlrm_dcnv2.distributed.placement import plan_placement
-from dlrm_dcnv2.nn.sparse_model import SparseModel
-from dlrm_dcnv2.utils import checkpointing
-from dlrm_dcnv2.utils.checkpointing import CheckpointError, CheckpointManager, list_checkpoints
+from dlrm_dcnv2.model.sparse_model import SparseModel
+from dlrm_dcnv2 import checkpointing
+from dlrm_dcnv2.checkpointing import CheckpointError, CheckpointManager, list_checkpoints
 
 TABLES = [40, 7, 23, 5]
 DIMS = [8, 4, 8, 2]
@@ -378,7 +378,7 @@ sys.path[:0] = sys.argv[2:]
 import tensorflow as tf
 import test_checkpoint_format as t
 from dlrm_dcnv2.distributed.hvd_utils import Context
-from dlrm_dcnv2.utils import checkpointing
+from dlrm_dcnv2 import checkpointing
 root = sys.argv[1]
 model, optimizer = t.make_rank(1, 0, t.whole_tables(1), {"m": t.whole_tables(2), "v": t.whole_tables(3)})
 checkpointing.save_checkpoint(root, 5, model, (None, optimizer), Context(), t.CONFIG)

@@ -20,7 +20,7 @@ import tensorflow as tf
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log as read_dllogger
 from recsys_testing import run_process_group
-from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state, read_table
+from dlrm_dcnv2.checkpointing import list_checkpoints, read_state, read_table
 
 TIMEOUT_S = 180
 # 8192 training rows / 64 = 128 steps per epoch; 170 steps cross into epoch 1; a checkpoint every 25 steps.
@@ -128,8 +128,8 @@ def test_sigkill_then_resume_equals_uninterrupted(small_dataset, tmp_path, model
 def test_mismatch_and_foreign_checkpoints_are_refused(small_dataset, tmp_path):
     """In-process ``main``: a checkpoint of another model is refused naming the flag; a save directory holding
     another run's checkpoints is refused unless resumed from it or ``--overwrite``."""
-    from dlrm_dcnv2.main import main
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError
+    from dlrm_dcnv2.train import main
+    from dlrm_dcnv2.checkpointing import CheckpointError
     ckpt = str(tmp_path / "ckpt")
     args = ["--dataset_path", small_dataset, *COMMON, *MODELS["dlrm"][1], "--max_steps", "3",
             "--log_path", str(tmp_path / "log.json"), "--overwrite"]

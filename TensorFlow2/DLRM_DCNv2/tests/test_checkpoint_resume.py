@@ -17,7 +17,7 @@ import pytest
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log
 from recsys_testing import horovod_env, horovodrun_command, run_process_group
-from dlrm_dcnv2.utils.checkpointing import list_checkpoints, read_state
+from dlrm_dcnv2.checkpointing import list_checkpoints, read_state
 
 TIMEOUT_S = 180
 COMMON = ["--batch_size", "256", "--valid_batch_size", "1024", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8",

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm_dcnv2.nn.evaluator import Evaluator, click_metrics, click_metrics_from_sums, click_sums
+from dlrm_dcnv2.model.evaluator import Evaluator
+from dlrm_dcnv2.model.metrics import click_metrics, click_metrics_from_sums, click_sums
 from recsys_common.metrics import correct_downsampled_logits, ctr_metrics, reliability_sums
 
 

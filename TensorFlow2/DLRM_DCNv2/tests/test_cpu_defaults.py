@@ -1,11 +1,15 @@
 """CPU defaults of dlrm.py / dcnv2.py (issue 18): NVIDIA's --batch_size 65536 (14.8 GB and 2 steps per epoch on a
 100k-row CPU run) is replaced on a CPU unless given; a GPU and explicit flags keep NVIDIA's values. The selection
 tests are arithmetic on parsed flags (no TensorFlow step); one short run checks the first line of output."""
+import argparse
+
 import pytest
 
 from conftest import make_dataset, tiny_model_flags
 from dlrm_dcnv2 import cpu_defaults
-from dlrm_dcnv2.main import main, parse_args
+from dlrm_dcnv2.cli import read_flags
+from dlrm_dcnv2.data import DataConfig
+from dlrm_dcnv2.train import main
 from recsys_common.logger import read_log
 
 GIB = 2 ** 30
@@ -13,11 +17,14 @@ DIMS = [128] * 26  # NVIDIA's DLRM tables
 
 
 def _apply(argv, model="dlrm", on_gpu=False, world_size=1, memory=23 * GIB, rows=100_000, monkeypatch=None):
+    """The flags as the run's config holds them: as typed, overlaid with the CPU defaults' choices."""
     if monkeypatch is not None:
-        monkeypatch.setattr(cpu_defaults, "train_rows", lambda args: rows)
-    args = parse_args(["--dataset_path", "/nonexistent"] + argv, model)
+        monkeypatch.setattr(cpu_defaults, "train_rows", lambda data: rows)
+    args, given = read_flags(["--dataset_path", "/nonexistent"] + argv, model)
     lr = {"dlrm": 24.0, "dcnv2": 0.0001}[model]
-    return args, cpu_defaults.apply_cpu_defaults(args, on_gpu, world_size, DIMS, lr, memory_bytes=memory)
+    chosen, line = cpu_defaults.choose_cpu_defaults(args, model, given, None, on_gpu=on_gpu, world_size=world_size,
+                                                    embedding_dims=DIMS, gpu_learning_rate=lr, memory_bytes=memory)
+    return argparse.Namespace(**{**vars(args), **chosen}), line
 
 
 def test_cpu_picks_batch_rate_and_schedule_for_100k_rows(monkeypatch):
@@ -60,8 +67,10 @@ def test_dataset_smaller_than_a_batch_and_memory_bound(monkeypatch):
 
 def test_rows_are_counted_from_the_files(tmp_path):
     data = make_dataset(tmp_path / "d", train_rows=3000, test_rows=100)
-    assert cpu_defaults.train_rows(parse_args(["--dataset_path", data], "dlrm")) == 3000
-    assert cpu_defaults.train_rows(parse_args(["--dataset_type", "synthetic"], "dlrm")) is None
+    def data_of(argv):
+        return DataConfig.from_flags(read_flags(argv, "dlrm")[0])
+    assert cpu_defaults.train_rows(data_of(["--dataset_path", data])) == 3000
+    assert cpu_defaults.train_rows(data_of(["--dataset_type", "synthetic"])) is None
 
 
 def test_run_prints_the_choice_first(small_dataset, tmp_path, capsys):

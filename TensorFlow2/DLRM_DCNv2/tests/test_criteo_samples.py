@@ -18,8 +18,8 @@ from recsys_testing import local_spark_session, shared_data_path
 
 pytest.importorskip("pyspark", reason="pyspark is needed for the Criteo Spark job")
 
-from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec  # noqa: E402
-from dlrm_dcnv2.main import main  # noqa: E402
+from dlrm_dcnv2.data.dataloader import load_spec, metadata_from_spec  # noqa: E402
+from dlrm_dcnv2.train import main  # noqa: E402
 
 ROWS = {"train": 1714, "test": 143, "validation": 142}
 BATCH, EPOCHS = 128, 3

@@ -1,7 +1,7 @@
-"""dataloader_benchmark: counts exactly the timed batches of the simulated rank and writes its JSON."""
+"""benchmarks/dataloader.py: counts exactly the timed batches of the simulated rank and writes its JSON."""
 import json
 
-from dlrm_dcnv2.dataloading.dataloader_benchmark import main
+from dataloader import main
 
 
 def test_counts_timed_batches_of_the_simulated_rank(small_dataset, tmp_path):

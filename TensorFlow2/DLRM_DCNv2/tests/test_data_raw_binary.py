@@ -5,8 +5,8 @@ import pytest
 from recsys_common.datasets import open_reader, read_columns
 from recsys_common.feature_spec import FeatureSpec
 
-from dlrm_dcnv2.dataloading import create_input, raw_binary_dataset
-from dlrm_dcnv2.dataloading.dataloader import DataError, batch_layout
+from dlrm_dcnv2.data import create_input, raw_binary_dataset
+from dlrm_dcnv2.data.dataloader import DataError, batch_layout
 
 from conftest import TABLE_SIZES, make_dataset
 
@@ -71,7 +71,7 @@ def test_last_batch_is_cut_to_a_multiple_of_world_size(tmp_path, caplog):
     assert batch_layout(1003, 250, 4) == [(0, 250), (250, 250), (500, 250), (750, 250)]  # tail of 3 < 4 ranks
     assert batch_layout(1003, 200, 2) == [(0, 200), (200, 200), (400, 200), (600, 200), (800, 200), (1000, 2)]
     tables = [(0, True), (1, False)]
-    with caplog.at_level("WARNING", logger="dlrm_dcnv2.dataloading"):
+    with caplog.at_level("WARNING", logger="dlrm_dcnv2.data"):
         ranks = [create_input("tf_raw", path, mapping="test", global_batch_size=4, rank=r, world_size=2,
                               input_tables=tables) for r in (0, 1)]
     assert "the last partial batch drops 1 of its 3 row(s)" in caplog.text

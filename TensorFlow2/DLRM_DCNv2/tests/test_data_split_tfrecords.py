@@ -9,9 +9,9 @@ import pytest
 from recsys_common.datasets import read_columns
 from recsys_common.feature_spec import FeatureSpec
 
-from dlrm_dcnv2.dataloading import DataError, create_input
-from dlrm_dcnv2.dataloading.transcribe import main as transcribe_main
-from dlrm_dcnv2.dataloading.transcribe import parse_int_list, transcribe
+from dlrm_dcnv2.data import DataError, create_input
+from dlrm_dcnv2.data.transcribe import main as transcribe_main
+from dlrm_dcnv2.data.transcribe import parse_int_list, transcribe
 
 from conftest import subprocess_env
 
@@ -148,8 +148,8 @@ def test_truncated_record_file(converted, tmp_path):
 
 def test_multi_hot_out_of_range_names_directory_feature_and_row(tmp_path):
     import json
-    from dlrm_dcnv2.dataloading.dataloader import DatasetMetadata
-    from dlrm_dcnv2.dataloading.split_tfrecords_dataset import SplitWriter, tfrecords_spec
+    from dlrm_dcnv2.data.dataloader import DatasetMetadata
+    from dlrm_dcnv2.data.split_tfrecords_dataset import SplitWriter, tfrecords_spec
     meta = DatasetMetadata([10], [3], 1, ["cat_0.bin"], ["num_0"])
     spec = tfrecords_spec(meta, ["train"])
     writer = SplitWriter(spec, str(tmp_path), "train", prebatch_size=4)
@@ -176,7 +176,7 @@ def test_records_interoperate_with_tensorflow_own_encoding():
     """Our records parse with tf.io.parse_tensor (+ RaggedTensorFromVariant), and records written by TensorFlow's own
     serializer (varint-encoded ragged components) parse with ours (the fallback path)."""
     import tensorflow as tf
-    from dlrm_dcnv2.dataloading.split_tfrecords_dataset import parse_rows, serialize_rows
+    from dlrm_dcnv2.data.split_tfrecords_dataset import parse_rows, serialize_rows
     padded = np.array([[4, 1, -1], [-1, -1, -1], [7, 8, 9]], np.int32)
     splits, ids = np.array([0, 2, 2, 5]), np.array([4, 1, 7, 8, 9], np.int32)
     ours = serialize_rows(padded, ragged=True)

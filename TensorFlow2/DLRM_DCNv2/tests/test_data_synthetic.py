@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from dlrm_dcnv2.dataloading import create_input
+from dlrm_dcnv2.data import create_input
 
 KW = dict(global_batch_size=256, synthetic_train_batches=4, synthetic_valid_batches=2,
           synthetic_cardinalities=[50, 7, 1000], synthetic_hotness=[1, 4, 1], synthetic_num_numerical=3)

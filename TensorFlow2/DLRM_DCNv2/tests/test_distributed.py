@@ -95,7 +95,7 @@ def test_lazy_adam_on_tables_larger_than_the_batches_two_ranks_equal_one(worker_
     their zero gradient counted as a touch, the first row of every padded table and of every row slice (looked up
     in the first step only) got a momentum-only Adam update in the later steps: 1.3e-2 on the padded tables of
     the one-rank run (measured before the fix)."""
-    from dlrm_dcnv2.nn.embedding import initial_values
+    from dlrm_dcnv2.model.embedding import initial_values
     from hybrid_parallel_worker import DIMS, LARGE_TABLE_SIZES, SEED
     one, (rank0, rank1) = worker_results
     placement = rank0["adam_sliced"]["placement"]
@@ -161,7 +161,7 @@ def one_rank(entry_dataset, tmp_path_factory):
 
     def get(model):
         if model not in cache:
-            from dlrm_dcnv2.main import main
+            from dlrm_dcnv2.train import main
             log = str(tmp_path_factory.mktemp(f"{model}_np1") / "log.json")
             main(entry_flags(model, entry_dataset, log), model=model)  # in this process: no second TF start-up
             cache[model] = logged_results(log)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from dlrm_dcnv2.distributed.hvd_utils import Context
-from dlrm_dcnv2.nn.inference import benchmark_inference, latency_summary
+from dlrm_dcnv2.model.inference import benchmark_inference, latency_summary
 
 
 def test_latency_summary():

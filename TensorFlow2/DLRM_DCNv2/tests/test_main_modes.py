@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env, tiny_model_flags
-from dlrm_dcnv2.main import UsageError, main
+from dlrm_dcnv2.cli import UsageError
+from dlrm_dcnv2.train import main
 from recsys_common.logger import read_log
 
 
@@ -155,7 +156,7 @@ def test_main_py_with_model_trains(small_dataset, tmp_path):
 
 def test_xla_with_nvidias_custom_dot_op_is_refused(small_dataset, monkeypatch):
     """With tensorflow_dot_based_interact installed (NGC image), --xla cannot compile it: a clear error, no run."""
-    from dlrm_dcnv2.nn import interaction
+    from dlrm_dcnv2.model import interaction
     monkeypatch.setattr(interaction, "custom_dot_op", lambda: (lambda features, bottom: bottom))
     with pytest.raises(ValueError, match="--interaction dot_custom_cuda with --xla"):
         main(tiny_model_flags("dlrm") + ["--dataset_path", small_dataset, "--xla"], model="dlrm")

@@ -15,8 +15,8 @@ import pytest
 
 from recsys_testing import shared_data_path
 
-from dlrm_dcnv2.dataloading.dataloader import load_spec, metadata_from_spec
-from dlrm_dcnv2.main import main
+from dlrm_dcnv2.data.dataloader import load_spec, metadata_from_spec
+from dlrm_dcnv2.train import main
 
 FLAGS = ["--batch_size", "2048", "--valid_batch_size", "16384", "--optimizer", "adam", "--warmup_steps", "0",
          "--epochs", "2", "--decay_start_step", "215", "--decay_steps", "215", "--print_freq", "1000",

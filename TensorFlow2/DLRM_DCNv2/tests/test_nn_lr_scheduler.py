@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay, learning_rate_at
+from dlrm_dcnv2.model.lr_scheduler import WarmupPolyDecay, learning_rate_at
 
 BASE, WARMUP, START, DECAY = 24.0, 8, 20, 10
 

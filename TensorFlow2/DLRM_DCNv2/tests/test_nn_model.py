@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm_dcnv2.nn import interaction as interaction_lib
-from dlrm_dcnv2.nn.dcn import CrossLayer, CrossNetwork
-from dlrm_dcnv2.nn.dense_model import DenseModel
-from dlrm_dcnv2.nn.interaction import DotInteraction, select_interaction
-from dlrm_dcnv2.nn.mlp import MLP
-from dlrm_dcnv2.nn.model import RecModel, build_model
+from dlrm_dcnv2.model import interaction as interaction_lib
+from dlrm_dcnv2.model.dcn import CrossLayer, CrossNetwork
+from dlrm_dcnv2.model.dense_model import DenseModel
+from dlrm_dcnv2.model.interaction import DotInteraction, select_interaction
+from dlrm_dcnv2.model.mlp import MLP
+from dlrm_dcnv2.model.model import RecModel, build_model
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
-from dlrm_dcnv2.nn.optimizers import LazyAdam, create_optimizers
+from dlrm_dcnv2.model.lr_scheduler import WarmupPolyDecay
+from dlrm_dcnv2.model.optimizers import LazyAdam, create_optimizers
 
 B1, B2, EPS, LR = 0.9, 0.999, 1e-7, 0.01
 

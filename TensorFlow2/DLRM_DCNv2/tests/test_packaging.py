@@ -44,7 +44,7 @@ def test_dockerfile_mde_build_is_optional_but_never_silent():
     assert "||" not in mde[0] and "make pip_pkg" in mde[0]
     assert "import distributed_embeddings.python.layers.dist_model_parallel" in mde[0]
     # the module the recipe imports is the one the build checks
-    sparse = open(os.path.join(RECIPE_DIR, "dlrm_dcnv2", "nn", "sparse_model.py")).read()
+    sparse = open(os.path.join(RECIPE_DIR, "dlrm_dcnv2", "model", "sparse_model.py")).read()
     assert "distributed_embeddings.python.layers.dist_model_parallel" in sparse
 
 

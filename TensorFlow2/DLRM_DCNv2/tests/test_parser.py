@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dlrm_dcnv2.main import UsageError, build_parser, parameter_table, parse_args, parse_embedding_dims
+from dlrm_dcnv2.cli import UsageError, build_parser, parameter_table, parse_args, parse_embedding_dims
 
 # Reference A.3, "Common flags" (main.py define_common_flags); values as the parser stores them.
 COMMON_DEFAULTS = {
@@ -102,7 +102,7 @@ def test_impossible_flags_name_the_flag(argv, match):
 def test_mde_embeddings_with_checkpoints_are_refused_before_training(monkeypatch, tmp_path):
     """Where Merlin Distributed Embeddings is installed (so --use_mde_embeddings, the default, uses it), saving or
     restoring the recipe's checkpoints cannot work: refused when the flags are read, not after training."""
-    from dlrm_dcnv2.nn import sparse_model
+    from dlrm_dcnv2.model import sparse_model
     base = ["--dataset_type", "synthetic"]
     for flag in ("--save_checkpoint_path", "--restore_checkpoint_path"):
         assert parse_args(base + [flag, str(tmp_path)], "dlrm")  # MDE absent here: our placement, checkpoints fine

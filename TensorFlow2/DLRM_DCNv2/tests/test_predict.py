@@ -1,4 +1,4 @@
-"""``python -m dlrm_dcnv2.scripts.predict``: a checkpoint scores a user's split-binary / CSV / parquet rows; the
+"""``python -m dlrm_dcnv2.predict``: a checkpoint scores a user's split-binary / CSV / parquet rows; the
 probabilities equal the recipe's own evaluation path on the same rows; bad rows and flags are clear errors."""
 import os
 
@@ -16,9 +16,9 @@ def checkpoints(tmp_path_factory):
 
 def _recipe_probabilities(checkpoint, dataset_dir):
     """Sigmoid of the recipe's Evaluator logits over the test split read by its own tf_raw loader."""
-    from dlrm_dcnv2.dataloading import create_input
-    from dlrm_dcnv2.nn.evaluator import Evaluator
-    from deployment.export import load_checkpoint_model
+    from dlrm_dcnv2.data import create_input
+    from dlrm_dcnv2.model.evaluator import Evaluator
+    from dlrm_dcnv2.serving import load_checkpoint_model
     loaded = load_checkpoint_model(checkpoint)
     data = create_input("tf_raw", dataset_dir, mapping="test", global_batch_size=16)
     logits = Evaluator(loaded.model, run_eagerly=True).predict(data)["logits"]
@@ -28,7 +28,7 @@ def _recipe_probabilities(checkpoint, dataset_dir):
 @pytest.mark.parametrize("model,fmt,ext", [("dlrm", "split_binary", ".csv"), ("dcnv2", "parquet", ".npy"),
                                            ("dlrm", "csv", ".parquet")])
 def test_predict_equals_the_recipe_evaluation(checkpoints, tmp_path, model, fmt, ext):
-    from dlrm_dcnv2.scripts import predict
+    from dlrm_dcnv2 import predict
     data = tmp_path / "data"
     write_feature_spec(data, model, rows=50, fmt=fmt)
     out = tmp_path / f"p{ext}"
@@ -51,8 +51,8 @@ def test_predict_equals_the_recipe_evaluation(checkpoints, tmp_path, model, fmt,
 
 def test_bad_rows_and_flags_are_clear_errors(checkpoints, tmp_path):
     from recsys_common.datasets import DatasetError
-    from dlrm_dcnv2.scripts import predict
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError
+    from dlrm_dcnv2 import predict
+    from dlrm_dcnv2.checkpointing import CheckpointError
     data = tmp_path / "data"
     spec_path = write_feature_spec(data, "dlrm", rows=20, fmt="csv")
     csv = data / "test.csv"

@@ -15,7 +15,7 @@ import pytest
 
 from recsys_testing import prepare_avazu_splits, seed_study_margin
 
-from dlrm_dcnv2.main import main
+from dlrm_dcnv2.train import main
 
 FLAGS = ["--optimizer", "adam", "--learning_rate", "0.005", "--warmup_steps", "0", "--epochs", "2",
          "--embedding_dim", "4", "--bottom_mlp_dims", "8,4", "--top_mlp_dims", "16,1", "--batch_size", "32",

@@ -1,7 +1,7 @@
-"""scripts.profile_step: op types grouped into the parts of a step, and one real trace of the tiny shape."""
+"""benchmarks/profile_step.py: op types grouped into the parts of a step, and one real trace of the tiny shape."""
 import pytest
 
-from dlrm_dcnv2.scripts import profile_step
+import profile_step
 from recsys_common.cli import InputError
 from recsys_common.tf_profile import group_of
 

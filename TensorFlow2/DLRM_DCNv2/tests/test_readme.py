@@ -1,4 +1,4 @@
-"""README.md is checked against the code: the parameter tables are the parser's (dlrm_dcnv2.main.parameter_table),
+"""README.md is checked against the code: the parameter tables are the parser's (dlrm_dcnv2.cli.parameter_table),
 and the commands and files it names exist.
 
     python tests/test_readme.py --update      # rewrite the tables after a flag changed
@@ -28,7 +28,7 @@ def readme_tables(text):
 
 
 def update(path=README):
-    from dlrm_dcnv2.main import parameter_table
+    from dlrm_dcnv2.cli import parameter_table
     text = open(path).read()
     for model in MODELS:
         table = parameter_table(model)
@@ -38,7 +38,7 @@ def update(path=README):
 
 
 def test_parameter_tables_equal_the_parsers():
-    from dlrm_dcnv2.main import parameter_table
+    from dlrm_dcnv2.cli import parameter_table
     tables = readme_tables(open(README).read())
     for model in MODELS:
         assert tables[model] == parameter_table(model), (
@@ -46,7 +46,7 @@ def test_parameter_tables_equal_the_parsers():
 
 
 def test_every_flag_of_the_parser_is_in_the_readme_and_no_other():
-    from dlrm_dcnv2.main import build_parser
+    from dlrm_dcnv2.cli import build_parser
     tables = readme_tables(open(README).read())
     for model in MODELS:
         listed = re.findall(r"^\| `(--\w+)` \|", tables[model], re.M)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
-from dlrm_dcnv2.dataloading import gen_csv, generate_feature_spec, prepare_synthetic_dataset, transcode
+from dlrm_dcnv2.data import gen_csv, generate_feature_spec, prepare_synthetic_dataset, transcode
 from recsys_common.datasets import read_columns
 
 SMALL_CSV = os.path.join(RECIPE_DIR, "tests", "transcoding", "small_csv.yaml")
@@ -40,7 +40,7 @@ def test_gen_csv_then_transcode_to_split_binary(tmp_path):
 
 def test_bring_your_own_csv_trains(tmp_path):
     """gen_csv -> transcode -> dcnv2 main: the bring-your-own path end to end on the transcoded split binary."""
-    from dlrm_dcnv2.main import main
+    from dlrm_dcnv2.train import main
     gen_csv.main(["--feature_spec_in", SMALL_CSV, "--output", str(tmp_path / "csv"), "--size", "16384"])
     transcode.main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "binary")])
     result = main(["--dataset_path", str(tmp_path / "binary"), "--cpu", "--batch_size", "512", "--valid_batch_size",

@@ -59,7 +59,7 @@ def server(deployed):
 
 @pytest.fixture(scope="module")
 def loaded(deployed):
-    from deployment.export import load_checkpoint_model
+    from dlrm_dcnv2.serving import load_checkpoint_model
     return {m: load_checkpoint_model(deployed.checkpoints[m]) for m in SHAPES}
 
 
@@ -94,7 +94,7 @@ def test_generated_model_directories(deployed):
 def test_keras_savedmodel_onnxruntime_and_served_agree(deployed, server, loaded, model):
     import onnxruntime as ort
     import tensorflow as tf
-    from deployment.export import keras_probabilities, random_inputs
+    from dlrm_dcnv2.serving import keras_probabilities, random_inputs
     batch = random_inputs(loaded[model], 29, seed=4)
     reference = keras_probabilities(loaded[model], batch)
     saved = tf.saved_model.load(os.path.join(deployed.repos[model], f"{model}-savedmodel", "1", "model.savedmodel"))
@@ -112,7 +112,7 @@ def test_keras_savedmodel_onnxruntime_and_served_agree(deployed, server, loaded,
 
 @pytest.mark.parametrize("model", sorted(SHAPES))
 def test_served_sparse_then_dense_equals_monolithic(server, loaded, model):
-    from deployment.export import random_inputs
+    from dlrm_dcnv2.serving import random_inputs
     batch = random_inputs(loaded[model], 21, seed=5)
     ids = {k: v for k, v in batch.items() if k.startswith("cat_")}
     embeddings = _infer(server.grpc_url, "grpc", f"{model}-sparse", ids, "embeddings")
@@ -126,7 +126,7 @@ def test_served_sparse_then_dense_equals_monolithic(server, loaded, model):
 def test_bad_requests_are_clear_errors(server, loaded):
     from recsys_common.serving.client import InferenceClient, ServingError
     from recsys_common.serving.mlserver_launcher import free_port
-    from deployment.export import random_inputs
+    from dlrm_dcnv2.serving import random_inputs
     good = random_inputs(loaded["dcnv2"], 4, seed=6)
     cases = [
         ("cat_0", good["cat_0"].reshape(2, 2), r"input 'cat_0': expected shape \[B, 1\]"),
@@ -219,7 +219,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(deployed, server, tmp_path, 
 def test_deploy_refuses_what_it_must(deployed, tmp_path):
     from recsys_common.io import OutputDirectoryError
     from deployment import deploy
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError
+    from dlrm_dcnv2.checkpointing import CheckpointError
     ckpt = deployed.checkpoints["dlrm"]
     repo = deployed.repos["dlrm"]
     with pytest.raises(OutputDirectoryError, match="not empty"):

@@ -22,10 +22,10 @@ def checkpoint(tmp_path_factory):
 def _logits(loaded, inputs):
     """The Keras model's float64 logits ``[b]`` for serving ``inputs``, without any correction."""
     import tensorflow as tf
-    from deployment import export
-    ids = export._ids([tf.constant(inputs[export.categorical_input(t)]) for t in range(len(loaded.hotness))],
-                      loaded.hotness)
-    logits = loaded.model((tf.constant(inputs[export.NUMERICAL]), ids), training=False)
+    from dlrm_dcnv2 import serving
+    ids = serving.model_ids([tf.constant(inputs[serving.categorical_input(t)]) for t in range(len(loaded.hotness))],
+                            loaded.hotness)
+    logits = loaded.model((tf.constant(inputs[serving.NUMERICAL]), ids), training=False)
     return np.asarray(logits, np.float64).reshape(-1)
 
 
@@ -42,11 +42,11 @@ def _onnx(path, inputs):
 
 def test_flag_rate_corrects_savedmodel_onnx_and_the_ensembles_dense_part(checkpoint, tmp_path):
     import tensorflow as tf
-    from deployment import export
+    from dlrm_dcnv2 import serving
     result = _deploy(checkpoint, tmp_path / "w025", "--layout", "both", "--negative_downsampling_rate", "0.25")
     assert result["negative_downsampling_rate"] == 0.25
-    loaded = export.load_checkpoint_model(checkpoint)
-    batch = export.random_inputs(loaded, 64, seed=4)
+    loaded = serving.load_checkpoint_model(checkpoint)
+    batch = serving.random_inputs(loaded, 64, seed=4)
     logits = _logits(loaded, batch)
     expected = 1.0 / (1.0 + np.exp(-(logits + math.log(0.25))))
     assert np.abs(expected - 1.0 / (1.0 + np.exp(-logits))).max() > 1e-3   # the correction is visible

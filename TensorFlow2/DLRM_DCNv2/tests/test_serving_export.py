@@ -22,20 +22,20 @@ def checkpoints(tmp_path_factory):
 def test_keras_savedmodel_onnx_parity(checkpoints, tmp_path, model):
     import onnxruntime as ort
     import tensorflow as tf
-    from deployment import export
-    loaded = export.load_checkpoint_model(checkpoints[model])
+    from dlrm_dcnv2 import serving
+    loaded = serving.load_checkpoint_model(checkpoints[model])
     assert loaded.hotness == SHAPES[model]["hotness"] and loaded.step == 7
-    batch = export.random_inputs(loaded, 33, seed=1)
+    batch = serving.random_inputs(loaded, 33, seed=1)
     if model == "dcnv2":
         assert (batch["cat_1"] == -1).any() and (batch["cat_1"][:, 0] >= 0).all()  # padded multi-hot rows
-    reference = export.keras_probabilities(loaded, batch)
+    reference = serving.keras_probabilities(loaded, batch)
     assert reference.shape == (33, 1) and reference.std() > 1e-4  # not a constant model
 
-    export.export_savedmodel(loaded, "monolithic", str(tmp_path / "model.savedmodel"))
+    serving.export_savedmodel(loaded, "monolithic", str(tmp_path / "model.savedmodel"))
     signature = tf.saved_model.load(str(tmp_path / "model.savedmodel")).signatures["serving_default"]
     saved = signature(**{k: tf.constant(v) for k, v in batch.items()})["probability"].numpy()
 
-    export.export_onnx(loaded, "monolithic", str(tmp_path / "model.onnx"))
+    serving.export_onnx(loaded, "monolithic", str(tmp_path / "model.onnx"))
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     assert sorted(i.name for i in session.get_inputs()) == sorted(batch)
     onnx_out = session.run(["probability"], batch)[0]
@@ -47,20 +47,20 @@ def test_keras_savedmodel_onnx_parity(checkpoints, tmp_path, model):
 @pytest.mark.parametrize("model", sorted(SHAPES))
 def test_sparse_then_dense_equals_monolithic(checkpoints, tmp_path, model):
     import onnxruntime as ort
-    from deployment import export
-    loaded = export.load_checkpoint_model(checkpoints[model])
-    batch = export.random_inputs(loaded, 17, seed=2)
+    from dlrm_dcnv2 import serving
+    loaded = serving.load_checkpoint_model(checkpoints[model])
+    batch = serving.random_inputs(loaded, 17, seed=2)
     for part in ("sparse", "dense"):
-        export.export_onnx(loaded, part, str(tmp_path / f"{part}.onnx"))
+        serving.export_onnx(loaded, part, str(tmp_path / f"{part}.onnx"))
     sparse = ort.InferenceSession(str(tmp_path / "sparse.onnx"), providers=["CPUExecutionProvider"])
     dense = ort.InferenceSession(str(tmp_path / "dense.onnx"), providers=["CPUExecutionProvider"])
     embeddings = sparse.run(["embeddings"], {k: v for k, v in batch.items() if k.startswith("cat_")})[0]
     assert embeddings.shape == (17, sum(SHAPES[model]["embedding_dims"]))
     chained = dense.run(["probability"], {"numerical": batch["numerical"], "embeddings": embeddings})[0]
-    assert np.abs(chained - export.keras_probabilities(loaded, batch)).max() <= TOLERANCE
+    assert np.abs(chained - serving.keras_probabilities(loaded, batch)).max() <= TOLERANCE
     # deploy.py's default sparse format: the same lookups as a SavedModel (what an HPS model would replace)
     import tensorflow as tf
-    export.export_savedmodel(loaded, "sparse", str(tmp_path / "sparse.savedmodel"))
+    serving.export_savedmodel(loaded, "sparse", str(tmp_path / "sparse.savedmodel"))
     signature = tf.saved_model.load(str(tmp_path / "sparse.savedmodel")).signatures["serving_default"]
     saved = signature(**{k: tf.constant(v) for k, v in batch.items() if k.startswith("cat_")})["embeddings"]
     assert np.abs(saved.numpy() - embeddings).max() <= TOLERANCE
@@ -74,11 +74,11 @@ def test_ids_outside_a_table_are_flagged_inside_every_exported_graph(checkpoints
     and ONNX's Gather wrap a negative id. The valid rows of the same batch keep their scores."""
     import onnxruntime as ort
     import tensorflow as tf
-    from deployment import export
-    loaded = export.load_checkpoint_model(checkpoints[model])
-    batch = export.random_inputs(loaded, 6, seed=4)
+    from dlrm_dcnv2 import serving
+    loaded = serving.load_checkpoint_model(checkpoints[model])
+    batch = serving.random_inputs(loaded, 6, seed=4)
     good, bad = [0, 2, 4], [1, 3, 5]
-    reference = export.keras_probabilities(loaded, {k: v[good] for k, v in batch.items()})
+    reference = serving.keras_probabilities(loaded, {k: v[good] for k, v in batch.items()})
     last = len(loaded.table_sizes) - 1
     batch["cat_0"][1, 0] = loaded.table_sizes[0]
     batch[f"cat_{last}"][3, 0] = -1 if loaded.hotness[last] == 1 else -2   # -1 is padding only in multi-hot tables
@@ -86,10 +86,10 @@ def test_ids_outside_a_table_are_flagged_inside_every_exported_graph(checkpoints
     categorical = {k: v for k, v in batch.items() if k.startswith("cat_")}
     out = {}
     for part, inputs, name in (("monolithic", batch, "probability"), ("sparse", categorical, "embeddings")):
-        export.export_savedmodel(loaded, part, str(tmp_path / f"{part}.savedmodel"))
+        serving.export_savedmodel(loaded, part, str(tmp_path / f"{part}.savedmodel"))
         signature = tf.saved_model.load(str(tmp_path / f"{part}.savedmodel")).signatures["serving_default"]
         out[part, "savedmodel"] = signature(**{k: tf.constant(v) for k, v in inputs.items()})[name].numpy()
-        export.export_onnx(loaded, part, str(tmp_path / f"{part}.onnx"))
+        serving.export_onnx(loaded, part, str(tmp_path / f"{part}.onnx"))
         out[part, "onnx"] = ort.InferenceSession(str(tmp_path / f"{part}.onnx"),
                                                  providers=["CPUExecutionProvider"]).run([name], inputs)[0]
     for key, value in out.items():
@@ -101,27 +101,27 @@ def test_ids_outside_a_table_are_flagged_inside_every_exported_graph(checkpoints
 
 def test_feature_spec_that_does_not_fit_the_checkpoint_is_refused(checkpoints, tmp_path):
     from recsys_common.feature_spec import FeatureSpec
-    from deployment import export
-    from dlrm_dcnv2.utils.checkpointing import CheckpointError
+    from dlrm_dcnv2 import serving
+    from dlrm_dcnv2.checkpointing import CheckpointError
     spec = FeatureSpec.from_yaml(write_feature_spec(tmp_path, "dlrm"))
-    assert export.check_feature_spec(export.checkpoint_config(checkpoints["dlrm"])[2], spec, "x")[0] == "cat_0.bin"
+    assert serving.check_feature_spec(serving.checkpoint_config(checkpoints["dlrm"])[2], spec, "x")[0] == "cat_0.bin"
     spec.feature_spec["cat_2.bin"]["cardinality"] = 11  # the checkpoint's table 2 has 10 rows
     with pytest.raises(CheckpointError, match=r"feature 'cat_2.bin' \(table 2\) has cardinality 11, the "
                                               r"checkpoint's table has 10 rows"):
-        export.load_checkpoint_model(checkpoints["dlrm"], spec)
+        serving.load_checkpoint_model(checkpoints["dlrm"], spec)
     with pytest.raises(CheckpointError, match="nothing_here: checkpoint not found"):
-        export.load_checkpoint_model(str(tmp_path / "nothing_here"))
+        serving.load_checkpoint_model(str(tmp_path / "nothing_here"))
 
 
 def test_tables_too_large_for_one_onnx_protobuf_are_refused(checkpoints, tmp_path, monkeypatch):
-    from deployment import export
-    loaded = export.load_checkpoint_model(checkpoints["dlrm"])
-    monkeypatch.setattr(export, "ONNX_MAX_WEIGHT_BYTES", loaded.table_bytes() - 1)
+    from dlrm_dcnv2 import serving
+    loaded = serving.load_checkpoint_model(checkpoints["dlrm"])
+    monkeypatch.setattr(serving, "ONNX_MAX_WEIGHT_BYTES", loaded.table_bytes() - 1)
     with pytest.raises(ValueError, match="an ONNX model is one protobuf of at most 2 GiB: deploy the tables as a "
                                          "TensorFlow SavedModel"):
-        export.export_onnx(loaded, "sparse", str(tmp_path / "sparse.onnx"))
+        serving.export_onnx(loaded, "sparse", str(tmp_path / "sparse.onnx"))
     assert not (tmp_path / "sparse.onnx").exists()
-    export.export_onnx(loaded, "dense", str(tmp_path / "dense.onnx"))  # the dense half holds no table
+    serving.export_onnx(loaded, "dense", str(tmp_path / "dense.onnx"))  # the dense half holds no table
 
 
 def test_readme_deployment_flags_exist():
@@ -129,8 +129,8 @@ def test_readme_deployment_flags_exist():
     import os
     import re
     from deployment import deploy, evaluate_accuracy, evaluate_latency
-    from dlrm_dcnv2.main import build_parser as recipe_parser
-    from dlrm_dcnv2.scripts import predict
+    from dlrm_dcnv2.cli import build_parser as recipe_parser
+    from dlrm_dcnv2 import predict
     from recsys_common.serving import mlserver_launcher
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     section = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]

@@ -6,8 +6,8 @@ import tensorflow as tf
 from dlrm_dcnv2.distributed import hvd_utils
 from dlrm_dcnv2.distributed.gradients import reduce_gradients
 from dlrm_dcnv2.distributed.placement import Placement, ShardSpec, plan_placement
-from dlrm_dcnv2.nn.embedding import INIT_BLOCK_ROWS, embedding_lookup, initial_values
-from dlrm_dcnv2.nn.sparse_model import SparseModel
+from dlrm_dcnv2.model.embedding import INIT_BLOCK_ROWS, embedding_lookup, initial_values
+from dlrm_dcnv2.model.sparse_model import SparseModel
 
 SIZES = [10, 20, 5]
 DIMS = [4, 4, 2]
@@ -138,11 +138,11 @@ def test_sparse_model_rejects_mismatched_inputs_and_placement():
 
 
 def test_create_sparse_model_without_mde_uses_our_placement_and_says_so(caplog):
-    from dlrm_dcnv2.nn.sparse_model import create_sparse_model, mde_available
+    from dlrm_dcnv2.model.sparse_model import create_sparse_model, mde_available
     if mde_available():
         pytest.skip("distributed_embeddings is installed here: the MDE path is taken")
     ctx = hvd_utils.Context()
-    with caplog.at_level("INFO", logger="dlrm_dcnv2.nn.sparse_model"):
+    with caplog.at_level("INFO", logger="dlrm_dcnv2.model.sparse_model"):
         model = create_sparse_model(SIZES, 4, 1, ctx, seed=2, use_mde_embeddings=True,
                                     cpu_offloading_threshold_gb=1e-7)
     assert isinstance(model, SparseModel)

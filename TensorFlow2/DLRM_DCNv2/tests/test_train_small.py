@@ -12,7 +12,7 @@ import math
 import pytest
 
 from conftest import tiny_model_flags
-from dlrm_dcnv2.main import main
+from dlrm_dcnv2.train import main
 
 SYNTHETIC = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "200,100,50,20,10,5",
              "--synthetic_dataset_hotness", "1,3,1,2,1,1", "--synthetic_dataset_num_numerical_features", "5",

@@ -4,11 +4,12 @@ import pytest
 import tensorflow as tf
 
 from dlrm_dcnv2.distributed.hvd_utils import Context
-from dlrm_dcnv2.nn.evaluator import Evaluator, bce_from_logits_np
-from dlrm_dcnv2.nn.lr_scheduler import WarmupPolyDecay
-from dlrm_dcnv2.nn.model import build_model
-from dlrm_dcnv2.nn.optimizers import create_optimizers
-from dlrm_dcnv2.nn.trainer import Trainer
+from dlrm_dcnv2.model.evaluator import Evaluator
+from dlrm_dcnv2.model.metrics import bce_from_logits_np
+from dlrm_dcnv2.model.lr_scheduler import WarmupPolyDecay
+from dlrm_dcnv2.model.model import build_model
+from dlrm_dcnv2.model.optimizers import create_optimizers
+from dlrm_dcnv2.model.trainer import Trainer
 from recsys_common.metrics import roc_auc_score
 
 TABLES = [50, 30, 20]

@@ -8,18 +8,23 @@ NVIDIA's flags; the implementation is ``recsys_common.dataset_tools.generate_csv
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
+
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS, gen_csv_main
 
 TOOL = "dlrm_dcnv2.dataloading.gen_csv"
 
 
 def main(argv: Optional[Sequence[str]] = None):
     """Returns the FeatureSpec of the written CSV dataset."""
-    from recsys_common.dataset_tools import gen_csv_main
     return gen_csv_main(argv, TOOL, __doc__)
 
 
-if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
+def command() -> NoReturn:
+    """The command line (exit 2 for bad input)."""
     run_main(main, input_errors=INPUT_ERRORS)
+
+
+if __name__ == "__main__":
+    command()

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
+
+from recsys_common.cli import run_main
+from recsys_common.criteo.variants import VARIANTS, variant_feature_spec
+from recsys_common.dataset_tools import INPUT_ERRORS
 
 TOOL = "dlrm_dcnv2.dataloading.generate_feature_spec"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.criteo.variants import VARIANTS
     p = argparse.ArgumentParser(prog=f"python -m {TOOL}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", choices=VARIANTS, required=True, help="which model size")
@@ -33,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None):
     """Returns the FeatureSpec written (its ``origin`` is the file)."""
-    from recsys_common.criteo.variants import variant_feature_spec
     args = build_parser().parse_args(None if argv is None else list(argv))
     dst = os.path.join(args.dst, "feature_spec.yaml") if os.path.isdir(args.dst) else args.dst
     if os.path.lexists(dst) and not args.overwrite:
@@ -49,7 +51,10 @@ def main(argv: Optional[Sequence[str]] = None):
     return spec
 
 
-if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
+def command() -> NoReturn:
+    """The command line (exit 2 for bad input)."""
     run_main(main, input_errors=INPUT_ERRORS)
+
+
+if __name__ == "__main__":
+    command()

@@ -35,7 +35,7 @@ from recsys_common.datasets import DatasetError
 from recsys_common.feature_spec import FeatureSpec, is_categorical_channel, negative_downsampling_rate
 from recsys_common.prefetch import prefetched
 
-LOG = logging.getLogger("dlrm_dcnv2.dataloading")
+LOG = logging.getLogger("dlrm_dcnv2.data")
 
 PAD = -1
 

@@ -9,9 +9,17 @@
 """
 from __future__ import annotations
 
+from typing import NoReturn
+
+from recsys_common.cli import run_main
 from recsys_common.prepare_clicks import (INPUT_ERRORS, ClickEncoder, ClickLogError, apply, build_parser,  # noqa: F401
                                           main, prepare)
 
-if __name__ == "__main__":
-    from recsys_common.cli import run_main
+
+def command() -> NoReturn:
+    """The command line (exit 2 for bad input)."""
     run_main(main, input_errors=INPUT_ERRORS)
+
+
+if __name__ == "__main__":
+    command()

@@ -11,18 +11,23 @@ flags; the implementation is ``recsys_common.dataset_tools.prepare_synthetic_dat
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
+
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS, prepare_synthetic_main
 
 TOOL = "dlrm_dcnv2.dataloading.prepare_synthetic_dataset"
 
 
 def main(argv: Optional[Sequence[str]] = None):
     """Returns the FeatureSpec of the written dataset."""
-    from recsys_common.dataset_tools import prepare_synthetic_main
     return prepare_synthetic_main(argv, TOOL, __doc__)
 
 
-if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
+def command() -> NoReturn:
+    """The command line (exit 2 for bad input)."""
     run_main(main, input_errors=INPUT_ERRORS)
+
+
+if __name__ == "__main__":
+    command()

@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from recsys_common.datasets import read_columns
+
 from .pipeline import DataError, SpecPipeline
 
 # Indirection so tests can count which files a rank opens.
@@ -148,7 +150,6 @@ class RawBinaryDataset(SpecPipeline):
             self._chunks = chunks
             self._where = {f: where[f] for f in needed}
         else:
-            from recsys_common.datasets import read_columns
             columns = read_columns(spec, mapping, features=sorted(needed), check_values=False)
             self._chunks, self._where = {}, {}
             for k, chunk in enumerate(spec.source_spec[mapping]):

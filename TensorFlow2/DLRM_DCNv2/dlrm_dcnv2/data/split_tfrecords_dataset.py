@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.feature_spec import FeatureSpec
+
 from .pipeline import PAD, DataError, SpecPipeline, label_feature, metadata_from_spec
 
 LENGTH_FILE = "length.json"
@@ -174,7 +176,6 @@ class GroupWriter:
 
 def tfrecords_spec(metadata, mapping_names: Sequence[str], label: str = "label"):
     """The FeatureSpec of a split_tfrecords dataset with ``metadata``'s tables and numericals."""
-    from recsys_common.feature_spec import FeatureSpec
     features = {label: {"dtype": "float32"}}
     for f in metadata.numerical_features:
         features[f] = {"dtype": "float32"}

@@ -15,6 +15,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.synthetic import HiddenModel, power_law_ids
+
 from .pipeline import BatchPipeline, DatasetMetadata, metadata_from_spec
 
 NVIDIA_DEFAULT_CARDINALITIES = [1000] * 26
@@ -59,8 +62,6 @@ class SyntheticDataset(BatchPipeline):
         self._finish_init()
 
     def _hidden_model(self):
-        from recsys_common.feature_spec import FeatureSpec
-        from recsys_common.synthetic import HiddenModel
         m = self.metadata
         spec = FeatureSpec.get_default_feature_spec(m.num_numerical, m.table_sizes)
         for name, h in zip(m.categorical_features, m.hotness):
@@ -74,7 +75,6 @@ class SyntheticDataset(BatchPipeline):
         key = index % self.cached_batches if self.cached_batches > 0 else index
         if key in self._cache:
             return self._cache[key]
-        from recsys_common.synthetic import power_law_ids
         m, rows = self.metadata, self._layout[index][1] if self._layout else self.global_batch_size
         # one generator per batch (creating one costs ~0.1 ms, a third of a small batch's generation); every rank
         # draws all tables in the same order, as the labels need them all anyway

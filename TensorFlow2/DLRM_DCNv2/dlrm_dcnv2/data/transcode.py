@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
+
+from recsys_common import transcode
+from recsys_common.cli import run_main
 
 
 def _with_format(argv: Optional[Sequence[str]]) -> list:
@@ -21,11 +24,13 @@ def _with_format(argv: Optional[Sequence[str]]) -> list:
 
 def main(argv: Optional[Sequence[str]] = None):
     """Returns the completed FeatureSpec of the written dataset."""
-    from recsys_common import transcode
     return transcode.main(_with_format(argv))
 
 
+def command() -> NoReturn:
+    """The command line (exit 2 for bad input)."""
+    run_main(main, input_errors=transcode.INPUT_ERRORS)
+
+
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.transcode import INPUT_ERRORS
-    run_main(main, input_errors=INPUT_ERRORS)
+    command()

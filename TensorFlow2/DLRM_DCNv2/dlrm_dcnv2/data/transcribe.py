@@ -24,9 +24,12 @@ import argparse
 import logging
 import os
 import time
-from typing import Iterable, List, Optional
+from typing import Iterable, List, NoReturn, Optional
 
-from .dataloader import DataError, create_input
+from recsys_common.cli import run_main
+from recsys_common.io import atomic_directory
+
+from .dataloader import DataError, create_input, load_spec
 from .split_tfrecords_dataset import SplitWriter, tfrecords_spec
 
 TOOL = "dlrm_dcnv2.dataloading.transcribe"
@@ -49,7 +52,7 @@ def parse_int_list(text: str) -> List[int]:
 
 
 def add_synthetic_flags(p: argparse.ArgumentParser) -> None:
-    """NVIDIA's ``--synthetic_dataset_*`` flags of a synthetic source (this tool and ``dataloader_benchmark``)."""
+    """NVIDIA's ``--synthetic_dataset_*`` flags of a synthetic source (this tool and ``benchmarks/dataloader.py``)."""
     p.add_argument("--synthetic_dataset_train_batches", type=int, default=64008)
     p.add_argument("--synthetic_dataset_valid_batches", type=int, default=1350)
     p.add_argument("--synthetic_dataset_cardinalities", type=parse_int_list, default="26x1000")
@@ -95,11 +98,13 @@ def transcribe(src_dataset_type: str, src_dataset_path: Optional[str], dst_datas
                max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
                synthetic: Optional[dict] = None, seed: int = 12345) -> dict:
     """Convert; returns ``{"rows": {split: rows}, "spec": path}``. ``synthetic``: create_input's synthetic_* args."""
-    from recsys_common.io import atomic_directory
     kind = "tf_raw" if src_dataset_type in ("parquet", "csv") else src_dataset_type
     splits = {"train": max_batches_train} if train_only else {"train": max_batches_train, "test": max_batches_test}
+    src_spec = None   # parsed once for every split
+    if kind != "synthetic" or (synthetic or {}).get("synthetic_use_feature_spec"):
+        src_spec = load_spec(src_dataset_path, src_feature_spec, "--src_feature_spec")
     sources = {m: create_input(kind, src_dataset_path, src_feature_spec, mapping=m, global_batch_size=src_batch_size,
-                               seed=seed, prefetch=0, **(synthetic or {})) for m in splits}
+                               seed=seed, prefetch=0, spec=src_spec, **(synthetic or {})) for m in splits}
     metadata = sources["train"].metadata
     spec = tfrecords_spec(metadata, list(splits))
     rows = {}
@@ -139,7 +144,11 @@ def main(argv: Optional[Iterable[str]] = None) -> dict:
     return result
 
 
-if __name__ == "__main__":
+def command() -> NoReturn:
+    """The command line: exit 2 for bad input (DataError is a ValueError), 1 for an I/O failure."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from recsys_common.cli import run_main
-    run_main(main, input_errors=(ValueError, FileExistsError), failures=(OSError,))   # DataError is a ValueError
+    run_main(main, input_errors=(ValueError, FileExistsError), failures=(OSError,))
+
+
+if __name__ == "__main__":
+    command()

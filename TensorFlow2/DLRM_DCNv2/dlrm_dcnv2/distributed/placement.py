@@ -34,12 +34,14 @@ import dataclasses
 import math
 from typing import List, Optional, Sequence, Tuple, Union
 
+from recsys_common.cli import InputError
+
 STRATEGIES = ("memory_balanced", "basic", "memory_optimized")
 DATA_PARALLEL = -1
 BYTES_PER_ELEMENT = 4  # embeddings are always float32
 
 
-class PlacementError(ValueError):
+class PlacementError(InputError):
     """A placement that cannot work (the message names the flag to change)."""
 
 
@@ -188,6 +190,22 @@ def plan_placement(table_sizes: Sequence[int], embedding_dims: Union[int, Sequen
     if isinstance(embedding_dims, int):
         embedding_dims = (embedding_dims,) * len(table_sizes)
     embedding_dims = tuple(int(d) for d in embedding_dims)
+    _check_plan(table_sizes, embedding_dims, world_size, strategy)
+    column_slice_threshold = _check_threshold(column_slice_threshold, "--column_slice_threshold")
+    row_slice_threshold = _check_threshold(row_slice_threshold, "--row_slice_threshold")
+    data_parallel_threshold = _check_threshold(data_parallel_threshold, "--data_parallel_threshold")
+    offload_gb = _check_threshold(cpu_offloading_threshold_gb, "--cpu_offloading_threshold_gb")
+    fixed, units = _pieces(table_sizes, embedding_dims, world_size, column_slice_threshold, row_slice_threshold,
+                           data_parallel_threshold)
+    shards = fixed + _assign(units, fixed, world_size, strategy)
+    _check_every_rank_owns_a_table(shards, world_size)
+    if offload_gb is not None:
+        shards = _offload(shards, world_size, offload_gb * 2 ** 30)
+    shards.sort(key=lambda s: (s.table, s.rows, s.cols))
+    return Placement(table_sizes, embedding_dims, world_size, strategy, tuple(shards))
+
+
+def _check_plan(table_sizes: Tuple[int, ...], embedding_dims: Tuple[int, ...], world_size: int, strategy: str) -> None:
     if not table_sizes:
         raise PlacementError("no embedding tables: the feature spec has no categorical features")
     if len(embedding_dims) != len(table_sizes):
@@ -203,13 +221,15 @@ def plan_placement(table_sizes: Sequence[int], embedding_dims: Union[int, Sequen
         raise PlacementError("--dist_strategy memory_optimized is Merlin Distributed Embeddings' strategy and is not "
                              "implemented by this recipe's placement: use memory_balanced or basic, or "
                              "--use_mde_embeddings where distributed_embeddings is installed (NGC image)")
-    column_slice_threshold = _check_threshold(column_slice_threshold, "--column_slice_threshold")
-    row_slice_threshold = _check_threshold(row_slice_threshold, "--row_slice_threshold")
-    data_parallel_threshold = _check_threshold(data_parallel_threshold, "--data_parallel_threshold")
-    offload_gb = _check_threshold(cpu_offloading_threshold_gb, "--cpu_offloading_threshold_gb")
 
-    fixed: List[ShardSpec] = []        # data-parallel replicas and row slices (their rank is decided by the rule)
-    units: List[ShardSpec] = []        # pieces the strategy places (rank filled in below)
+
+def _pieces(table_sizes: Tuple[int, ...], embedding_dims: Tuple[int, ...], world_size: int,
+            column_slice_threshold: Optional[float], row_slice_threshold: Optional[float],
+            data_parallel_threshold: Optional[float]) -> Tuple[List[ShardSpec], List[ShardSpec]]:
+    """``(fixed, units)``: data-parallel replicas and row slices (their rank is decided by the rule), and the pieces
+    the strategy places (whole tables and column slices; rank filled in by :func:`_assign`)."""
+    fixed: List[ShardSpec] = []
+    units: List[ShardSpec] = []
     for t, (rows, dim) in enumerate(zip(table_sizes, embedding_dims)):
         elements = rows * dim
         if data_parallel_threshold is not None and elements < data_parallel_threshold:
@@ -225,7 +245,14 @@ def plan_placement(table_sizes: Sequence[int], embedding_dims: Union[int, Sequen
                 units.append(ShardSpec(t, DATA_PARALLEL, (0, rows), col_range))
         else:
             units.append(ShardSpec(t, DATA_PARALLEL, (0, rows), (0, dim)))
+    return fixed, units
 
+
+def _assign(units: List[ShardSpec], fixed: List[ShardSpec], world_size: int, strategy: str) -> List[ShardSpec]:
+    """``units`` with their ranks: round robin (``basic``) or, ``memory_balanced``, largest first onto the
+    least-loaded rank not holding a piece of the same table (ties: lowest rank), ``fixed``'s row slices counted."""
+    if strategy == "basic":
+        return [dataclasses.replace(s, rank=i % world_size) for i, s in enumerate(units)]
     load = [0] * world_size
     tables_on: List[set] = [set() for _ in range(world_size)]
     for s in fixed:
@@ -233,42 +260,40 @@ def plan_placement(table_sizes: Sequence[int], embedding_dims: Union[int, Sequen
             load[s.rank] += s.elements
             tables_on[s.rank].add(s.table)
     placed: List[ShardSpec] = []
-    if strategy == "basic":
-        for i, s in enumerate(units):
-            placed.append(dataclasses.replace(s, rank=i % world_size))
-    else:  # memory_balanced: largest first onto the least-loaded rank (ties: lowest rank)
-        for s in sorted(units, key=lambda s: (-s.elements, s.table, s.cols)):
-            free = [r for r in range(world_size) if s.table not in tables_on[r]] or list(range(world_size))
-            rank = min(free, key=lambda r: (load[r], r))
-            load[rank] += s.elements
-            tables_on[rank].add(s.table)
-            placed.append(dataclasses.replace(s, rank=rank))
+    for s in sorted(units, key=lambda s: (-s.elements, s.table, s.cols)):
+        free = [r for r in range(world_size) if s.table not in tables_on[r]] or list(range(world_size))
+        rank = min(free, key=lambda r: (load[r], r))
+        load[rank] += s.elements
+        tables_on[rank].add(s.table)
+        placed.append(dataclasses.replace(s, rank=rank))
+    return placed
 
-    shards = fixed + placed
+
+def _check_every_rank_owns_a_table(shards: List[ShardSpec], world_size: int) -> None:
     model_parallel = [s for s in shards if not s.data_parallel]
-    if model_parallel:
-        idle = sorted(set(range(world_size)) - {s.rank for s in model_parallel})
-        if idle:
-            n_tables = len({s.table for s in model_parallel})
-            raise PlacementError(
-                f"{world_size} ranks but only {len(model_parallel)} model-parallel embedding piece(s) "
-                f"({n_tables} table(s) placed table-wise): rank(s) {idle} would own no table. Run at most "
-                f"{len(model_parallel)} ranks, or lower --column_slice_threshold / --row_slice_threshold so that "
-                f"large tables are sliced across ranks")
+    if not model_parallel:
+        return
+    idle = sorted(set(range(world_size)) - {s.rank for s in model_parallel})
+    if idle:
+        n_tables = len({s.table for s in model_parallel})
+        raise PlacementError(
+            f"{world_size} ranks but only {len(model_parallel)} model-parallel embedding piece(s) "
+            f"({n_tables} table(s) placed table-wise): rank(s) {idle} would own no table. Run at most "
+            f"{len(model_parallel)} ranks, or lower --column_slice_threshold / --row_slice_threshold so that "
+            f"large tables are sliced across ranks")
 
-    if offload_gb is not None:
-        limit = offload_gb * 2 ** 30
-        offloaded = set()
-        for rank in range(world_size):
-            mine = sorted((s for s in model_parallel if s.rank == rank), key=lambda s: (-s.elements, s.table, s.cols))
-            resident = sum(s.elements for s in mine) * BYTES_PER_ELEMENT
-            for s in mine:
-                if resident <= limit:
-                    break
-                offloaded.add(s)
-                resident -= s.elements * BYTES_PER_ELEMENT
-        shards = [dataclasses.replace(s, offload_to_cpu=True) if s in offloaded else s for s in shards]
 
-    shards.sort(key=lambda s: (s.table, s.rows, s.cols))
-    return Placement(table_sizes, embedding_dims, world_size, strategy, tuple(shards))
-
+def _offload(shards: List[ShardSpec], world_size: int, limit_bytes: float) -> List[ShardSpec]:
+    """``--cpu_offloading_threshold_gb``: each rank's largest model-parallel pieces marked for host memory until
+    the rest fits in ``limit_bytes``."""
+    model_parallel = [s for s in shards if not s.data_parallel]
+    offloaded = set()
+    for rank in range(world_size):
+        mine = sorted((s for s in model_parallel if s.rank == rank), key=lambda s: (-s.elements, s.table, s.cols))
+        resident = sum(s.elements for s in mine) * BYTES_PER_ELEMENT
+        for s in mine:
+            if resident <= limit_bytes:
+                break
+            offloaded.add(s)
+            resident -= s.elements * BYTES_PER_ELEMENT
+    return [dataclasses.replace(s, offload_to_cpu=True) if s in offloaded else s for s in shards]

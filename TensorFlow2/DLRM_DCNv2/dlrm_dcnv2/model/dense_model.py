@@ -27,8 +27,8 @@ from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from dlrm_dcnv2.nn import interaction as interaction_lib
-from dlrm_dcnv2.nn.mlp import MLP
+from dlrm_dcnv2.model import interaction as interaction_lib
+from dlrm_dcnv2.model.mlp import MLP
 
 LOG = logging.getLogger(__name__)
 

@@ -34,6 +34,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from dlrm_dcnv2.model.dcn import CrossNetwork
+
 LOG = logging.getLogger(__name__)
 
 CUSTOM_OP_MODULE = "tensorflow_dot_based_interact.python.ops.dot_based_interact_ops"
@@ -134,7 +136,6 @@ def select_interaction(name: str, xla: bool, num_cross_layers: int = 3,
     if name == "dot_tensorflow":
         return DotInteraction(name="interaction"), None
     if name == "cross":
-        from dlrm_dcnv2.nn.dcn import CrossNetwork
         return CrossNetwork(num_cross_layers, cross_layer_projection_dim, seed=seed, name="interaction"), None
     if name != "dot_custom_cuda":
         raise ValueError(f"--interaction {name!r}: expected one of {', '.join(INTERACTIONS)}")

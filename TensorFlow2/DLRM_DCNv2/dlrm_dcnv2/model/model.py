@@ -6,7 +6,7 @@
     logits     = dense(numerical, embeddings) bottom MLP -> dot interaction or cross network -> top MLP
 
 ``build_model(...)`` builds both halves from explicit arguments (the flags' values); the sparse half is
-``dlrm_dcnv2.nn.sparse_model.create_sparse_model`` (our placement, or Merlin Distributed Embeddings).
+``dlrm_dcnv2.model.sparse_model.create_sparse_model`` (our placement, or Merlin Distributed Embeddings).
 
 Example (one process)::
 
@@ -20,7 +20,9 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from dlrm_dcnv2.nn.dense_model import DenseModel
+from dlrm_dcnv2.distributed import hvd_utils
+from dlrm_dcnv2.model.dense_model import DenseModel
+from dlrm_dcnv2.model.sparse_model import create_sparse_model
 
 
 class RecModel(tf.keras.Model):
@@ -69,9 +71,6 @@ def build_model(table_sizes: Sequence[int], embedding_dims: Union[int, Sequence[
     and, when given, the dense initialisers (otherwise TensorFlow's global seed; the trainer broadcasts the dense
     weights from rank 0 anyway). Raises ``ValueError`` naming the flags for an impossible configuration.
     """
-    from dlrm_dcnv2.distributed import hvd_utils
-    from dlrm_dcnv2.nn.sparse_model import create_sparse_model
-
     if ctx is None:
         ctx = hvd_utils.Context()
     num_tables = len(table_sizes)

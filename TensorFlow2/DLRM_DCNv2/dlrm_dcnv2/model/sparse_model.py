@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from dlrm_dcnv2.distributed import hvd_utils
 from dlrm_dcnv2.distributed.placement import Placement, ShardSpec, plan_placement, variable_name
-from dlrm_dcnv2.nn.embedding import embedding_lookup, initial_value_blocks
+from dlrm_dcnv2.model.embedding import embedding_lookup, initial_value_blocks
 
 LOG = logging.getLogger(__name__)
 
