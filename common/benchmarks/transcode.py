@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from recsys_common.dataset_tools import generate_csv
+from recsys_common.machine import cpu_model_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMON = os.path.dirname(HERE)
@@ -50,7 +52,6 @@ print("RESULT", time.perf_counter() - t0, hwm)
 
 def run_size(rows: int, chunk_size: int, fmt: str, workdir: str) -> dict:
     import yaml
-    from recsys_common.dataset_tools import generate_csv
     spec_path = os.path.join(workdir, "spec.yaml")
     with open(spec_path, "w") as f:
         yaml.safe_dump(SPEC, f)
@@ -78,7 +79,6 @@ def main(argv=None):
     p.add_argument("--format", choices=["split_binary", "parquet"], default="split_binary")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed after)")
     args = p.parse_args(argv)
-    from recsys_common.machine import cpu_model_name
     sizes = [int(x) for x in args.rows.split(",") if x.strip()]
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:
         results = [run_size(n, args.chunk_size, args.format, workdir) for n in sizes]

@@ -22,6 +22,7 @@ import argparse
 from typing import Dict, Optional, Sequence
 
 from .feature_spec import FeatureSpec
+from .synthetic import generate_dataset, summarize
 
 AUTO_CARDINALITY_FOR_GENERATION = 1000   # ids of 'cardinality: auto' features are drawn from [0, 1000)
 
@@ -51,7 +52,6 @@ def generate_csv(feature_spec_in: str, output: str, size: int, seed: int = 12345
     Raises ValueError (naming the spec and mapping) when a chunk is not CSV, FileExistsError for a non-empty
     ``output`` without ``overwrite``.
     """
-    from .synthetic import generate_dataset
     if size < 1:
         raise ValueError(f"--size must be >= 1, got {size}")
     spec = FeatureSpec.from_yaml(feature_spec_in, allow_auto=True)
@@ -113,7 +113,6 @@ def prepare_synthetic_dataset(output_dir: str, num_entries: int, test_entries: O
                               tool: str = "recsys_common.dataset_tools") -> FeatureSpec:
     """Generate the dataset (``train``: ``num_entries`` rows, every other mapping ``test_entries``, default
     ``num_entries // 8``) in ``output_dir``; returns its spec. The spec file is moved in last (crash-safe)."""
-    from .synthetic import generate_dataset, summarize
     if num_entries < 1:
         raise ValueError(f"--synthetic_dataset_num_entries must be >= 1, got {num_entries}")
     if feature_spec:

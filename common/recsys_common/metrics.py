@@ -34,6 +34,7 @@ import math
 from typing import Any, Callable, Tuple
 
 import numpy as np
+from .io import atomic_write_bytes
 
 # Scores of the smaller class searched at a time (the int64 positions of a block: 8 MiB).
 BLOCK_ROWS = 1 << 20
@@ -295,7 +296,6 @@ def plot_reliability(bucket_sums: Any, path: str, title: str = "", sums: Any = N
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .io import atomic_write_bytes
     import io
     b = np.asarray(bucket_sums, dtype=np.float64)
     kept = b[:, 0] > 0

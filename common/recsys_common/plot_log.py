@@ -31,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from .io import atomic_path
 from .logger import read_log
+from .metrics import plot_reliability
 
 STEP_AXIS = "step"
 EPOCH_AXIS = "epoch"
@@ -201,7 +202,6 @@ def plot(path: str, output_dir: str) -> List[str]:
     os.makedirs(output_dir, exist_ok=True)
     written = []
     if reliability is not None:
-        from .metrics import plot_reliability
         buckets, sums = reliability
         written.append(plot_reliability(buckets, os.path.join(output_dir, "reliability.png"),
                                         f"{os.path.basename(path)}:", sums))

@@ -30,6 +30,7 @@ import numpy as np
 from .datasets import PAD, DatasetWriter
 from .feature_spec import FeatureSpec, FeatureSpecError
 from .io import atomic_directory
+from .datasets import read_columns
 
 _WEIGHT_TABLE = 4096  # hidden per-id weights are looked up modulo this, so huge tables cost nothing
 
@@ -190,7 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def summarize(spec: FeatureSpec) -> str:
-    from .datasets import read_columns
     lines = [f"dataset {spec.base_directory}"]
     for mapping in spec.source_spec:
         label = _label_features(spec)

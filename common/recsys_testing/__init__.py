@@ -23,6 +23,10 @@ import uuid
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from recsys_common.machine import free_port  # noqa: F401  (the one definition; tests import it from here)
+from recsys_common.prepare_clicks import main as prepare_clicks
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.synthetic import generate_dataset
+from recsys_common.serving.perf_analyzer import PerfAnalyzerNotFound, find_perf_analyzer
 
 REQUIRE_ENV = "RECSYS_REQUIRE_DATA"
 DATA_DIR_ENV = "RECSYS_DATA_DIR"
@@ -67,7 +71,6 @@ def seed_study_margin(measured: Sequence[float], baseline: Sequence[float]) -> f
 def prepare_avazu_splits(tmp_path_factory, seeds: Sequence[int] = AVAZU_SPLIT_SEEDS) -> List[str]:
     """The shared Avazu sample through ``recsys_common.prepare_clicks`` once per split seed; returns the dataset
     directories (skips, or fails under ``RECSYS_REQUIRE_DATA=1``, without the sample)."""
-    from recsys_common.prepare_clicks import main as prepare_clicks
     raw = shared_data_path("avazu", "avazu-train-head999.csv")
     out = []
     for seed in seeds:
@@ -117,8 +120,6 @@ def make_criteo_like_dataset(directory: str, train_rows: int = 8192, test_rows: 
                              seed: int = 7) -> str:
     """A tiny split-binary dataset in NVIDIA's DLRM layout (13 numericals, ``table_sizes`` categoricals, learnable
     labels) in ``directory``, for the DLRM recipes' tests; returns the directory."""
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.synthetic import generate_dataset
     spec = FeatureSpec.get_default_feature_spec(13, list(table_sizes))
     generate_dataset(spec, str(directory), {"train": train_rows, "test": test_rows}, seed=seed)
     return str(directory)
@@ -168,7 +169,6 @@ def shared_data_path(*parts: str) -> str:
 def perf_analyzer_path() -> str:
     """Triton's perf_analyzer (``make setup`` installs it); inside pytest, skip without it, or fail when
     ``RECSYS_REQUIRE_DATA=1`` (CI, whose setup installs it)."""
-    from recsys_common.serving.perf_analyzer import PerfAnalyzerNotFound, find_perf_analyzer
     try:
         return find_perf_analyzer()
     except PerfAnalyzerNotFound as e:

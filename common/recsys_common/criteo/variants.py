@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from . import NUM_NUMERICAL
+from ..feature_spec import FeatureSpec
 
 CARDINALITIES: Dict[str, List[int]] = {
     "criteo_t15_synthetic": [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209,
@@ -38,7 +39,6 @@ VARIANTS = tuple(CARDINALITIES)
 def variant_feature_spec(variant: str, mappings=("train", "test")):
     """The split-binary FeatureSpec (13 numerical, 26 categorical features) of a variant; ValueError names the
     known variants."""
-    from ..feature_spec import FeatureSpec
     if variant not in CARDINALITIES:
         raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     return FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES[variant], mappings=mappings)

@@ -43,6 +43,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..machine import free_port
 from .client import ServingError
+from .model_config import ModelConfigError, check_model_directory
 
 #: The MLServer runtime serving each Triton platform here (TensorFlow SavedModels are served by Triton only).
 RUNTIMES = {"onnxruntime_onnx": "recsys_common.serving.mlserver_runtime.OnnxModel",
@@ -67,7 +68,6 @@ def servable_models(repo_dir: str, models: Optional[Sequence[str]] = None) -> Di
 
     ``models``: the names to serve (each must be such a model there); None: every one. Each model directory is
     checked with ``check_model_directory``. Raises ``ServingError`` naming the repository and the model."""
-    from .model_config import ModelConfigError, check_model_directory
     repo_dir = os.path.abspath(repo_dir)
     if not os.path.isdir(repo_dir):
         raise ServingError(f"{repo_dir}: model repository not found")

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from recsys_common.cli import InputError
 from recsys_common.io import atomic_directory
+from .model_config import ModelConfigError, check_model_directory, parse_model_config_text
 
 SIDECAR_NAME = "recsys_serving.json"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -95,7 +96,6 @@ class RepositoryWriter:
         ``model.savedmodel`` there. The config's name must equal ``name``; every model is checked with
         ``check_model_directory`` when the block ends.
         """
-        from .model_config import ModelConfigError, parse_model_config_text
         if not _MODEL_NAME.match(name or ""):
             raise ValueError(f"model name {name!r}: use letters, digits, '_', '-', '.' (it is a directory name)")
         if name in self.models:
@@ -137,7 +137,6 @@ def model_repository(repo_dir: str, *, overwrite: bool = False,
     Yields: a ``RepositoryWriter``. When the block ends every added model is checked (``check_model_directory``:
     e.g. the exporter forgot ``model.onnx``) before anything is moved; any error leaves ``repo_dir`` as it was.
     """
-    from .model_config import check_model_directory
     with atomic_directory(repo_dir, overwrite, tool=tool) as staging:
         writer = RepositoryWriter(staging, tool)
         yield writer

@@ -21,6 +21,7 @@ import os
 from typing import Callable, Dict, Mapping, Union
 
 import numpy as np
+from .repository import read_sidecar
 
 #: ids are drawn below this where the sidecar gives no bound (every id valid)
 UNBOUNDED_IDS = 1 << 20
@@ -62,7 +63,6 @@ def random_row_maker(inputs: Mapping[str, Mapping], seed: int = 0) -> MakeInputs
 def sidecar_row_maker(model_repository: str, model_name: str, seed: int = 0) -> MakeInputs:
     """:func:`random_row_maker` of the sidecar of ``<model_repository>/<model_name>`` (``SidecarError`` if it is
     missing or malformed)."""
-    from .repository import read_sidecar
     return random_row_maker(read_sidecar(os.path.join(model_repository, model_name))["inputs"], seed)
 
 

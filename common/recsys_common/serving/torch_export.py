@@ -36,6 +36,8 @@ from torch import nn
 from recsys_common.cli import InputError
 from .rows import random_rows
 from .triton_options import TritonOptions
+from .model_config import TensorSpec, model_config_text
+from .repository import model_repository
 
 FORMATS = ("onnx", "ts-script", "ts-trace")
 PLATFORMS = {"onnx": "onnxruntime_onnx", "ts-script": "pytorch_libtorch", "ts-trace": "pytorch_libtorch"}
@@ -114,8 +116,6 @@ def write_repository(module: nn.Module, sidecar: Mapping, formats: Sequence[str]
     is written atomically by ``repository.model_repository`` as ``tool``: a non-empty one is refused unless
     ``options.overwrite``, and then only files this tool wrote are replaced.
     """
-    from .model_config import TensorSpec, model_config_text
-    from .repository import model_repository
 
     formats = list(formats)
     unknown = [f for f in formats if f not in FORMATS]
