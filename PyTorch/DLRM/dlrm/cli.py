@@ -1,6 +1,9 @@
 """The flags of ``python -m dlrm.scripts.main`` and the one frozen :class:`DlrmConfig` a run is built from.
 
-    flags -> read_flags(argv) -> (flag values, given_flags) -> settle(...) -> DlrmConfig      (once per run)
+    argv -> read_flags -> (flag values, given_flags) -> settle(..., device, world size, dataset info) -> DlrmConfig
+
+:func:`dlrm.train.main` reads the flags, sets up the processes and parses the dataset's FeatureSpec (once; the parsed
+``info`` is handed down), then settles the configuration, once per run; :func:`parse` does both steps for tools.
 
 Flags and defaults follow NVIDIA's recipe (the 2020 seed, plus the later flags of reference A.4); see the README for
 what differs and why. :func:`settle` builds the configuration once, after choosing the CPU defaults (issue 18):

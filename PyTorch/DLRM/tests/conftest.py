@@ -1,11 +1,10 @@
 """Shared fixtures: tiny Criteo-shaped datasets generated per session (never real data committed to the repo)."""
-import importlib
 import os
 import sys
 
 import pytest
 
-from recsys_testing import make_criteo_like_dataset, recipe_env
+from recsys_testing import import_script, make_criteo_like_dataset, recipe_env
 
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(os.path.dirname(RECIPE_DIR))
@@ -26,11 +25,12 @@ def small_dataset(tmp_path_factory):
 
 
 def load_benchmark(name):
-    """``benchmarks/<name>.py`` as a module. The folder holds scripts run as ``python benchmarks/<name>.py`` (not a
-    package): its directory goes on ``sys.path`` as running a script puts it there (one benchmark imports another)."""
+    """``benchmarks/<name>.py`` as a module (``recsys_testing.import_script``). The folder holds scripts run as
+    ``python benchmarks/<name>.py``, not a package: its directory also goes on ``sys.path``, as running a script puts
+    it there (throughput.py imports torchrec_peer.py)."""
     if BENCHMARKS_DIR not in sys.path:
         sys.path.insert(0, BENCHMARKS_DIR)
-    return importlib.import_module(name)
+    return import_script(os.path.join(BENCHMARKS_DIR, f"{name}.py"))
 
 
 def train_args(dataset, log_path, *extra):
