@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS, gen_csv_main
+
 TOOL = "gen_csv"
 
 
 def main(argv: Optional[Sequence[str]] = None):
     """Writes the CSV dataset under ``--output``; returns its FeatureSpec."""
-    from recsys_common.dataset_tools import gen_csv_main
     return gen_csv_main(argv, TOOL, __doc__)
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
     run_main(main, input_errors=INPUT_ERRORS)

@@ -14,6 +14,11 @@ import json
 import math
 from typing import Dict, Optional, Sequence
 
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.io import atomic_write_text
+
 CATEGORICAL_CHANNELS = ("onehot_categorical", "multihot_categorical")
 
 
@@ -41,8 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
     """Writes ``--output``; returns the sizes."""
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.io import atomic_write_text
     args = build_parser().parse_args(None if argv is None else list(argv))
     if args.max_size < 1:
         raise ValueError(f"--max_size must be >= 1, got {args.max_size}")
@@ -53,6 +56,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
     run_main(main, input_errors=INPUT_ERRORS)

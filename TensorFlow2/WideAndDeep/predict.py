@@ -1,8 +1,8 @@
 """Click probabilities for a user's rows from a checkpoint, without a server: ``python predict.py -h``
-(see :mod:`wide_deep.serving.predict`)."""
+(see ``deployment/predict.py``)."""
 import sys
 
-from wide_deep.serving.predict import main
+from deployment.predict import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

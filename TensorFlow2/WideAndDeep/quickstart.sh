@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quickstart on a CPU (a few minutes on 2 cores): generate raw Outbrain-format CSVs, run the NVTabular ETL
-# (scripts/preproc.sh), train a small Wide & Deep for 4 epochs and print its validation MAP@12, AUC and BCE; then,
+# (preproc/prepare_dataset.sh), train a small Wide & Deep for 4 epochs and print its validation MAP@12, AUC and BCE; then,
 # where MovieLens ml-100k is available ($RECSYS_DATA_DIR/movielens/ml-100k), the MovieLens example prints its AUC.
 #   bash quickstart.sh [output_dir] [extra flags for main.py, e.g. --xla]
 # Rerunning is safe: the generator and the ETL replace only their own earlier outputs (--overwrite), the previous
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 # REPO, PY and PYTHONPATH: common/recipe_env.sh (../../common in a checkout, ../common in the Docker image)
 source "$([[ -f ../../common/recipe_env.sh ]] && echo ../../common || echo ../common)/recipe_env.sh"
-export PYTHON="$PY"   # scripts/preproc.sh runs the ETL with it
+export PYTHON="$PY"   # preproc/prepare_dataset.sh runs the ETL with it
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 OUT="${1:-/tmp/wide_deep_quickstart}"; shift || true
 mkdir -p "$OUT"
@@ -19,7 +19,7 @@ echo "== 1/3 generator: raw Outbrain-format CSVs with a planted signal"
 "$PY" -m wide_deep.data.outbrain.generator --output_dir "$OUT/orig" --num_displays "${QUICKSTART_DISPLAYS:-3000}" \
     --seed 3 --overwrite
 echo "== 2/3 ETL: NVTabular on CPU"
-bash scripts/preproc.sh "$OUT/orig" "$OUT/data" --cpu --num_partitions 2 --num_train_files 2 --num_valid_files 2 \
+bash preproc/prepare_dataset.sh "$OUT/orig" "$OUT/data" --cpu --num_partitions 2 --num_train_files 2 --num_valid_files 2 \
     --overwrite
 # 8-wide embeddings (NVIDIA's widths, up to 128, are for the full data set): the spec's cardinalities, capped.
 "$PY" gen_embedding_sizes.py --feature_spec_in "$OUT/data/feature_spec.yaml" --output "$OUT/embedding_sizes.json" \

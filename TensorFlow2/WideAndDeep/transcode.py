@@ -14,6 +14,10 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
+from recsys_common import transcode as common
+from recsys_common.cli import run_main
+from recsys_common.dataset_tools import INPUT_ERRORS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python transcode.py", description=__doc__,
@@ -33,7 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None):
     """Transcodes to parquet; returns the completed FeatureSpec (its ``origin`` is the written YAML)."""
-    from recsys_common import transcode as common
     args = build_parser().parse_args(None if argv is None else list(argv))
     if args.chunk_size < 1:
         raise ValueError(f"--chunk_size must be >= 1, got {args.chunk_size}")
@@ -44,6 +47,4 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
-    from recsys_common.dataset_tools import INPUT_ERRORS
     run_main(main, input_errors=INPUT_ERRORS)

@@ -84,7 +84,7 @@ def _wide_deep_package():
 
 def _wide_deep(csv_dir, spec_in, data, tmp_path):
     _wide_deep_package()
-    from wide_deep.trainer.run import main
+    from wide_deep.train import main
     _load("wd_gen_csv", os.path.join(WD_DIR, "gen_csv.py")).main(
         ["--feature_spec_in", spec_in, "--output", csv_dir, "--size", str(TRAIN_ROWS)])
     spec = _load("wd_transcode", os.path.join(WD_DIR, "transcode.py")).main(

@@ -146,12 +146,12 @@ def test_criteo_parquet_to_split_binary(tmp_path):
 _WIDE_DEEP_READERS = """
 import sys
 from recsys_common.feature_spec import FeatureSpec
-from wide_deep.trainer.dataloader import ParquetBatches
-from wide_deep.serving.predict import _read_table
+from wide_deep.data.loader import ParquetBatches
+from deployment.predict import read_table
 spec = FeatureSpec.from_yaml(sys.argv[1])
 rows = sum(len(labels) for _, labels, _ in ParquetBatches(spec, "train", batch_size=16, shuffle=True))
 print("loader rows", rows)
-print("predict rows", len(_read_table(sys.argv[2])["click"]))
+print("predict rows", len(read_table(sys.argv[2])["click"]))
 """
 
 

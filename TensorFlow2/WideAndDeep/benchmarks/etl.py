@@ -1,11 +1,11 @@
 """Outbrain ETL benchmark: clicks_train rows/s and peak memory at several sizes of generated data, optionally side by
 side with another version of the ETL (a checkout of an earlier commit). Prints JSON; not a test.
 
-    python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000
-    python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000 \
+    python benchmarks/etl.py --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000
+    python benchmarks/etl.py --work_dir /tmp/etl_bench --clicks_rows 5000000 20000000 \
         --catalogue scaled        # documents and ads grow with the rows (the generator's default)
     git archive <commit> TensorFlow2/WideAndDeep/wide_deep | tar -x -C /tmp/old_etl     # the ETL to compare with
-    python -m wide_deep.data.outbrain.benchmark --work_dir /tmp/etl_bench --clicks_rows 1000000 4000000 \\
+    python benchmarks/etl.py --work_dir /tmp/etl_bench --clicks_rows 1000000 4000000 \\
         --reference_code /tmp/old_etl/TensorFlow2/WideAndDeep --reference_max_rows 1000000 --output etl.json
 
 Each run is ``python -m wide_deep.data.outbrain.preproc --cpu`` in a child process (the command line a user runs),
@@ -28,19 +28,24 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+import psutil
+
+from recsys_common.io import atomic_write_text
+from recsys_common.machine import cpu_model_name
+
 CLICKS_PER_DISPLAY = 4.21   # the generator's mean display size (2 to 12 ads, Zipf)
-RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON_DIR = os.path.join(os.path.dirname(os.path.dirname(RECIPE_DIR)), "common")
 
 
 def _tree_rss(pid: int) -> int:
-    import psutil
     try:
         proc = psutil.Process(pid)
         procs = [proc] + proc.children(recursive=True)
@@ -110,7 +115,6 @@ def count_rows(path: str) -> int:
 
 
 def run_etl(code_dir: str, raw_dir: str, out_dir: str, log_path: str, extra: Sequence[str]) -> Dict[str, float]:
-    import shutil
     shutil.rmtree(out_dir, ignore_errors=True)
     command = [sys.executable, "-m", "wide_deep.data.outbrain.preproc", "--input_dir", raw_dir, "--output_dir",
                out_dir, "--cpu", *extra]
@@ -152,7 +156,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     p.add_argument("--output", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
-    from recsys_common.machine import cpu_model_name
     result: Dict[str, object] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu_model": cpu_model_name(), "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
@@ -205,7 +208,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     text = json.dumps(result, indent=2)
     print(text)
     if args.output:
-        from recsys_common.io import atomic_write_text
         atomic_write_text(args.output, text + "\n")
     return result
 

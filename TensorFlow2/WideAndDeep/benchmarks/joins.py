@@ -1,7 +1,7 @@
 """Which engine for the Outbrain ETL's big join: ``clicks_train`` ⋈ ``events`` on ``display_id`` (the only join
 whose both sides grow with the click log), written to parquet, by three engines. Prints JSON; not a test.
 
-    python -m wide_deep.data.outbrain.benchmark_joins --input_dir /tmp/etl_bench/raw_475059_seed0
+    python benchmarks/joins.py --input_dir /tmp/etl_bench/raw_475059_seed0
 
 - ``buckets``: this ETL's way (:mod:`wide_deep.data.outbrain.joins`): pyarrow block reads cut into display-range
   bucket files, then one pandas merge per bucket (here the typed events are held in memory until bucketed; the ETL
@@ -25,6 +25,12 @@ import sys
 import tempfile
 import time
 
+import pyarrow.feather as feather
+
+from recsys_common.machine import cpu_model_name
+from wide_deep.data.outbrain.joins import Buckets
+from wide_deep.data.outbrain.raw import iter_raw_frames
+
 ENGINES = ("buckets", "dask", "polars")
 
 
@@ -32,16 +38,13 @@ def _run_engine(engine: str, input_dir: str, out_dir: str, partition_rows: int) 
     clicks, events = (os.path.join(input_dir, f"{n}.csv") for n in ("clicks_train", "events"))
     event_columns = ["display_id", "document_id", "timestamp", "platform", "geo_location"]
     if engine == "buckets":
-        from .joins import _Buckets, _write_ipc   # noqa: F401  (the ETL's own bucketing)
-        from .raw import iter_raw_frames
-        import pyarrow.feather as feather
         ev = list(iter_raw_frames(input_dir, "events", event_columns))
         low = min(int(f["display_id"].min()) for f in ev)
         high = max(int(f["display_id"].max()) for f in ev)
         count = max(1, -(-os.path.getsize(clicks) // 20 // partition_rows))
         width = -(-(high - low + 1) // count)
-        cb = _Buckets(os.path.join(out_dir, "c"), low, width, count)
-        eb = _Buckets(os.path.join(out_dir, "e"), low, width, count)
+        cb = Buckets(os.path.join(out_dir, "c"), low, width, count)
+        eb = Buckets(os.path.join(out_dir, "e"), low, width, count)
         for f in iter_raw_frames(input_dir, "clicks_train"):
             cb.add(f)
         for f in ev:
@@ -57,7 +60,7 @@ def _run_engine(engine: str, input_dir: str, out_dir: str, partition_rows: int) 
             rows += len(df)
         return rows
     if engine == "dask":
-        import dask
+        import dask   # late on purpose, as polars below: each engine's child imports only its own
         import dask.dataframe as dd
         dask.config.set(scheduler="threads")
         c = dd.read_csv(clicks, dtype={"display_id": "int64", "ad_id": "int64", "clicked": "int64"}, blocksize="64MB")
@@ -96,12 +99,11 @@ def main(argv=None):
                           "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
                           "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3)}))
         return 0
-    from recsys_common.machine import cpu_model_name
     results = []
     for engine in args.engines:
         out_dir = tempfile.mkdtemp(prefix=f"join_{engine}_")
         try:
-            run = subprocess.run([sys.executable, "-m", "wide_deep.data.outbrain.benchmark_joins", "--input_dir",
+            run = subprocess.run([sys.executable, os.path.abspath(__file__), "--input_dir",
                                   args.input_dir, "--engine", engine, "--out_dir", out_dir, "--partition_rows",
                                   str(args.partition_rows)], capture_output=True, text=True, check=True)
             results.append(json.loads(run.stdout.strip().splitlines()[-1]))

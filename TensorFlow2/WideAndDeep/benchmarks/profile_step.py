@@ -1,9 +1,10 @@
 """Where this recipe's training step goes: ``tf.profiler`` over the benchmark's ``ours`` step, by part, as JSON.
 
-    python -m wide_deep.profile_step --amp                 # mixed_bfloat16, the benchmark's default shape
-    python -m wide_deep.profile_step --top 20              # float32, the 20 largest op types and ops
+    python benchmarks/profile_step.py --amp                 # mixed_bfloat16, the benchmark's default shape
+    python benchmarks/profile_step.py --top 20              # float32, the 20 largest op types and ops
 
-Builds ``wide_deep.benchmark``'s ``ours`` side (``build_ours``: ``WideDeepModel`` and ``wide_deep.trainer.run``'s step,
+Builds ``benchmarks/train_step.py``'s ``ours`` side (``build_ours``: ``WideDeepModel`` and
+``wide_deep.model.optimizers``'s step,
 FTRL + RMSprop) on the same batches (the same model and data flags), runs ``--warmup_steps`` steps, traces
 ``--steps`` steps and sums the ops' self time per step by part (``recsys_common.tf_profile``; shares are of the busy
 time): ``gemm`` (oneDNN MatMul, fused with bias and ReLU in the forward pass), ``dropout_random`` (the mask's random
@@ -22,7 +23,10 @@ import json
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from recsys_common.tf_profile import add_profile_flags, check_profile_args
+from recsys_common.cli import run_main
+from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
+from recsys_common.tf_profile import add_profile_flags, check_profile_args, profile_steps
+from train_step import add_model_flags, build_ours, load_batches, make_dataset   # benchmarks/train_step.py
 
 GROUPS = (
     ("gemm", ("MatMul",)),
@@ -39,8 +43,7 @@ GROUPS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from wide_deep.benchmark import add_model_flags
-    p = argparse.ArgumentParser(prog="python -m wide_deep.profile_step", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p)
     add_profile_flags(p, warmup_steps=5, steps=4)
@@ -52,11 +55,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     ``top_ops``)."""
     args = build_parser().parse_args(argv)
     check_profile_args(args)
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
-    from recsys_common.tf_profile import profile_steps
-    from wide_deep.benchmark import build_ours, load_batches, make_dataset
-
     data, layout = load_batches(args.dataset_path, args.global_batch_size, args.num_batches, args.cardinality_scale,
                                 args.seed)
     batches = iter(make_dataset(data, args.global_batch_size))
@@ -73,5 +71,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main)

@@ -1,6 +1,6 @@
 """Training throughput: this recipe's Wide & Deep vs the same model written the plain Keras way, in one run.
 
-    python -m wide_deep.benchmark --global_batch_size 4096 --benchmark_warmup_steps 5 --benchmark_steps 10 --rounds 3 \\
+    python benchmarks/train_step.py --global_batch_size 4096 --benchmark_warmup_steps 5 --benchmark_steps 10 --rounds 3 \\
         --output_json /tmp/wd_benchmark.json
 
 Both sides train the 29-feature Outbrain Wide & Deep (reference A.2: 13 one-hot and 3 multi-hot categoricals with
@@ -9,7 +9,7 @@ FTRL, deep part RMSprop rho 0.5 with ``--deep_hidden_units`` ReLU layers and dro
 batches, fed by the same in-memory ``tf.data`` pipeline (so the figures compare model and training step, not
 input pipelines; the Merlin parquet loader is timed by ``main.py --benchmark``):
 
-    ours    ``wide_deep.trainer.model.WideDeepModel`` with the training step of ``wide_deep.trainer.run``
+    ours    ``wide_deep.model.network.WideDeepModel`` with the training step of ``wide_deep.model.optimizers``
             (gradients in one ``tf.function``, FTRL + RMSprop applied in another; embeddings are gathers whose
             gradients are sparse);
     keras   what a user writes from the Keras docs: ``tf.keras.experimental.WideDeepModel(linear, dnn)`` of two
@@ -28,20 +28,28 @@ IQR / median), the settings, the CPU model and the load average. ``main(argv)`` 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
+from recsys_common.datasets import read_columns
 from recsys_common.io import check_json_output, write_json_output
 from recsys_common.machine import cpu_bf16_instructions, cpu_model_name as cpu_model
+from wide_deep.data.loader import input_description, read_feature_spec
+from wide_deep.data.outbrain import features as F
+from wide_deep.model.config import ModelConfig
+from wide_deep.model.network import WideDeepModel
+from wide_deep.model.optimizers import create_optimizers, make_train_step
 
 LABEL = "label"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m wide_deep.benchmark", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python benchmarks/train_step.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_flags(p)
     p.add_argument("--benchmark_warmup_steps", type=int, default=10, help="untimed steps first (tracing, caches)")
@@ -54,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """The batches' and the model's flags (this benchmark's and ``wide_deep.profile_step``'s)."""
+    """The batches' and the model's flags (this benchmark's and ``benchmarks/profile_step.py``'s)."""
     p.add_argument("--dataset_path", default=None, help="Outbrain ETL output to take batches from (default: synthetic)")
     p.add_argument("--global_batch_size", type=int, default=4096, help="training batch of both sides")
     p.add_argument("--num_batches", type=int, default=8, help="distinct batches, cycled")
@@ -76,7 +84,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------------------- inputs
 def feature_layout(cardinality_scale: float) -> Dict[str, object]:
     """Onehot/multihot cardinalities, max hotness, numericals and embedding widths of the Outbrain features."""
-    from wide_deep.data.outbrain import features as F
     scale = lambda c: max(2, int(round(c * cardinality_scale)))   # noqa: E731
     onehot = {f.name: scale(f.cardinality) for f in F.FEATURES if f.kind == "onehot"}
     multihot = {f.name: scale(f.cardinality) for f in F.FEATURES if f.kind == "multihot"}
@@ -107,9 +114,6 @@ def synthetic_batches(layout, batch_size: int, num_batches: int, seed: int) -> D
 
 def dataset_batches(dataset_path: str, batch_size: int, num_batches: int) -> Tuple[Dict[str, np.ndarray], dict]:
     """The first ``num_batches`` batches of an Outbrain ETL output's train/ and the layout from its spec."""
-    from recsys_common.datasets import read_columns
-    from wide_deep.trainer.dataloader import input_description, read_feature_spec
-    from wide_deep.data.outbrain import features as F
     spec = read_feature_spec(dataset_path, "feature_spec.yaml")
     d = input_description(spec)
     columns = read_columns(spec, "train")
@@ -137,7 +141,6 @@ def load_batches(dataset_path: Optional[str], batch_size: int, num_batches: int,
 
 def make_dataset(data: Dict[str, np.ndarray], batch_size: int):
     """``(features, label)`` batches cycled forever (the one input pipeline both sides read)."""
-    import tensorflow as tf
     features = {k: v for k, v in data.items() if k != LABEL}
     return (tf.data.Dataset.from_tensor_slices((features, data[LABEL])).batch(batch_size, drop_remainder=True)
             .cache().repeat().prefetch(tf.data.AUTOTUNE))
@@ -145,10 +148,8 @@ def make_dataset(data: Dict[str, np.ndarray], batch_size: int):
 
 # ----------------------------------------------------------------------------------------------------------- sides
 def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla, seed, amp=False):
-    """The recipe's model, optimizers and training step (``wide_deep.trainer.run``'s); returns ``step(x, y) -> loss``."""
-    import tensorflow as tf
-    from wide_deep.trainer.model import ModelConfig, WideDeepModel
-    from wide_deep.trainer.run import create_optimizers, make_train_step
+    """The recipe's model, optimizers and training step (``wide_deep.model.optimizers``'s); returns
+    ``step(x, y) -> loss``."""
     config = ModelConfig(onehot=layout["onehot"], multihot=layout["multihot"], max_hotness=layout["max_hotness"],
                          numerical=layout["numerical"], embedding_dims=layout["embedding_dims"],
                          hidden_units=tuple(hidden_units), dropout=dropout, combiner=combiner)
@@ -170,7 +171,6 @@ def build_ours(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla,
 
 def build_keras(layout, hidden_units, dropout, combiner, linear_lr, deep_lr, xla, seed):
     """The same Wide & Deep as a Keras user writes it (functional models, Embedding layers, WideDeepModel)."""
-    import tensorflow as tf
     L = tf.keras.layers
     tf.keras.utils.set_random_seed(seed)
     inputs = {n: tf.keras.Input(shape=(), dtype=tf.int32, name=n) for n in layout["onehot"]}
@@ -236,7 +236,6 @@ def run_benchmark(*, dataset_path: Optional[str] = None, global_batch_size: int 
                         ("--benchmark_steps", steps), ("--num_batches", num_batches), ("--rounds", rounds)):
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
-    import tensorflow as tf
     data, layout = load_batches(dataset_path, global_batch_size, num_batches, cardinality_scale, seed)
     dataset = make_dataset(data, global_batch_size)
     args = (layout, list(hidden_units), dropout, combiner, linear_lr, deep_lr, xla, seed)
@@ -284,7 +283,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                            deep_lr=args.deep_learning_rate, combiner=args.combiner, xla=args.xla,
                            cardinality_scale=args.cardinality_scale, seed=args.seed, rounds=args.rounds,
                            amp=args.amp)
-    import json
     print(json.dumps(result), flush=True)
     if args.output_json:
         write_json_output(args.output_json, result)

@@ -1,12 +1,13 @@
-"""``triton/evaluate_accuracy.py``: the validation split through a KServe-v2 server (Triton, or MLServer here) with
+"""``deployment/evaluate_accuracy.py`` (NVIDIA's ``triton/evaluate_accuracy.py`` runs it): the validation split through a KServe-v2 server (Triton, or MLServer here) with
 tritonclient, compared with the recipe's own evaluation of the same checkpoint on the same rows.
 
-    python triton/evaluate_accuracy.py --checkpoint-dir /tmp/wide_deep_quickstart/model \\
+    python deployment/evaluate_accuracy.py --checkpoint-dir /tmp/wide_deep_quickstart/model \\
         --dataset_path /tmp/wide_deep_quickstart/data --embedding_sizes_file /tmp/wide_deep_quickstart/embedding_sizes.json \\
         --deep_hidden_units 32 32 --server-url 127.0.0.1:8001 --protocol grpc --model-name widedeep-onnx
 
 Wide & Deep: the ``test`` mapping read by the recipe's loader (``ParquetBatches``); the framework side is the recipe's
-``run.evaluate`` (exact BCE, AUC, MAP@12 per ``display_id``, normalized entropy and calibration, :mod:`wide_deep.trainer.evaluator`); the server side
+``wide_deep.train.evaluate`` (exact BCE, AUC, MAP@12 per ``display_id``, normalized entropy and calibration,
+:mod:`wide_deep.evaluation`); the server side
 sends the same rows and computes the same metrics on the returned probabilities. MovieLens (``--model movielens``):
 AUC on its ``test`` mapping. Prints both, the differences and the largest per-row probability difference; writes them
 as JSON (``--output-json``); exits 1 when a metric differs by more than ``--tolerance``, 2 on bad flags or an
@@ -15,11 +16,26 @@ unreachable server (every call has ``--timeout``).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
-from .export import MOVIELENS, OUTPUT_NAME, ServingInput, add_model_arguments, model_from_args, serving_inputs
+from recsys_common.cli import CheckFailedError, InputError, exit_status
+from recsys_common.flags import add_flag  # --server-url and --server_url alike
+from recsys_common.io import check_json_output, write_json_output
+from recsys_common.metrics import roc_auc_score
+from recsys_common.serving import client as serving_client   # (module attribute: tests stand in for the server)
+from recsys_common.serving.client import InferenceClient, ServingError
+from wide_deep.data.loader import ParquetBatches
+from wide_deep.data.movielens import load_split, model_feature_names
+from wide_deep.distributed import Dist
+from wide_deep.evaluation import compute_metrics
+from wide_deep.movielens.etl import LABEL
+from wide_deep.movielens.evaluation import evaluate_auc, predict
+from wide_deep.serving import MOVIELENS, OUTPUT_NAME, ServingInput, model_from_args, model_parser, serving_inputs
+from wide_deep.train import evaluate
 
 
 def to_request_arrays(features: Dict[str, np.ndarray], inputs: Sequence[ServingInput]) -> Dict[str, np.ndarray]:
@@ -40,10 +56,7 @@ def framework_wide_deep(model, config, spec, batch_size: int) -> Tuple[Dict[str,
                                                                         np.ndarray, np.ndarray, np.ndarray, bool]:
     """The recipe's evaluation of ``model`` on the test mapping; returns ``(metrics, request arrays, display ids,
     labels, framework probabilities, with_map)``. The predict function also records each batch's inputs, so both
-    sides see exactly the rows (and row order) ``run.evaluate`` saw."""
-    import tensorflow as tf
-    from wide_deep.trainer.dataloader import ParquetBatches
-    from wide_deep.trainer.run import Dist, evaluate
+    sides see exactly the rows (and row order) ``wide_deep.train.evaluate`` saw."""
     inputs = serving_inputs(config, spec)
     batches = ParquetBatches(spec, "test", batch_size)
     with_map = batches.description["map"] is not None
@@ -68,8 +81,7 @@ def framework_wide_deep(model, config, spec, batch_size: int) -> Tuple[Dict[str,
 
 def framework_movielens(model, config, spec, batch_size: int):
     """``({"auc": ...}, request arrays, labels, framework probabilities)`` on the MovieLens test mapping, the AUC
-    computed by ``wide_deep.movielens.train.evaluate_auc`` (the example's own evaluation)."""
-    from wide_deep.movielens.train import LABEL, evaluate_auc, load_split, model_feature_names, predict
+    computed by ``wide_deep.movielens.evaluation.evaluate_auc`` (the example's own evaluation)."""
     data = load_split(spec, "test")
     names = model_feature_names(spec)
     auc = evaluate_auc(model, data, names, batch_size)
@@ -78,10 +90,7 @@ def framework_movielens(model, config, spec, batch_size: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.flags import add_flag  # --server-url and --server_url alike
-    p = argparse.ArgumentParser(prog="triton/evaluate_accuracy.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_model_arguments(p)
+    p = model_parser("triton/evaluate_accuracy.py", __doc__)
     s = p.add_argument_group("server")
     add_flag(s, "--server-url", default="127.0.0.1:8001", help="host:port of the server's --protocol endpoint")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
@@ -106,9 +115,6 @@ def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     """Framework vs served metrics; returns the report (also ``--output_json``). Raises ``InputError`` (flags),
     ``ServingError``, ``FileNotFoundError``, ``ValueError``; ``CheckFailedError`` (with the report) when a metric
     differs by more than ``--tolerance``."""
-    from recsys_common.cli import CheckFailedError, InputError
-    from recsys_common.io import check_json_output, write_json_output
-    from recsys_common.serving.client import InferenceClient, infer_in_batches
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.timeout <= 0 or args.tolerance < 0:
         raise InputError("--batch-size must be >= 1, --timeout > 0 and --tolerance >= 0")
@@ -125,13 +131,11 @@ def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         else:
             framework, requests, display_ids, labels, fw_probs, with_map = framework_wide_deep(
                 model, config, spec, args.batch_size)
-        served_probs = infer_in_batches(client, model_name, requests, [OUTPUT_NAME],
+        served_probs = serving_client.infer_in_batches(client, model_name, requests, [OUTPUT_NAME],
                                         args.batch_size)[OUTPUT_NAME].reshape(-1).astype(np.float64)
     if args.model == MOVIELENS:
-        from recsys_common.metrics import roc_auc_score
         served = {"auc": float(roc_auc_score(labels, served_probs))}
     else:
-        from wide_deep.trainer.evaluator import compute_metrics
         served = compute_metrics(display_ids, served_probs, labels, with_map=with_map)
     difference = compare(framework, served, args.tolerance)
     passed = all(abs(d) <= args.tolerance for d in difference.values())
@@ -158,7 +162,9 @@ def evaluate_served(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line's exit status (recsys_common.cli): 0 within tolerance, 1 beyond it, 2 for bad input or an
     unreachable server."""
-    from recsys_common.cli import exit_status
-    from recsys_common.serving.client import ServingError
     return exit_status(evaluate_served, argv, prog="evaluate_accuracy.py",
                        input_errors=(ServingError, FileNotFoundError, ValueError))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

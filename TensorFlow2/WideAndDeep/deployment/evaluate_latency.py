@@ -1,7 +1,7 @@
-"""``triton/evaluate_latency.py``: throughput and p50/p90/p95/p99 latency of a served W&D (or MovieLens) model against
+"""``deployment/evaluate_latency.py`` (NVIDIA's ``triton/evaluate_latency.py`` runs it): throughput and p50/p90/p95/p99 latency of a served W&D (or MovieLens) model against
 batch size and concurrency, as JSON and a PNG (``recsys_common.serving.latency``).
 
-    python triton/evaluate_latency.py --model-repository /tmp/wd_repo --model-name widedeep-onnx \\
+    python deployment/evaluate_latency.py --model-repository /tmp/wd_repo --model-name widedeep-onnx \\
         --server-url 127.0.0.1:8001 --protocol grpc --batch-sizes 1 64 1024 4096 --concurrency 1 2 \\
         --dataset_path /tmp/wide_deep_quickstart/data
 
@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .export import OUTPUT_NAME
+from recsys_common.cli import exit_status
+from recsys_common.datasets import read_columns
+from recsys_common.serving.client import ServingError
+from recsys_common.serving.latency import add_latency_arguments, perf_analyzer_options, run_latency
+from recsys_common.serving.repository import SidecarError, read_sidecar
+from recsys_common.serving.rows import cycling_rows, random_row_maker
+from wide_deep.data.loader import read_feature_spec
+from wide_deep.serving import OUTPUT_NAME
 
 
 def dataset_rows(entries: Mapping[str, dict], dataset_path: str, fspec_file: str) -> Callable[[int], Dict[str, np.ndarray]]:
     """``make_inputs(batch)`` taking the next ``batch`` rows of the ``test`` mapping (cycling, so a short mapping
     fills any batch)."""
-    from recsys_common.datasets import read_columns
-    from recsys_common.feature_spec import FeatureSpec
-    from recsys_common.serving.rows import cycling_rows
-    path = fspec_file if os.path.isabs(fspec_file) else os.path.join(dataset_path, fspec_file)
-    spec = FeatureSpec.from_yaml(path)
+    spec = read_feature_spec(dataset_path, fspec_file)
     columns = read_columns(spec, "test", list(entries))
     rows = {}
     for name, e in entries.items():
@@ -38,7 +42,6 @@ def dataset_rows(entries: Mapping[str, dict], dataset_path: str, fspec_file: str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.latency import add_latency_arguments
     p = argparse.ArgumentParser(prog="triton/evaluate_latency.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_latency_arguments(p, default_model_name="widedeep-onnx")
@@ -51,9 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def measure(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     """Measure and write the report; returns the records (``recsys_common.serving.latency.run_latency``)."""
-    from recsys_common.serving.latency import perf_analyzer_options, run_latency
-    from recsys_common.serving.repository import read_sidecar
-    from recsys_common.serving.rows import random_row_maker
     args = build_parser().parse_args(argv)
     entries = read_sidecar(os.path.join(args.model_repository, args.model_name))["inputs"]
     make_inputs = (dataset_rows(entries, args.dataset_path, args.fspec_file) if args.dataset_path
@@ -68,8 +68,9 @@ def measure(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line (a missing sidecar, an
     unreachable server, a bad flag)."""
-    from recsys_common.cli import exit_status
-    from recsys_common.serving.client import ServingError
-    from recsys_common.serving.repository import SidecarError
     return exit_status(measure, argv, prog="evaluate_latency.py",
                        input_errors=(SidecarError, ServingError, FileNotFoundError, ValueError))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""``python predict.py``: click probabilities for a user's rows from a checkpoint, without a server.
+"""``python predict.py`` (NVIDIA's command name; this file is ``deployment/predict.py``): click probabilities for a user's rows from a checkpoint, without a server.
 
     python predict.py --checkpoint-dir /tmp/wide_deep_quickstart/model --dataset_path /tmp/wide_deep_quickstart/data \\
         --embedding_sizes_file /tmp/wide_deep_quickstart/embedding_sizes.json --deep_hidden_units 32 32 \\
@@ -17,35 +17,37 @@ written atomically (``--overwrite`` to replace an existing file).
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import os
+import sys
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+import pyarrow.parquet as pq
+import tensorflow as tf
 
-from recsys_common.io import add_prediction_flags
-
-from .export import ServingInput, add_model_arguments, model_from_args, serving_inputs
+from recsys_common.cli import InputError, exit_status
+from recsys_common.io import add_prediction_flags, write_predictions
+from wide_deep.serving import ServingInput, model_from_args, model_parser, serving_inputs, to_model_inputs
 
 DISPLAY_ID = "display_id"
 
 
-class InputRowError(ValueError):
+class InputRowError(InputError):
     """A bad value in the user's file (the message names file, row and feature)."""
 
 
-def _read_table(path: str) -> Dict[str, list]:
+def read_table(path: str) -> Dict[str, list]:
     """``{column: list of Python values}`` of a parquet or CSV file (CSV: every cell a string)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--input {path}: no such file")
     if path.endswith((".parquet", ".pq")):
-        import pyarrow.parquet as pq
         try:
             return pq.read_table(path).to_pydict()
         except Exception as e:  # pyarrow raises several types for a corrupt file
             raise InputRowError(f"{path}: not a readable parquet file ({e})") from None
     if path.endswith(".csv"):
-        import csv
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             header = next(reader, None)
@@ -121,8 +123,6 @@ def rows_to_arrays(table: Dict[str, list], inputs: Sequence[ServingInput], path:
 def predict_probabilities(model, inputs: Sequence[ServingInput], arrays: Dict[str, np.ndarray],
                           batch_size: int) -> np.ndarray:
     """sigmoid(model) for every row of ``arrays`` (serving layout), in batches; float32 ``[N]``."""
-    import tensorflow as tf
-    from .export import to_model_inputs
     fn = tf.function(lambda f: tf.sigmoid(model(to_model_inputs(f, inputs), training=False)), reduce_retracing=True)
     n = len(next(iter(arrays.values())))
     parts = [fn({k: tf.constant(v[i:i + batch_size]) for k, v in arrays.items()}).numpy()
@@ -131,9 +131,7 @@ def predict_probabilities(model, inputs: Sequence[ServingInput], arrays: Dict[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="predict.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_model_arguments(p)
+    p = model_parser("predict.py", __doc__)
     g = p.add_argument_group("rows and output")
     g.add_argument("--input", required=True, help="the rows to score: .parquet or .csv (see the description)")
     add_prediction_flags(g, (".csv", ".npy"))
@@ -143,8 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
 def score(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     """Score ``--input``; returns ``{"rows", "output", "mean_probability"}``. Raises ``InputError`` (flags),
     ``InputRowError``, ``FileNotFoundError`` or ``ValueError`` on bad input."""
-    from recsys_common.cli import InputError
-    from recsys_common.io import write_predictions
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         raise InputError(f"--batch_size must be at least 1, got {args.batch_size}")
@@ -152,7 +148,7 @@ def score(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         raise InputError(f"--output {args.output}: expected a .csv or .npy file name")
     if os.path.exists(args.output) and not args.overwrite:
         raise InputError(f"--output {args.output} exists; pass --overwrite to replace it")
-    table = _read_table(args.input)  # checked before the model is loaded: bad rows fail fast
+    table = read_table(args.input)  # checked before the model is loaded: bad rows fail fast
     model, config, spec = model_from_args(args)
     inputs = serving_inputs(config, spec)
     arrays = rows_to_arrays(table, inputs, args.input)
@@ -164,5 +160,8 @@ def score(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line for bad input."""
-    from recsys_common.cli import exit_status
     return exit_status(score, argv, prog="predict.py", input_errors=(InputRowError, FileNotFoundError, ValueError))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """One rank of tests/test_horovod.py: ``python hvd_worker.py OUT_DIR main.py-flags...``.
 
-Runs ``wide_deep.trainer.run.main`` and then writes this rank's trained weights to ``OUT_DIR/weights_<rank>.npz``
+Runs ``wide_deep.train.main`` and then writes this rank's trained weights to ``OUT_DIR/weights_<rank>.npz``
 (the model instance is captured when ``main`` builds it), so the test can compare ranks.
 """
 import os
@@ -12,8 +12,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # noqa: E402
 
-from wide_deep.trainer import model as model_module  # noqa: E402
-from wide_deep.trainer import run  # noqa: E402
+from wide_deep.model import network as model_module  # noqa: E402
+from wide_deep import train as run  # noqa: E402
 
 built = []
 _original_init = model_module.WideDeepModel.__init__

@@ -1,16 +1,22 @@
-"""``python -m wide_deep.benchmark``: both sides train on the same batches and the JSON result has its fields."""
+"""``python benchmarks/train_step.py``: both sides train on the same batches and the JSON result has its fields."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
+
+from conftest import RECIPE_DIR
+from recsys_testing import import_script
+
+train_step = import_script(os.path.join(RECIPE_DIR, "benchmarks", "train_step.py"), "train_step")
 
 TINY = ["--global_batch_size", "64", "--benchmark_warmup_steps", "2", "--benchmark_steps", "3", "--num_batches", "2", "--rounds", "2",
         "--cardinality_scale", "0.0005", "--deep_hidden_units", "8", "8"]
 
 
 def test_benchmark_json_fields(tmp_path):
-    from wide_deep.benchmark import main
+    main = train_step.main
     out = tmp_path / "bench.json"
     result = main(TINY + ["--output_json", str(out)])
     with open(out) as f:
@@ -38,7 +44,8 @@ def test_benchmark_json_fields(tmp_path):
 def test_both_sides_are_the_same_model():
     """Same layout -> the same parameter count and the same kind of output for the recipe's and the Keras model."""
     import tensorflow as tf
-    from wide_deep.benchmark import build_keras, build_ours, feature_layout, synthetic_batches
+    build_keras, build_ours = train_step.build_keras, train_step.build_ours
+    feature_layout, synthetic_batches = train_step.feature_layout, train_step.synthetic_batches
     layout = feature_layout(0.0005)
     args = (layout, [8, 8], 0.0, "sum", 0.02, 0.001, False, 0)
     ours, _ = build_ours(*args)
@@ -54,6 +61,6 @@ def test_both_sides_are_the_same_model():
 
 
 def test_bad_output_json_refused_before_work(tmp_path):
-    from wide_deep.benchmark import main
+    main = train_step.main
     with pytest.raises(FileExistsError, match="--output_json"):
         main(TINY + ["--output_json", str(tmp_path)])

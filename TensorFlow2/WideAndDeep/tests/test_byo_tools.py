@@ -16,7 +16,7 @@ SPEC = os.path.join(RECIPE_DIR, "tests", "feature_specs", "fspec_csv.yaml")
 
 
 def test_csv_to_parquet_to_training(tmp_path):
-    from wide_deep.trainer.run import main
+    from wide_deep.train import main
     csv, data, emb = str(tmp_path / "csv"), str(tmp_path / "data"), str(tmp_path / "emb.json")
     gen_csv.main(["--feature_spec_in", SPEC, "--output", csv, "--size", "600", "--seed", "1"])
     raw = pd.read_csv(os.path.join(csv, "train_data.csv"), header=None)

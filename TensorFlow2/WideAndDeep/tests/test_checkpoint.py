@@ -12,8 +12,8 @@ import pytest
 
 from conftest import RECIPE_DIR, subprocess_env
 from recsys_common.logger import read_log
-from wide_deep.trainer import model as model_module
-from wide_deep.trainer.run import TrainingError, main
+from wide_deep.model import network as model_module
+from wide_deep.train import TrainingError, main
 
 
 def flags(dataset, out, emb, shuffle=False, dropout="0"):

@@ -3,24 +3,21 @@ batch) is replaced on a CPU unless given; a GPU and explicit flags keep NVIDIA's
 arithmetic on parsed flags (no TensorFlow step); one short run checks the first line of output."""
 import pytest
 
-from recsys_common.cpu_defaults import given_flags
 from recsys_common.logger import read_log
-from wide_deep.trainer import cpu_defaults
-from wide_deep.trainer.arguments import build_parser
-from wide_deep.trainer.run import main
+from wide_deep import cli
+from wide_deep.train import main
 
 GIB = 2 ** 30
 WIDTH = 8000   # floats per row, about NVIDIA's model (5 x 1024 hidden units and its embeddings)
 
 
 def _apply(argv, on_cpu=True, world_size=1, memory=23 * GIB, rows=105_386, monkeypatch=None):
-    monkeypatch.setattr(cpu_defaults, "model_width", lambda spec, path, hidden: WIDTH)
-    parser = build_parser()
+    """The run's frozen config (``args``) and the CPU-defaults line, as ``main.py`` settles them."""
+    monkeypatch.setattr(cli, "model_width", lambda spec, path, hidden: WIDTH)
     argv = ["--dataset_path", "/nonexistent"] + argv
-    args = parser.parse_args(argv)
-    args.flags_given = sorted(given_flags(parser, argv))
-    return args, cpu_defaults.apply_cpu_defaults(args, on_cpu, world_size, spec=None, memory_bytes=memory,
-                                                 train_rows=rows)
+    flags, given = cli.parse_flags(argv)
+    return cli.build_config(flags, given, on_cpu=on_cpu, world_size=world_size, spec=None, memory_bytes=memory,
+                            train_rows=rows)
 
 
 def test_cpu_picks_batch_and_both_rates_for_105k_rows(monkeypatch):
@@ -67,6 +64,6 @@ def test_run_prints_the_choice_first(etl_training, tmp_path, capsys):
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("main.py: CPU defaults: --global_batch_size 1024 (the floor 1024;")
     params = read_log(str(tmp_path / "results" / "log.json"))[0]["data"]
-    assert params["global_batch_size"] == 1024 and params["flags_given"] == sorted(
+    assert params["global_batch_size"] == 1024 and params["given_flags"] == sorted(
         ["dataset_path", "cpu", "num_epochs", "deep_warmup_epochs", "deep_hidden_units", "results_dir", "model_dir",
          "print_freq"])

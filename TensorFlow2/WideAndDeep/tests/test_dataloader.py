@@ -63,7 +63,7 @@ def _expected_ids(rank, world, batch, shuffle, seed, epoch, drop_last):
 @pytest.mark.parametrize("rank,world", [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3)])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_batches_follow_the_merlin_loader(dataset, shuffle, rank, world, drop_last):
-    from wide_deep.trainer.dataloader import ParquetBatches
+    from wide_deep.data.loader import ParquetBatches
     batches = ParquetBatches(dataset, "train", 8, rank, world, shuffle=shuffle, seed=11, drop_last=drop_last)
     for epoch in range(2):
         expected = _expected_ids(rank, world, 8, shuffle, 11, epoch, drop_last)
@@ -82,7 +82,7 @@ def test_batches_follow_the_merlin_loader(dataset, shuffle, rank, world, drop_la
 
 
 def test_ranks_share_the_files_and_fewer_files_than_ranks_is_an_error(dataset):
-    from wide_deep.trainer.dataloader import DataError, ParquetBatches
+    from wide_deep.data.loader import DataError, ParquetBatches
     sizes = [ParquetBatches(dataset, "train", 4, r, 2).shard_rows for r in range(2)]
     assert sizes == [23 + 17 + 30, 11 + 19]
     with pytest.raises(DataError, match="5 parquet partition"):
@@ -90,7 +90,7 @@ def test_ranks_share_the_files_and_fewer_files_than_ranks_is_an_error(dataset):
 
 
 def test_a_list_longer_than_max_hotness_is_refused(dataset):
-    from wide_deep.trainer.dataloader import DataError, ParquetBatches
+    from wide_deep.data.loader import DataError, ParquetBatches
     spec = dataset.copy()
     spec.feature_spec["tags"]["max_hotness"] = 2
     with pytest.raises(DataError, match="list of 3 ids, longer than its max_hotness 2"):

@@ -66,7 +66,7 @@ def test_document_terms_read_by_arrow_equal_the_frame_path(raw_outbrain):
     string among the sorted distinct ones)."""
     for source, column in set(F.LIST_SOURCES.values()):
         fast = raw.read_document_terms(raw_outbrain, source, column)
-        exact = raw._frame_terms(raw.read_raw_table(raw_outbrain, source), column)
+        exact = raw.frame_terms(raw.read_raw_table(raw_outbrain, source), column)
         for a, b in zip(fast, exact):
             np.testing.assert_array_equal(a, b)
 

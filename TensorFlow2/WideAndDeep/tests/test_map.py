@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from recsys_common.metrics import ctr_metrics
-from wide_deep.trainer.evaluator import MissingClickError, compute_metrics, gather_rows, map_at_k
+from wide_deep.evaluation import MissingClickError, compute_metrics, gather_rows, map_at_k
 
 
 def random_displays(num_displays=300, seed=0):

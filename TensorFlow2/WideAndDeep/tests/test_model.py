@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from wide_deep.trainer.arguments import build_parser, parameter_table
-from wide_deep.trainer.model import ModelConfig, WideDeepModel, load_embedding_sizes
-from wide_deep.trainer.schedulers import DeepLearningRateSchedule
+from wide_deep.cli import build_parser, parameter_table
+from wide_deep.model.config import ModelConfig, load_embedding_sizes
+from wide_deep.model.network import WideDeepModel
+from wide_deep.model.schedule import DeepLearningRateSchedule
 
 
 def tiny_config(combiner="sum", hidden=(8, 4)):
@@ -64,7 +65,7 @@ def test_amp_loss_scaling_guards_both_parts():
     """Under float16 AMP (``loss_scale``) both optimizers are dynamic LossScaleOptimizers, as NVIDIA's: a step whose
     gradients overflowed (here: an inf input) changes neither part and halves both scales; a good step moves both.
     With only the deep optimizer wrapped, FTRL applied the NaN gradients and the wide part's weights became NaN."""
-    from wide_deep.trainer.run import create_optimizers, make_train_step
+    from wide_deep.model.optimizers import create_optimizers, make_train_step
     model = WideDeepModel(tiny_config()).build_from_config()
     wide_opt, deep_opt = create_optimizers(model, 0.1, 0.01, loss_scale=True)
     assert all(isinstance(o, tf.keras.mixed_precision.LossScaleOptimizer) for o in (wide_opt, deep_opt))
@@ -91,7 +92,7 @@ def test_dropout16_drops_at_the_rate_and_scales_the_rest(shape):
     """The mask's drop fraction is the rate within 5 standard errors, kept units are scaled by 1 / (1 - rate'), the
     gradient flows through the kept units only, masks differ from call to call, a seed repeats its stream, and
     inference is the identity."""
-    from wide_deep.trainer.model import Dropout16
+    from wide_deep.model.network import Dropout16
     x = tf.ones(shape)
     layer = Dropout16(0.1, seed=3)
     with tf.GradientTape() as tape:
@@ -119,7 +120,7 @@ def test_dropout16_layers_and_ranks_draw_independent_masks():
     starts one counter block apart on one key: the second repeats the first's numbers shifted by one block, the
     defect this layout avoids); set_stream(rank) gives each rank its own masks, rank 0's being the
     single-process ones; a generator's state put back repeats the masks exactly."""
-    from wide_deep.trainer.model import Dropout16
+    from wide_deep.model.network import Dropout16
     shifted = tf.random.Generator.from_seed(200, alg="philox").uniform_full_int([8], dtype=tf.uint32).numpy()
     nxt = tf.random.Generator.from_seed(201, alg="philox").uniform_full_int([4], dtype=tf.uint32).numpy()
     np.testing.assert_array_equal(shifted[4:], nxt)   # the defect, in TensorFlow's from_seed
@@ -153,7 +154,7 @@ def test_compiled_rmsprop_equals_keras_rmsprop():
     """The deep optimizer's compiled updates compute Keras' legacy RMSprop (rho 0.5), on dense and sparse
     (embedding) gradients alike (duplicate rows summed; rows of the table not in the batch still decay their ``s``),
     over several steps with a changing learning rate: weights and the ``rms`` slots agree."""
-    from wide_deep.trainer.run import compiled_rmsprop
+    from wide_deep.model.optimizers import compiled_rmsprop
     rng = np.random.default_rng(0)
     start = {"dense": rng.standard_normal((64, 32)).astype(np.float32),
              "table": rng.standard_normal((50, 8)).astype(np.float32)}
@@ -212,7 +213,7 @@ def test_seed_flags_and_defaults():
     ("disabled", [list(range(8))] * 2),
 ])
 def test_affinity_splits_the_cores_between_the_ranks_of_a_node(mode, per_rank):
-    from wide_deep.trainer.run import affinity_cores
+    from wide_deep.distributed import affinity_cores
     assert [affinity_cores(mode, range(8), rank, 2) for rank in (0, 1)] == per_rank
     assert affinity_cores("unique_interleaved", [3, 1], 2, 4) == [1]      # more ranks than cores: one each
 
@@ -222,7 +223,7 @@ def test_affinity_pins_this_process():
     import os
     import subprocess
     import sys
-    code = ("import os, sys; sys.path[:0] = sys.argv[1:]; from wide_deep.trainer.run import set_affinity; "
+    code = ("import os, sys; sys.path[:0] = sys.argv[1:]; from wide_deep.distributed import set_affinity; "
             "print(set_affinity('single', 0, 1), sorted(os.sched_getaffinity(0)))")
     from conftest import RECIPE_DIR, REPO_ROOT
     out = subprocess.run([sys.executable, "-c", code, RECIPE_DIR, os.path.join(REPO_ROOT, "common")],

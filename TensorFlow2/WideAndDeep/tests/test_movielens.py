@@ -131,6 +131,10 @@ def test_model_beats_popularity_and_exports(etl_out, tmp_path):
     import tensorflow as tf
     from recsys_common.feature_spec import FeatureSpec
     from recsys_common.logger import read_log
+    from wide_deep.checkpointing import restore_snapshot
+    from wide_deep.data.movielens import load_split
+    from wide_deep.model.config import movielens_config
+    from wide_deep.model.network import build_movielens_model
     from wide_deep.movielens import train as T
     from wide_deep.movielens.baseline import popularity_aucs
     out, _ = etl_out
@@ -154,14 +158,14 @@ def test_model_beats_popularity_and_exports(etl_out, tmp_path):
         [h["auc"] for h in summary["auc_history"]]
 
     model, names = summary["model"], ["userId", "movieId", "genres"]
-    valid = T.load_split(spec, "test")
+    valid = load_split(spec, "test")
     batch = {k: valid[k][:256] for k in names}
     logits = model({k: tf.constant(v) for k, v in batch.items()}).numpy()
 
     # snapshots: complete, and the last one restores the final weights into a fresh model
     assert sorted(os.listdir(tmp_path / "snapshots")) == sorted([f"snapshot_{MAX_ITER // 2}", f"snapshot_{MAX_ITER}"])
-    fresh = T.build_model(T.model_config(spec, 16, [128, 128], "sum"), seed=99)
-    assert T.restore_snapshot(str(tmp_path / "snapshots" / f"snapshot_{MAX_ITER}"), fresh) == MAX_ITER
+    fresh = build_movielens_model(movielens_config(spec, 16, [128, 128], "sum"), seed=99)
+    assert restore_snapshot(str(tmp_path / "snapshots" / f"snapshot_{MAX_ITER}"), fresh) == MAX_ITER
     np.testing.assert_allclose(fresh({k: tf.constant(v) for k, v in batch.items()}).numpy(), logits, rtol=1e-5,
                                atol=1e-6)
 

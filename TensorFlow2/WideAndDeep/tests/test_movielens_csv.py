@@ -126,7 +126,7 @@ def test_training_batches_stream_parts_and_pad_genre_lists(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     from wide_deep.movielens.etl import build_feature_spec
-    from wide_deep.movielens.train import load_part, training_batches
+    from wide_deep.data.movielens import load_part, training_batches
     os.makedirs(tmp_path / "train")
     sizes, row = [7, 5, 9], 0
     for i, n in enumerate(sizes):

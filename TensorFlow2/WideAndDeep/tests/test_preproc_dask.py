@@ -11,7 +11,7 @@ from recsys_common.feature_spec import FeatureSpec
 from wide_deep.data.outbrain import features as F
 
 
-def _rows(directory, mapping):
+def read_split(directory, mapping):
     spec = FeatureSpec.from_yaml(os.path.join(directory, "feature_spec.yaml"), check_files=True)
     files = spec.source_spec[mapping][0]["files"]
     return pd.concat([pd.read_parquet(spec.resolve_file(f)) for f in files], ignore_index=True), spec
@@ -37,8 +37,8 @@ def test_two_dask_workers_write_the_single_process_output(raw_outbrain, etl_sing
     out = str(tmp_path / "dask")
     result = run_etl(raw_outbrain, out, cpu=True, use_dask=True, dask_workers=2, out=lines.append, **ETL_OPTIONS)
     for mapping in ("train", "test"):
-        dask_rows, dask_spec = _rows(out, mapping)
-        single_rows, single_spec = _rows(etl_single, mapping)
+        dask_rows, dask_spec = read_split(out, mapping)
+        single_rows, single_spec = read_split(etl_single, mapping)
         assert_same_rows(dask_rows, single_rows)
         assert dask_spec.to_dict() == single_spec.to_dict()
     # Progress: every step numbered out of the total, with rows/s for the data steps.

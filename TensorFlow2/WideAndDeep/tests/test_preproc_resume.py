@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import ETL_OPTIONS, RECIPE_DIR, subprocess_env
+from recsys_testing import import_script
 from wide_deep.data.outbrain import preproc
 
 OPTIONS_FLAGS = ["--num_partitions", str(ETL_OPTIONS["num_partitions"]), "--num_train_files",
@@ -50,7 +51,7 @@ def _start_and_kill_after_join(raw_dir, out, work_dir, timeout=240):
 
 
 def test_killed_run_resumes_without_redoing_the_join(raw_outbrain, etl_single, tmp_path, monkeypatch):
-    from test_preproc_dask import _rows, assert_same_rows
+    from test_preproc_dask import assert_same_rows, read_split
     out, work_dir = str(tmp_path / "out"), preproc.default_work_dir(str(tmp_path / "out"))
     rc = _start_and_kill_after_join(raw_outbrain, out, work_dir)
     assert rc == -signal.SIGKILL, rc
@@ -71,7 +72,7 @@ def test_killed_run_resumes_without_redoing_the_join(raw_outbrain, etl_single, t
         [f"{i}/7" for i in range(1, 8)]
     assert not os.path.exists(work_dir)
     # The benchmark reads each step's time and peak memory back from these lines.
-    from wide_deep.data.outbrain.benchmark import step_figures
+    step_figures = import_script(os.path.join(RECIPE_DIR, "benchmarks", "etl.py"), "etl_benchmark").step_figures
     log = tmp_path / "log.txt"
     log.write_text("\n".join(lines) + "\n")
     steps = step_figures(str(log))
@@ -79,8 +80,8 @@ def test_killed_run_resumes_without_redoing_the_join(raw_outbrain, etl_single, t
     peaks = [s["peak_rss_gib_so_far"] for s in steps]
     assert peaks == sorted(peaks) and peaks[0] > 0.01
     for mapping in ("train", "test"):
-        resumed_rows, resumed_spec = _rows(out, mapping)
-        single_rows, single_spec = _rows(etl_single, mapping)
+        resumed_rows, resumed_spec = read_split(out, mapping)
+        single_rows, single_spec = read_split(etl_single, mapping)
         assert_same_rows(resumed_rows, single_rows)
         assert resumed_spec.to_dict() == single_spec.to_dict()
 

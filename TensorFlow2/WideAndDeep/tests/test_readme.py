@@ -1,4 +1,4 @@
-"""README.md is checked against the code: its flag table is the parser's (wide_deep.trainer.arguments), and the
+"""README.md is checked against the code: its flag table is the parser's (wide_deep.cli), and the
 scripts and files it names exist.
 
     python tests/test_readme.py --update      # rewrite the table after a flag changed
@@ -20,20 +20,20 @@ def _table(text):
 
 
 def update(path=README):
-    from wide_deep.trainer.arguments import parameter_table
+    from wide_deep.cli import parameter_table
     text = BLOCK.sub(lambda m: m.group(1) + parameter_table() + "\n" + m.group(3), open(path).read())
     with open(path, "w") as f:
         f.write(text)
 
 
 def test_parameter_table_equals_the_parsers():
-    from wide_deep.trainer.arguments import parameter_table
+    from wide_deep.cli import parameter_table
     assert _table(open(README).read()) == parameter_table() + "\n", (
         "README.md's parameter table differs from the parser: run python tests/test_readme.py --update")
 
 
 def test_every_flag_of_the_parser_is_in_the_table_and_no_other():
-    from wide_deep.trainer.arguments import build_parser
+    from wide_deep.cli import build_parser
     flags = {a.option_strings[0] for a in build_parser()._actions if a.option_strings and a.dest != "help"}
     documented = set(re.findall(r"^\| [^|]+ \| `(--\w+)`", _table(open(README).read()), flags=re.M))
     assert documented == flags

@@ -16,7 +16,7 @@ PARITY_ATOL = 1e-5
 @pytest.fixture(scope="module")
 def trained(etl_single, tmp_path_factory):
     """A 1-epoch checkpoint of a small W&D (8-wide embeddings, 16 16 hidden) and its flags."""
-    from wide_deep.trainer.run import main
+    from wide_deep.train import main
     root = tmp_path_factory.mktemp("wd_serving")
     sizes = str(root / "emb.json")
     from wide_deep.data.outbrain.features import CATEGORICAL_FEATURES
@@ -33,7 +33,7 @@ def trained(etl_single, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(trained):
-    from wide_deep.serving.export import main
+    from deployment.deploy import main
     path = str(trained["root"] / "repo")
     assert main(trained["flags"] + ["--model-repository", path, "--max-batch-size", "4096",
                                     "--max-queue-delay-us", "100", "--engine-count-per-device", "2"]) == 0
@@ -49,12 +49,12 @@ def server(repo):
 
 @pytest.fixture(scope="module")
 def model_and_batch(trained):
-    from wide_deep.serving.accuracy import to_request_arrays
-    from wide_deep.serving.export import load_model, serving_inputs
+    from deployment.evaluate_accuracy import to_request_arrays
+    from wide_deep.serving import load_model, serving_inputs
     flags = dict(zip(trained["flags"][::2], trained["flags"][1::2]))
     model, config, spec = load_model("wide_deep", flags["--checkpoint-dir"], dataset_path=flags["--dataset_path"],
                                      embedding_sizes_file=flags["--embedding_sizes_file"], hidden_units=[16, 16])
-    from wide_deep.trainer.dataloader import ParquetBatches
+    from wide_deep.data.loader import ParquetBatches
     features, _, _ = next(iter(ParquetBatches(spec, "test", 300)))
     return model, config, spec, features, to_request_arrays({k: v.numpy() for k, v in features.items()},
                                                             serving_inputs(config, spec))
@@ -107,7 +107,7 @@ def test_parity_keras_savedmodel_onnxruntime_served(repo, server, model_and_batc
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, protocol):
     from recsys_common.logger import read_log
-    from wide_deep.serving.accuracy import main
+    from deployment.evaluate_accuracy import main
     out = str(tmp_path / f"acc_{protocol}.json")
     url = server.http_url if protocol == "http" else server.grpc_url
     rc = main(trained["flags"] + ["--server-url", url, "--protocol", protocol, "--batch-size", "700",
@@ -123,13 +123,13 @@ def test_evaluate_accuracy_matches_recipe_map12(trained, server, tmp_path, proto
         # (float32 probabilities of another batch size: equal to ~1e-8, where the rank-based AUC/MAP are exact)
         assert result["framework"][key] == pytest.approx(final[f"eval_{key}"], rel=1e-6)
         assert abs(result["difference"][key]) <= 1e-6
-    from wide_deep.trainer.dataloader import count_rows, mapping_files, read_feature_spec
+    from wide_deep.data.loader import count_rows, mapping_files, read_feature_spec
     spec = read_feature_spec(trained["flags"][3], "feature_spec.yaml")
     assert result["rows"] == count_rows(mapping_files(spec, "test")) and result["passed"] is True
 
 
 def test_evaluate_accuracy_unreachable_server_and_unknown_model_are_clear_errors(trained, server, capsys):
-    from wide_deep.serving.accuracy import main
+    from deployment.evaluate_accuracy import main
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
@@ -165,7 +165,7 @@ def test_bad_requests_are_clear_errors(server, model_and_batch, case):
 
 
 def test_existing_repository_needs_overwrite_and_keeps_user_files(trained, repo, capsys):
-    from wide_deep.serving.export import main
+    from deployment.deploy import main
     before = os.path.getmtime(os.path.join(repo, "widedeep-onnx", "config.pbtxt"))
     assert main(trained["flags"] + ["--model-repository", repo, "--output-types", "onnx"]) == 2
     assert "overwrite" in capsys.readouterr().err
@@ -186,7 +186,7 @@ def test_existing_repository_needs_overwrite_and_keeps_user_files(trained, repo,
     ("--embedding_sizes_file", None, "embedding_"),
 ])
 def test_checkpoint_flag_mismatch_is_named(trained, tmp_path, capsys, flag, value, expect):
-    from wide_deep.serving.export import main
+    from deployment.deploy import main
     flags = list(trained["flags"])
     i = flags.index(flag)
     if flag == "--deep_hidden_units":
@@ -205,14 +205,14 @@ def test_checkpoint_flag_mismatch_is_named(trained, tmp_path, capsys, flag, valu
 
 # --------------------------------------------------------------------------------------------- predict.py
 def _first_test_file(trained):
-    from wide_deep.trainer.dataloader import mapping_files, read_feature_spec
+    from wide_deep.data.loader import mapping_files, read_feature_spec
     return mapping_files(read_feature_spec(trained["flags"][3], "feature_spec.yaml"), "test")[0]
 
 
 def test_predict_parquet_and_csv_match_keras(trained, model_and_batch, tmp_path):
     import pyarrow.parquet as pq
     import tensorflow as tf
-    from wide_deep.serving.predict import main
+    from deployment.predict import main
     model, _, _, features, _ = model_and_batch
     source = _first_test_file(trained)
     out = str(tmp_path / "p.csv")
@@ -248,7 +248,7 @@ def test_predict_parquet_and_csv_match_keras(trained, model_and_batch, tmp_path)
 def test_predict_bad_rows_name_row_and_feature(trained, tmp_path, capsys, case, expect):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from wide_deep.serving.predict import main
+    from deployment.predict import main
     table = pq.read_table(_first_test_file(trained)).slice(0, 8).to_pydict()
     if case == "id":
         table["ad_id"][4] = 250000
@@ -268,7 +268,7 @@ def test_predict_bad_rows_name_row_and_feature(trained, tmp_path, capsys, case, 
 
 
 def test_evaluate_latency_report(trained, repo, server, tmp_path):
-    from wide_deep.serving.latency import main
+    from deployment.evaluate_latency import main
     out_json, out_png = str(tmp_path / "lat.json"), str(tmp_path / "lat.png")
     assert main(["--model-repository", repo, "--server-url", server.grpc_url, "--protocol", "grpc",
                  "--batch-sizes", "1", "64", "--concurrency", "1", "2", "--num-requests", "6", "--warmup-requests", "2",
@@ -288,7 +288,7 @@ def test_perf_analyzer_agrees_with_evaluate_latency(trained, repo, server, tmp_p
     measured on a loaded 2-core VM (``recsys_common.serving.perf_analyzer.check_agreement``)."""
     from recsys_common.serving.perf_analyzer import check_agreement
     from recsys_testing import perf_analyzer_path
-    from wide_deep.serving.latency import main
+    from deployment.evaluate_latency import main
     perf_analyzer_path()
     out_json = str(tmp_path / "lat.json")
     assert main(["--model-repository", repo, "--server-url", server.grpc_url if protocol == "grpc" else server.http_url,
@@ -320,7 +320,7 @@ def test_scripts_run_from_anywhere(script, tmp_path):
 def test_evaluate_accuracy_exits_1_above_tolerance(trained, server, tmp_path, monkeypatch):
     """Served probabilities perturbed by 0.02 on half the rows: MAP@12/AUC/BCE move, the tool reports FAILED."""
     import recsys_common.serving.client as client_module
-    from wide_deep.serving.accuracy import main
+    from deployment.evaluate_accuracy import main
     real = client_module.infer_in_batches
 
     def perturbed(*args, **kwargs):

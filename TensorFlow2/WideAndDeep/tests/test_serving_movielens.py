@@ -28,7 +28,7 @@ def snapshot(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(snapshot):
-    from wide_deep.serving.export import main
+    from deployment.deploy import main
     path = str(snapshot["root"] / "repo")
     assert main(snapshot["flags"] + ["--model-repository", path, "--max-batch-size", "2048"]) == 0
     return path
@@ -48,9 +48,9 @@ def test_movielens_export_parity(snapshot, repo, server):
     from recsys_common.serving.client import InferenceClient
     from recsys_common.serving.model_config import check_model_directory
     from recsys_common.serving.repository import read_sidecar
-    from wide_deep.movielens.train import load_split, model_feature_names
-    from wide_deep.serving.accuracy import to_request_arrays
-    from wide_deep.serving.export import load_model, serving_inputs
+    from wide_deep.data.movielens import load_split, model_feature_names
+    from deployment.evaluate_accuracy import to_request_arrays
+    from wide_deep.serving import load_model, serving_inputs
     assert check_model_directory(os.path.join(repo, "movielens-onnx")).platform == "onnxruntime_onnx"
     assert check_model_directory(os.path.join(repo, "movielens-savedmodel")).platform == "tensorflow_savedmodel"
     sidecar = read_sidecar(os.path.join(repo, "movielens-onnx"))
@@ -79,7 +79,7 @@ def test_movielens_export_parity(snapshot, repo, server):
 
 
 def test_movielens_served_auc_equals_example_auc(snapshot, server, tmp_path):
-    from wide_deep.serving.accuracy import main
+    from deployment.evaluate_accuracy import main
     out = str(tmp_path / "auc.json")
     assert main(snapshot["flags"] + ["--server-url", server.http_url, "--protocol", "http", "--batch-size", "2048",
                                      "--tolerance", "1e-6", "--output-json", out]) == 0
@@ -90,7 +90,7 @@ def test_movielens_served_auc_equals_example_auc(snapshot, server, tmp_path):
 
 
 def test_movielens_snapshot_flag_mismatch(snapshot, tmp_path, capsys):
-    from wide_deep.serving.export import main
+    from deployment.deploy import main
     assert main(snapshot["flags"] + ["--embedding_dim", "8", "--model-repository", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "model/deep/embedding_" in err and "--embedding_dim" in err, err

@@ -1,7 +1,6 @@
-"""`python triton/evaluate_accuracy.py -h`: see :mod:`wide_deep.serving.accuracy`."""
-import sys
-
-from wide_deep.serving.accuracy import main
+"""`python triton/evaluate_accuracy.py -h`: NVIDIA's command name for ``deployment/evaluate_accuracy.py`` (runs that file)."""
+import os
+import runpy
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "deployment", "evaluate_accuracy.py"), run_name="__main__")

@@ -1,7 +1,6 @@
-"""`python triton/export_model.py -h`: see :mod:`wide_deep.serving.export`."""
-import sys
-
-from wide_deep.serving.export import main
+"""`python triton/export_model.py -h`: NVIDIA's command name for ``deployment/deploy.py`` (runs that file)."""
+import os
+import runpy
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "deployment", "deploy.py"), run_name="__main__")

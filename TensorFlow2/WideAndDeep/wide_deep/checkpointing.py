@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 from recsys_common import checkpoints as catalogue
 from recsys_common.checkpoints import CheckpointError
+from recsys_common.io import atomic_directory
 
 MARKER = "meta.json"
 FORMAT_VERSION = 1
@@ -43,7 +44,6 @@ def write_checkpoint(path: str, objects: Dict[str, Any], meta: Dict[str, Any], t
     """``tf.train.Checkpoint(**objects)`` and the marker (``meta`` + format version, last) into ``path``,
     atomically; returns ``path``."""
     import tensorflow as tf
-    from recsys_common.io import atomic_directory
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_directory(path, overwrite=True, tool=tool, marker=MARKER) as staging:
         tf.train.Checkpoint(**objects).write(os.path.join(staging, PREFIX))

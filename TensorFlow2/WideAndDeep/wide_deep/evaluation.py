@@ -12,6 +12,9 @@ have exactly one click.
 Normalized entropy and calibration (issue 33; ``recsys_common.metrics.ctr_metrics`` of the probabilities): NE = log
 loss / entropy of the observed CTR (< 1: better than predicting the base rate; NaN when the CTR is 0 or 1),
 calibration = sum of predicted probabilities / clicks (1: as many clicks predicted as observed).
+
+The run of a model over a validation set (every rank's rows gathered, the reliability buckets for the log) is
+``wide_deep.train.evaluate``.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from recsys_common.cli import InputError
 from recsys_common.metrics import ctr_metrics, log_loss, roc_auc_score
 
 
-class MissingClickError(ValueError):
+class MissingClickError(InputError):
     """A display with no click (or several): MAP@12 is undefined for it."""
 
 

@@ -1,6 +1,7 @@
-"""Checkpoint -> Triton model repository (``triton/export_model.py``): SavedModel and ONNX of the recipe's models.
+"""Checkpoint -> Triton model repository: SavedModel and ONNX of the recipe's models (the library; the command is
+``deployment/deploy.py``, NVIDIA's ``triton/export_model.py`` runs it).
 
-    python triton/export_model.py --checkpoint-dir /tmp/wide_deep_quickstart/model \\
+    python deployment/deploy.py --checkpoint-dir /tmp/wide_deep_quickstart/model \\
         --dataset_path /tmp/wide_deep_quickstart/data --embedding_sizes_file /tmp/wide_deep_quickstart/embedding_sizes.json \\
         --deep_hidden_units 32 32 --model-repository /tmp/wd_repo
 
@@ -28,9 +29,19 @@ import argparse
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf
 
-from ..checkpointing import checkpoint_prefix  # noqa: E402 (the recipe's one reader of its checkpoints)
+from recsys_common.cli import InputError
+from recsys_common.feature_spec import FeatureSpec
+from recsys_common.serving.id_range_tf import all_rows_ok, checked_ids, flag_rows
+from recsys_common.serving.model_config import TensorSpec, model_config_text
+from recsys_common.serving.repository import model_repository
+
+from .checkpointing import checkpoint_prefix   # the recipe's one reader of its checkpoints
+from .data.loader import read_feature_spec
+from .model.config import DEFAULT_EMBEDDING_SIZES, movielens_config
+from .model.network import build_model, build_movielens_model, configure_precision
+from .movielens.etl import SPEC_NAME
 
 TOOL = "wide_deep.export_model"
 OUTPUT_NAME = "probability"
@@ -38,7 +49,7 @@ FORMATS = {"onnx": ("onnxruntime_onnx", "onnx"), "tf-savedmodel": ("tensorflow_s
 WIDE_DEEP, MOVIELENS = "wide_deep", "movielens"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(InputError):
     """The checkpoint's variables do not fit the model the flags build (the message names variable and flag)."""
 
 
@@ -85,7 +96,6 @@ def expected_variables(config, with_wide: bool) -> Dict[str, Tuple[List[int], st
 def check_checkpoint(prefix: str, expected: Dict[str, Tuple[List[int], str]], flags_hint: str) -> None:
     """Compare the checkpoint's model variables with ``expected``; raise CheckpointMismatchError on the first
     difference (missing, extra or differently shaped variable)."""
-    import tensorflow as tf
     found = {k: list(s) for k, s in tf.train.list_variables(prefix)
              if k.startswith("model/") and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and ".OPTIMIZER_SLOT" not in k}
     for k, (shape, why) in expected.items():
@@ -102,7 +112,6 @@ def check_checkpoint(prefix: str, expected: Dict[str, Tuple[List[int], str]], fl
 
 
 def _restore(model, prefix: str) -> None:
-    import tensorflow as tf
     tf.train.Checkpoint(model=model).read(prefix).expect_partial().assert_existing_objects_matched()
 
 
@@ -110,8 +119,6 @@ def load_wide_deep(checkpoint_dir: str, dataset_path: str, fspec_file: str, embe
                    hidden_units: Sequence[int], combiner: str):
     """``(model, config, spec)``: the recipe's WideDeepModel built from the flags and restored from the checkpoint
     (float32; a model trained with ``--amp`` keeps float32 variables, so it exports the same way)."""
-    from wide_deep.trainer.dataloader import read_feature_spec
-    from wide_deep.trainer.run import build_model, configure_precision
     configure_precision(False, True)
     spec = read_feature_spec(dataset_path, fspec_file)
     prefix = checkpoint_prefix(checkpoint_dir)
@@ -125,13 +132,10 @@ def load_wide_deep(checkpoint_dir: str, dataset_path: str, fspec_file: str, embe
 def load_movielens(checkpoint_dir: str, dataset_path: str, embedding_dim: int, hidden_units: Sequence[int],
                    combiner: str):
     """``(model, config, spec)``: the MovieLens deep model of ``wide_deep.movielens.train`` restored from a snapshot."""
-    from recsys_common.feature_spec import FeatureSpec
-    from wide_deep.movielens.etl import SPEC_NAME
-    from wide_deep.movielens.train import build_model, model_config
     spec = FeatureSpec.from_yaml(os.path.join(dataset_path, SPEC_NAME))
     prefix = checkpoint_prefix(checkpoint_dir)
-    config = model_config(spec, embedding_dim, hidden_units, combiner)
-    model = build_model(config, seed=0)
+    config = movielens_config(spec, embedding_dim, hidden_units, combiner)
+    model = build_movielens_model(config, seed=0)
     check_checkpoint(prefix, expected_variables(config, with_wide=False),
                      "--dataset_path, --embedding_dim, --hidden_units")
     _restore(model, prefix)
@@ -162,7 +166,6 @@ def serving_inputs(config, spec) -> List[ServingInput]:
 def to_model_inputs(features, inputs: Sequence[ServingInput]):
     """Serving tensors (``[B, 1]`` / ``[B, H]``) -> the model's inputs (``[B]`` int32 / ``[B, H]`` int32 /
     ``[B]`` float32), as the recipe's dataloader yields them."""
-    import tensorflow as tf
     out = {}
     for spec in inputs:
         x = features[spec.name]
@@ -177,12 +180,10 @@ def to_model_inputs(features, inputs: Sequence[ServingInput]):
 
 def serving_function(model, inputs: Sequence[ServingInput]):
     """``tf.function`` taking ``{name: [B, dims...]}`` and returning ``{"probability": [B, 1] float32}``."""
-    import tensorflow as tf
     signature = {s.name: tf.TensorSpec([None] + s.dims, tf.as_dtype(s.dtype), name=s.name) for s in inputs}
 
     @tf.function(input_signature=[signature])
     def serve(features):
-        from recsys_common.serving.id_range_tf import all_rows_ok, checked_ids, flag_rows
         # the id range check inside the exported graph: an id outside [min_id, max_id) is looked up as 0 and its row
         # scores NaN on any server (TF's GPU gather reads zeros past a table, ONNX's Gather wraps negative ids)
         checked, oks = dict(features), []
@@ -198,7 +199,6 @@ def serving_function(model, inputs: Sequence[ServingInput]):
 
 def write_savedmodel(model, inputs: Sequence[ServingInput], path: str) -> None:
     """SavedModel at ``path`` with signature ``serving_default`` (the inputs by name -> ``probability``)."""
-    import tensorflow as tf
     module = tf.Module()
     module.model = model
     module.serve = serving_function(model, inputs)
@@ -207,7 +207,7 @@ def write_savedmodel(model, inputs: Sequence[ServingInput], path: str) -> None:
 
 def write_onnx(model, inputs: Sequence[ServingInput], path: str, opset: int = 13) -> None:
     """ONNX model at ``path`` (tf2onnx from the serving function): inputs by feature name, output ``probability``."""
-    import tf2onnx
+    import tf2onnx   # late on purpose: only the onnx format needs it
     fn = serving_function(model, inputs)
     tf2onnx.convert.from_function(fn, input_signature=fn.input_signature, opset=opset, output_path=path)
 
@@ -219,8 +219,6 @@ def export_repository(model, config, spec, repo_dir: str, *, recipe: str = WIDE_
                       instance_kind: str = "KIND_CPU", opset: int = 13, overwrite: bool = False) -> Dict[str, str]:
     """Write a Triton model repository with one model per format (``<model_name>-onnx``, ``<model_name>-savedmodel``);
     returns ``{format: model directory}``."""
-    from recsys_common.serving.model_config import TensorSpec, model_config_text
-    from recsys_common.serving.repository import model_repository
     inputs = serving_inputs(config, spec)
     tensors = [TensorSpec(s.name, s.dtype, s.dims) for s in inputs]
     outputs = [TensorSpec(OUTPUT_NAME, "float32", [1])]
@@ -248,8 +246,7 @@ def export_repository(model, config, spec, repo_dir: str, *, recipe: str = WIDE_
 # ------------------------------------------------------------------------------------------------ command line
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that rebuild the trained model (the same names and defaults as ``main.py`` /
-    ``wide_deep.movielens.train``); shared by export, evaluate_accuracy and predict."""
-    from wide_deep.trainer.arguments import DEFAULT_EMBEDDING_SIZES
+    ``wide_deep.movielens.train``); shared by ``deployment/deploy.py``, ``evaluate_accuracy.py`` and ``predict.py``."""
     g = p.add_argument_group("the trained model (the training run's flags)")
     g.add_argument("--model", choices=[WIDE_DEEP, MOVIELENS], default=WIDE_DEEP,
                    help="wide_deep: main.py's Outbrain model; movielens: wide_deep.movielens.train's model")
@@ -265,69 +262,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="as wide_deep.movielens.train (movielens)")
 
 
+def model_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A command's parser (``prog``, the first paragraph of ``doc`` as its description) with the flags of
+    :func:`add_model_arguments`."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_arguments(p)
+    return p
+
+
 def model_from_args(args):
     """``load_model`` with the explicit values of :func:`add_model_arguments`'s flags."""
     return load_model(args.model, args.checkpoint_dir, dataset_path=args.dataset_path, fspec_file=args.fspec_file,
                       embedding_sizes_file=args.embedding_sizes_file,
                       hidden_units=args.hidden_units if args.model == MOVIELENS else args.deep_hidden_units,
                       combiner=args.combiner, embedding_dim=args.embedding_dim)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from recsys_common.serving.triton_options import add_batching_delay_arguments
-    p = argparse.ArgumentParser(prog="triton/export_model.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_model_arguments(p)
-    t = p.add_argument_group("Triton model repository")
-    t.add_argument("--model-repository", required=True, help="output directory (Triton's --model-repository)")
-    t.add_argument("--model-name", default=None,
-                   help="model name prefix: <name>-onnx, <name>-savedmodel (default widedeep / movielens)")
-    t.add_argument("--model-version", type=int, default=1, help="version directory")
-    t.add_argument("--output-types", nargs="+", choices=sorted(FORMATS), default=["onnx", "tf-savedmodel"],
-                   help="formats to export (NVIDIA's mnemonics)")
-    t.add_argument("--max-batch-size", type=int, default=131072, help="Triton max_batch_size")
-    t.add_argument("--batching", choices=["dynamic", "disabled"], default="dynamic", help="Triton dynamic batching")
-    # --max-queue-delay-us (NVIDIA's W&D), --dynamic-batching-delay-us, or NVIDIA's PyTorch --triton-dyn-batching-delay
-    # in ms: one value in microseconds (recsys_common.serving.triton_options); 0 = batch without waiting
-    add_batching_delay_arguments(t, default_us=0)
-    t.add_argument("--preferred-batch-sizes", type=int, nargs="*", default=None, help="dynamic batcher preference")
-    t.add_argument("--engine-count-per-device", type=int, default=1, help="model instances (instance_group count)")
-    t.add_argument("--device-kind", choices=["cpu", "gpu"], default="cpu", help="instance_group kind")
-    t.add_argument("--onnx-opset", type=int, default=13, help="ONNX opset (NVIDIA's --onnx-opsets 13)")
-    t.add_argument("--overwrite", action="store_true",
-                   help="replace this tool's earlier models in a non-empty repository (other files are kept)")
-    return p
-
-
-def export(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
-    """Export; returns ``{format: model directory}``. Raises ``InputError`` (flags), ``OutputDirectoryError``,
-    ``FileNotFoundError`` or ``ValueError`` (a checkpoint that does not match the flags)."""
-    from recsys_common.cli import InputError
-    from recsys_common.io import check_output_directory
-    args = build_parser().parse_args(argv)
-    for flag in ("max_batch_size", "engine_count_per_device", "model_version"):
-        if getattr(args, flag) < 1:
-            raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    check_output_directory(args.model_repository, args.overwrite)  # refuse before the (slow) model load
-    model, config, spec = model_from_args(args)
-    written = export_repository(
-        model, config, spec, args.model_repository, recipe=args.model,
-        model_name=args.model_name or ("movielens" if args.model == MOVIELENS else "widedeep"),
-        formats=args.output_types, version=args.model_version, max_batch_size=args.max_batch_size,
-        dynamic_batching=args.batching == "dynamic" and args.dynamic_batching_delay_us is not None,
-        max_queue_delay_us=args.dynamic_batching_delay_us or 0,
-        preferred_batch_sizes=args.preferred_batch_sizes, instance_count=args.engine_count_per_device,
-        instance_kind="KIND_GPU" if args.device_kind == "gpu" else "KIND_CPU", opset=args.onnx_opset,
-        overwrite=args.overwrite)
-    for fmt, path in written.items():
-        print(f"[export_model] {fmt}: {path}")
-    return written
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line (bad flags, a
-    checkpoint that does not match them, an existing repository)."""
-    from recsys_common.cli import exit_status
-    from recsys_common.io import OutputDirectoryError
-    return exit_status(export, argv, prog="export_model.py",
-                       input_errors=(OutputDirectoryError, FileNotFoundError, ValueError))

@@ -15,17 +15,27 @@ The batches are the ones ``merlin.dataloader.tensorflow.Loader`` (23.08; ``shuff
 order, wherever the Dataset made one partition of each file (every file smaller than its partition size: 12.5 % of
 the memory): the same rows, values and order, with or without shuffling. Memory: one file's rows when shuffling
 (a partition is shuffled whole), a few row groups otherwise, plus ``prefetch`` batches.
+
+The feature spec's side of it (:func:`read_feature_spec`, :func:`input_description`) imports no TensorFlow, so that
+``wide_deep.cli`` settles a run's configuration before TensorFlow starts; the batches are TensorFlow tensors
+(TensorFlow is imported by the first iteration).
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from recsys_common.cli import InputError
 from recsys_common.feature_spec import FeatureSpec
+from recsys_common.prefetch import prefetched
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 ONEHOT_CHANNEL = "onehot_categorical"
 MULTIHOT_CHANNEL = "multihot_categorical"
@@ -34,7 +44,7 @@ LABEL_CHANNEL = "label"
 MAP_CHANNEL = "map"
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Input data that does not match its feature spec (the message names the file / column / flag)."""
 
 
@@ -60,7 +70,6 @@ def input_description(spec: FeatureSpec) -> Dict[str, object]:
 
 def mapping_files(spec: FeatureSpec, mapping: str) -> List[str]:
     """Absolute parquet files of ``mapping`` (``train`` or ``test``); checks each file's columns against the spec."""
-    import pyarrow.parquet as pq
     if mapping not in spec.source_spec:
         raise DataError(f"{spec.origin}: source_spec has no '{mapping}' mapping")
     files = []
@@ -84,7 +93,6 @@ def mapping_files(spec: FeatureSpec, mapping: str) -> List[str]:
 
 
 def count_rows(files: List[str]) -> int:
-    import pyarrow.parquet as pq
     return sum(pq.read_metadata(f).num_rows for f in files)
 
 
@@ -98,7 +106,6 @@ class ParquetBatches:
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, prefetch: int = 2):
-        import pyarrow.parquet as pq
         if batch_size < 1:
             raise DataError(f"batch size per rank must be at least 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -136,6 +143,10 @@ class ParquetBatches:
         self._epoch = 0
         self._seed = seed
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (its shuffle seed is ``seed + epoch``; a resumed run sets it)."""
+        self._epoch = epoch
+
     def __len__(self) -> int:
         batches = -(-self.shard_rows // self.batch_size)
         if self.drop_last and self.shard_rows % self.batch_size:
@@ -145,7 +156,6 @@ class ParquetBatches:
     # ------------------------------------------------------------------------------------------ reading
     def _arrays(self, table) -> Dict[str, np.ndarray]:
         """A pyarrow table of the shard -> numpy columns as the batches hold them (multi-hot padded with -1)."""
-        import pyarrow as pa
         d = self.description
         out = {"__label": table.column(d["label"]).to_numpy().astype(np.float32)}
         out["__display"] = (table.column(d["map"]).to_numpy().astype(np.int64) if d["map"]
@@ -175,8 +185,6 @@ class ParquetBatches:
     def _parts(self) -> Iterator[Dict[str, np.ndarray]]:
         """The shard's rows, a partition (file) at a time when shuffling (a partition is shuffled whole, as the
         Merlin loader does), else streamed a few row groups at a time (the batches are the same either way)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
         for path in self.shard:
             if self.shuffle:
                 yield self._arrays(pq.read_table(path, columns=self._columns))
@@ -207,6 +215,7 @@ class ParquetBatches:
             yield spill
 
     def __iter__(self) -> Iterator[Tuple[Dict[str, tf.Tensor], tf.Tensor, tf.Tensor]]:
+        import tensorflow as tf   # late on purpose: see the module docstring
         rng = None
         if self.shuffle:
             # the Merlin loader's draws: numpy's legacy generator seeded with seed + epoch shuffles the partition
@@ -216,7 +225,6 @@ class ParquetBatches:
             rng.shuffle(np.arange(self._num_partitions))
         batches = self._numpy_batches(rng)
         if self.prefetch > 0:
-            from recsys_common.prefetch import prefetched
             batches = prefetched(batches, depth=self.prefetch, name="parquet-batches")
         d = self.description
         for batch in batches:

@@ -1,6 +1,6 @@
 """The Wide & Deep model (reference A.2) as a tf-keras ``Model`` with two parts trained by two optimizers.
 
-Inputs (a dict, as :mod:`wide_deep.trainer.dataloader` yields): one-hot ids ``[B]`` int32, multi-hot ids
+Inputs (a dict, as :mod:`wide_deep.data.loader` yields): one-hot ids ``[B]`` int32, multi-hot ids
 ``[B, max_hotness]`` int32 padded with -1, numericals ``[B]`` float32. Output: logits ``[B]`` float32
 (``sigmoid(wide + deep)`` is the click probability; the loss uses the logits).
 
@@ -12,51 +12,26 @@ Inputs (a dict, as :mod:`wide_deep.trainer.dataloader` yields): one-hot ids ``[B
 
 Embedding lookups are gathers, so their gradients are ``IndexedSlices`` (sparse optimizer updates, sparse
 Horovod allreduce as allgather).
+
+The MovieLens example's network is the deep part alone (:class:`DeepOnlyModel`). What the model needs to know
+(``ModelConfig``, the embedding widths) is :mod:`wide_deep.model.config`, which imports no TensorFlow.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from typing import Dict, List, Sequence
+from typing import Dict
 
 import tensorflow as tf
+from recsys_common.feature_spec import FeatureSpec
+
+from .config import ModelConfig, wide_deep_config
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """What the model needs to know about its inputs (from the feature spec) and its shape (from the flags)."""
-    onehot: Dict[str, int]            # name -> cardinality
-    multihot: Dict[str, int]          # name -> cardinality
-    max_hotness: Dict[str, int]       # multihot name -> max_hotness
-    numerical: List[str]
-    embedding_dims: Dict[str, int]    # categorical name -> deep embedding width
-    hidden_units: Sequence[int] = (1024, 1024, 1024, 1024, 1024)
-    dropout: float = 0.1
-    combiner: str = "sum"
-
-    @property
-    def categorical(self) -> Dict[str, int]:
-        return {**self.onehot, **self.multihot}
-
-
-def load_embedding_sizes(path: str, categorical: Sequence[str]) -> Dict[str, int]:
-    """``{feature: width}`` from the JSON file ``path``; raises ValueError naming the file and a missing feature."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            sizes = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--embedding_sizes_file {path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--embedding_sizes_file {path}: not JSON ({e})") from None
-    missing = [name for name in categorical if name not in sizes]
-    if missing:
-        raise ValueError(f"--embedding_sizes_file {path}: no embedding size for feature(s) {', '.join(missing)}")
-    bad = [name for name in categorical if not isinstance(sizes[name], int) or sizes[name] < 1]
-    if bad:
-        raise ValueError(f"--embedding_sizes_file {path}: embedding size of {bad[0]} must be a positive integer, "
-                         f"got {sizes[bad[0]]!r}")
-    return {name: int(sizes[name]) for name in categorical}
+def configure_precision(amp: bool, cpu: bool) -> None:
+    """Sets the Keras policy: ``mixed_bfloat16`` on CPU, ``mixed_float16`` on GPU (with loss scaling)."""
+    if amp:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if cpu else "mixed_float16")
+    else:
+        tf.keras.mixed_precision.set_global_policy("float32")
 
 
 def _pool(table: tf.Variable, ids: tf.Tensor, combiner: str, dtype) -> tf.Tensor:
@@ -221,18 +196,45 @@ class WideDeepModel(tf.keras.Model):
 
     def build_from_config(self, batch_size: int = 2) -> "WideDeepModel":
         """Create all variables by calling the model once on a dummy batch; returns self."""
-        dummy = {name: tf.zeros([batch_size], tf.int32) for name in self.config.onehot}
-        dummy.update({name: -tf.ones([batch_size, self.config.max_hotness[name]], tf.int32)
-                      for name in self.config.multihot})
-        dummy.update({name: tf.zeros([batch_size], tf.float32) for name in self.config.numerical})
-        self(dummy, training=False)
+        self(dummy_batch(self.config, batch_size), training=False)
         return self
 
 
-def resolve_embedding_sizes_path(path: str) -> str:
-    """A relative path is looked up in the current directory, then under the ``wide_deep`` package."""
-    if os.path.isabs(path) or os.path.exists(path):
-        return path
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidate = os.path.join(package_dir, path)
-    return candidate if os.path.exists(candidate) else path
+class DeepOnlyModel(tf.keras.Model):
+    """The MovieLens example's network (the HugeCTR notebook's): the recipe's :class:`DeepPart` alone.
+
+    ``model(inputs)`` -> logits ``[B]``; ``model.deep`` is the ``DeepPart`` (the checkpoint keys ``model/deep/...``).
+    """
+
+    def __init__(self, config: ModelConfig, seed: int = 0, **kwargs):
+        super().__init__(name="movielens_deep", **kwargs)
+        self.deep = DeepPart(config, seed=seed, name="deep")
+
+    def call(self, inputs, training=False):
+        return self.deep(inputs, training=training)
+
+    def build_from_config(self, batch_size: int = 2) -> "DeepOnlyModel":
+        """Create all variables by calling the model once on a dummy batch; returns self."""
+        self(dummy_batch(self.deep.config, batch_size))
+        return self
+
+
+def dummy_batch(config: ModelConfig, batch_size: int) -> Dict[str, tf.Tensor]:
+    """Inputs of ``batch_size`` rows for ``config`` (id 0, multi-hot lists empty, numericals 0)."""
+    dummy = {name: tf.zeros([batch_size], tf.int32) for name in config.onehot}
+    dummy.update({name: -tf.ones([batch_size, config.max_hotness[name]], tf.int32) for name in config.multihot})
+    dummy.update({name: tf.zeros([batch_size], tf.float32) for name in config.numerical})
+    return dummy
+
+
+def build_model(spec: FeatureSpec, embedding_sizes_file: str, hidden_units, dropout: float, combiner: str,
+                seed: int) -> WideDeepModel:
+    """``main.py``'s Wide & Deep for the feature spec (:func:`wide_deep.model.config.wide_deep_config`), its
+    variables built."""
+    config = wide_deep_config(spec, embedding_sizes_file, hidden_units, dropout, combiner)
+    return WideDeepModel(config, seed=seed).build_from_config()
+
+
+def build_movielens_model(config: ModelConfig, seed: int) -> DeepOnlyModel:
+    """The MovieLens example's network (:func:`wide_deep.model.config.movielens_config`), its variables built."""
+    return DeepOnlyModel(config, seed=seed).build_from_config()

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+import pyarrow.parquet as pq
 
+from recsys_common.cli import run_main
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.metrics import roc_auc_score
 
+from ..data.movielens import part_files
 from .etl import ITEM, LABEL, SPEC_NAME
 
 # Pseudo-ratings at the global rate added to every movie: keeps a movie rated once from scoring 0 or 1.
@@ -36,8 +40,6 @@ def fit_popularity(items: np.ndarray, labels: np.ndarray, num_items: int) -> Dic
 
 def _item_label_parts(spec: FeatureSpec, mapping: str):
     """``(items, labels)`` of each parquet part of a split, reading those two columns only (not the genre lists)."""
-    import pyarrow.parquet as pq
-    from .train import part_files
     for path in part_files(spec, mapping):
         table = pq.read_table(path, columns=[ITEM, LABEL])
         yield table.column(ITEM).to_numpy().astype(np.int64), table.column(LABEL).to_numpy()
@@ -63,12 +65,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     p = argparse.ArgumentParser(prog="python -m wide_deep.movielens.baseline", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset_path", required=True, help="output directory of wide_deep.movielens.etl")
     args = p.parse_args(argv)
-    import os
     aucs = popularity_aucs(FeatureSpec.from_yaml(os.path.join(args.dataset_path, SPEC_NAME)))
     print(json.dumps({"popularity_auc": aucs}))
     return aucs
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(FileNotFoundError, ValueError))   # a missing or malformed --dataset_path

@@ -46,21 +46,27 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import json
 import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 
+from recsys_common.cli import InputError, run_main
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
 from recsys_common.logger import Progress as _Progress
 from recsys_common.movielens_ctr import (MovieLensFormatError, check_rating_range, find_ratings_file,
                                          iter_delimited_columns)
+
+from .workflow import MovieLensWorkflow, movies_table, workflow_from_nvtabular_categories
 
 TOOL = "wide_deep.movielens.etl"
 SPEC_NAME = "feature_spec.yaml"
@@ -79,7 +85,7 @@ ENGINES = ("pyarrow", "nvtabular")
 DEFAULT_ENGINE = "pyarrow"
 
 
-class MovieLensInputError(ValueError):
+class MovieLensInputError(InputError):
     """The input directory lacks a file, or a line of it is malformed (the message names the file and line)."""
 
 
@@ -323,7 +329,6 @@ def _estimated_rows(layout: Layout) -> int:
     """Ratings in the file, estimated from its size and its first lines (for progress lines only)."""
     size = os.path.getsize(layout.ratings)
     try:
-        import gzip
         opener = gzip.open if layout.ratings.endswith(".gz") else open
         with opener(layout.ratings, "rb") as f:
             sample = f.read(1 << 16)
@@ -472,7 +477,6 @@ def run_etl(input_dir: str, output_dir: str, *, ratings_file: Optional[str] = No
 
 
 def _movies_table(movies: pd.DataFrame):
-    from .workflow import movies_table
     return movies_table(movies[ITEM].to_numpy(), movies[GENRES])
 
 
@@ -480,7 +484,6 @@ def _run_pyarrow(staging: str, output_dir: str, movies: pd.DataFrame, raw: Dict[
                  rows: Dict[str, int], out: Callable[[str], None]) -> Tuple[Dict[str, int], Dict[str, List[str]]]:
     """Our engine: fit the vocabularies on the train parts, then transform every part into its output file."""
     import pyarrow.parquet as pq
-    from .workflow import MovieLensWorkflow
     t = time.perf_counter()
     workflow = MovieLensWorkflow(_movies_table(movies))
     progress = Progress("fit", rows["train"], out)
@@ -520,7 +523,6 @@ def _run_pyarrow(staging: str, output_dir: str, movies: pd.DataFrame, raw: Dict[
 def _write_reader_lists(directory: str, final_dir: str, names: List[str], counts: List[int]) -> None:
     """What HugeCTR's Parquet reader takes, as merlin.io writes it: ``_file_list.txt`` (the number of files, then
     their paths, in the final directory) and ``_metadata.json`` (rows per file)."""
-    import json
     with open(os.path.join(directory, "_file_list.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join([str(len(names))] + [os.path.join(final_dir, n) for n in names]) + "\n")
     meta = {"file_stats": [{"file_name": n, "num_rows": int(c)} for n, c in zip(names, counts)],
@@ -534,7 +536,6 @@ def _run_nvtabular(staging: str, output_dir: str, movies: pd.DataFrame, raw: Dic
     """``--engine nvtabular``: the NVTabular 23.8 workflow, fitted and applied a Dask partition (raw part) at a time;
     its vocabularies are also saved in our format (``load_workflow`` reads either engine's output)."""
     from merlin.io import Dataset
-    from .workflow import workflow_from_nvtabular_categories
     t = time.perf_counter()
     workflow = build_workflow(movies)
     # one Dask partition per raw part: NVTabular fits its statistics and transforms a part at a time
@@ -633,11 +634,9 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    import warnings
     # Merlin imports TensorFlow and torch, if present, only for dtype tables (seconds on 2 cores); the ETL needs neither.
     for _name in ("tensorflow", "torch"):
         sys.modules.setdefault(_name, None)
     warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
     warnings.filterwarnings("ignore", message=r".*NVTabular Dataset (in|to) CPU mode")
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(MovieLensInputError, OutputDirectoryError, ValueError))

@@ -28,6 +28,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import run_main
 from recsys_common.io import OutputDirectoryError, atomic_directory
 from recsys_common.logger import Progress
 
@@ -167,5 +168,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(OutputDirectoryError, ValueError))

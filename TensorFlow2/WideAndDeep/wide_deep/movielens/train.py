@@ -4,8 +4,9 @@
     python -m wide_deep.movielens.train --dataset_path /data/movielens --model_dir /tmp/ml_snapshots \\
         --export_dir /tmp/ml_export --max_iter 2000 --display 100 --eval_interval 200 --snapshot 1900
 
-The model is the deep part of the recipe's Wide & Deep (:class:`wide_deep.trainer.model.DeepPart`), configured as
-the notebook's network: an embedding of width ``--embedding_dim`` (16) per categorical (``userId``, ``movieId``
+The model is the deep part of the recipe's Wide & Deep (:class:`wide_deep.model.network.DeepOnlyModel`, built by
+:func:`wide_deep.model.network.build_movielens_model` from :func:`wide_deep.model.config.movielens_config`), configured
+as the notebook's network: an embedding of width ``--embedding_dim`` (16) per categorical (``userId``, ``movieId``
 and the multi-hot ``genres`` pooled with ``--combiner sum``), concatenated (3 x 16 = 48 values), then Dense 128
 ReLU, Dense 128 ReLU, Dense 1; loss binary cross-entropy on the logit; Adam (``--learning_rate`` 0.001).
 
@@ -31,23 +32,29 @@ import argparse
 import json
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 
+from recsys_common.cli import run_main
 from recsys_common.feature_spec import FeatureSpec
 from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
 from recsys_common.logger import Logger
-from recsys_common.metrics import roc_auc_score
 
-from .etl import GENRES, ITEM, LABEL, LABEL_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL, SPEC_NAME, USER
+# The snapshots' format lives with the recipe's other checkpoint format (wide_deep/checkpointing.py).
+from ..checkpointing import write_snapshot
+from ..data.movielens import model_feature_names, split_rows, training_batches
+from ..model.config import movielens_config
+from ..model.network import build_movielens_model
+from .etl import LABEL, LABEL_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL, SPEC_NAME
+from .evaluation import evaluate_auc_parts
 
 TOOL = "wide_deep.movielens.train"
 GRAPH_JSON = "movielens.json"
 SAVEDMODEL_DIR = "model.savedmodel"
 SNAPSHOT_META = "meta.json"
-# The snapshots' format lives with the recipe's other checkpoint format (wide_deep/checkpointing.py).
-from ..checkpointing import restore_snapshot, write_snapshot  # noqa: E402,F401
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,163 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation and shuffling")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --export_dir")
     return p
-
-
-# ------------------------------------------------------------------------------------------------------------ data
-def part_files(spec: FeatureSpec, mapping: str) -> List[str]:
-    """The parquet parts of one split (``wide_deep.movielens.etl`` writes one per ``--part_rows`` ratings)."""
-    files = []
-    for chunk in spec.source_spec.get(mapping, []):
-        if chunk.get("type") != "parquet":
-            raise ValueError(f"{spec.origin}: mapping {mapping!r} has a {chunk.get('type')!r} chunk; "
-                             f"wide_deep.movielens.etl writes parquet")
-        files += [os.path.join(spec.base_directory, name) for name in chunk["files"]]
-    if not files:
-        raise ValueError(f"{spec.origin}: mapping {mapping!r} lists no files")
-    return files
-
-
-def load_part(spec: FeatureSpec, path: str) -> Dict[str, np.ndarray]:
-    """One parquet part as the model's inputs: ids int32, a multi-hot as ``[N, max_hotness]`` int32 padded with -1
-    (built from the list column's lengths and values: no Python object per row), the label float32."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    names = model_feature_names(spec)
-    table = pq.read_table(path, columns=names + [LABEL])
-    rows = table.num_rows
-    data = {}
-    for name in names:
-        column = table.column(name).combine_chunks()
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            data[name] = column.to_numpy().astype(np.int32)
-            continue
-        width = spec.max_hotness(name)
-        lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
-        if lengths.size and lengths.max() > width:
-            row = int(np.argmax(lengths > width))
-            raise ValueError(f"{path}: row {row}: {name} holds {int(lengths[row])} values, more than the spec's "
-                             f"max_hotness {width}")
-        values = column.flatten().to_numpy().astype(np.int32)
-        padded = np.full((rows, width), -1, dtype=np.int32)
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        padded[np.repeat(np.arange(rows), lengths), np.arange(len(values)) - starts] = values
-        data[name] = padded
-    data[LABEL] = table.column(LABEL).to_numpy().astype(np.float32)
-    return data
-
-
-def load_split(spec: FeatureSpec, mapping: str) -> Dict[str, np.ndarray]:
-    """One split in memory as the model's inputs (every part): ids int32 (genres ``[N, max_hotness]``, -1 padded),
-    label float32. Training and evaluation stream the parts instead (:func:`training_batches`,
-    :func:`evaluate_auc_parts`)."""
-    parts = [load_part(spec, path) for path in part_files(spec, mapping)]
-    data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if len(data[LABEL]) == 0:
-        raise ValueError(f"{spec.origin}: mapping {mapping!r} has no rows")
-    return data
-
-
-def split_rows(spec: FeatureSpec, mapping: str) -> int:
-    import pyarrow.parquet as pq
-    return sum(pq.ParquetFile(path).metadata.num_rows for path in part_files(spec, mapping))
-
-
-def training_batches(spec: FeatureSpec, batch_size: int, seed: int):
-    """Endless shuffled training batches, a part at a time (HugeCTR's non-epoch mode): every pass visits the parts in
-    a new random order and each part's rows in a new random order; rows left over at the end of a part open the next
-    batch. Memory: about two parts, whatever the number of ratings. A split of one part is read once."""
-    files = part_files(spec, "train")
-    rng = np.random.default_rng(seed)
-    cached = load_part(spec, files[0]) if len(files) == 1 else None
-    carry: Optional[Dict[str, np.ndarray]] = None
-    while True:
-        for index in rng.permutation(len(files)):
-            part = cached if cached is not None else load_part(spec, files[index])
-            order = rng.permutation(len(part[LABEL]))
-            part = {k: v[order] for k, v in part.items()}
-            if carry is not None:
-                part = {k: np.concatenate([carry[k], v]) for k, v in part.items()}
-            full = len(part[LABEL]) // batch_size * batch_size
-            for lo in range(0, full, batch_size):
-                yield {k: v[lo:lo + batch_size] for k, v in part.items()}
-            carry = {k: v[full:] for k, v in part.items()}
-
-
-def model_feature_names(spec: FeatureSpec) -> List[str]:
-    return list(spec.channel_spec[ONEHOT_CHANNEL]) + list(spec.channel_spec.get(MULTIHOT_CHANNEL, []))
-
-
-def model_config(spec: FeatureSpec, embedding_dim: int, hidden_units: Sequence[int], combiner: str):
-    """The recipe's ``ModelConfig`` for the notebook's network (no numericals, no dropout)."""
-    from wide_deep.trainer.model import ModelConfig
-    onehot = {n: spec.cardinality(n) for n in spec.channel_spec[ONEHOT_CHANNEL]}
-    multihot = {n: spec.cardinality(n) for n in spec.channel_spec.get(MULTIHOT_CHANNEL, [])}
-    return ModelConfig(onehot=onehot, multihot=multihot, max_hotness={n: spec.max_hotness(n) for n in multihot},
-                       numerical=[], embedding_dims={n: embedding_dim for n in {**onehot, **multihot}},
-                       hidden_units=tuple(hidden_units), dropout=0.0, combiner=combiner)
-
-
-# ----------------------------------------------------------------------------------------------------------- model
-def build_model(config, seed: int):
-    """The deep-only configuration of the recipe's model: ``DeepPart`` alone, as a Keras model with its variables built.
-
-    ``model(inputs)`` -> logits ``[B]``; ``model.deep`` is the recipe's ``DeepPart``.
-    """
-    import tensorflow as tf
-    from wide_deep.trainer.model import DeepPart
-
-    class DeepOnlyModel(tf.keras.Model):
-        def __init__(self):
-            super().__init__(name="movielens_deep")
-            self.deep = DeepPart(config, seed=seed, name="deep")
-
-        def call(self, inputs, training=False):
-            return self.deep(inputs, training=training)
-
-    model = DeepOnlyModel()
-    dummy = {n: tf.zeros([2], tf.int32) for n in config.onehot}
-    dummy.update({n: -tf.ones([2, config.max_hotness[n]], tf.int32) for n in config.multihot})
-    model(dummy)
-    return model
-
-
-def predict(model, data: Dict[str, np.ndarray], names: Sequence[str], batch_size: int,
-            max_batches: int = 0) -> np.ndarray:
-    """Logits for the rows of ``data`` (the first ``max_batches`` batches if > 0), as float64."""
-    import tensorflow as tf
-    n = len(data[LABEL]) if not max_batches else min(len(data[LABEL]), max_batches * batch_size)
-    step = _predict_fn(model)
-    out = [step({k: tf.constant(data[k][i:i + batch_size]) for k in names}).numpy()
-           for i in range(0, n, batch_size)]
-    return np.concatenate(out).astype(np.float64)
-
-
-def _predict_fn(model):
-    import tensorflow as tf
-    if not hasattr(model, "_movielens_predict"):
-        model._movielens_predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-    return model._movielens_predict
-
-
-def evaluate_auc(model, data, names, batch_size: int, max_batches: int = 0) -> float:
-    logits = predict(model, data, names, batch_size, max_batches)
-    return float(roc_auc_score(data[LABEL][:len(logits)], logits))
-
-
-def evaluate_auc_parts(model, spec: FeatureSpec, names, batch_size: int, max_batches: int = 0) -> float:
-    """Exact AUC over the ``test`` split (or its first ``max_batches`` batches), predicted a part at a time: only the
-    logits and labels (12 bytes a row) are kept, not the inputs."""
-    logits, labels, budget = [], [], max_batches * batch_size if max_batches else None
-    for path in part_files(spec, "test"):
-        part = load_part(spec, path)
-        if budget is not None:
-            part = {k: v[:budget - sum(len(l) for l in labels)] for k, v in part.items()}
-        logits.append(predict(model, part, names, batch_size))
-        labels.append(part[LABEL])
-        if budget is not None and sum(len(l) for l in labels) >= budget:
-            break
-    return float(roc_auc_score(np.concatenate(labels), np.concatenate(logits)))
 
 
 # ------------------------------------------------------------------------------------------------- snapshot/export
@@ -276,7 +126,6 @@ def graph_json(model, spec: FeatureSpec, solver: Dict[str, object], optimizer: D
 
 def export_model(export_dir: str, model, graph: Dict[str, object], overwrite: bool = False) -> str:
     """Write ``export_dir/1/model.savedmodel`` and ``export_dir/1/movielens.json`` (staged, then moved in)."""
-    import tensorflow as tf
     config = model.deep.config
     specs = {n: tf.TensorSpec([None], tf.int64, name=n) for n in config.onehot}
     specs.update({n: tf.TensorSpec([None, config.max_hotness[n]], tf.int64, name=n) for n in config.multihot})
@@ -317,35 +166,12 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
             raise ValueError(f"{flag} must be at least 1, got {value}")
     if export_dir:
         check_output_directory(export_dir, overwrite)   # refuse before training, not after
-    import tensorflow as tf
-    spec = FeatureSpec.from_yaml(os.path.join(dataset_path, SPEC_NAME), check_files=True)
-    for channel in (LABEL_CHANNEL, ONEHOT_CHANNEL):
-        if not spec.channel_spec.get(channel):
-            raise ValueError(f"{spec.origin}: channel {channel!r} is empty; is this a wide_deep.movielens.etl output?")
-    names = model_feature_names(spec)
-    rows_train, rows_valid = split_rows(spec, "train"), split_rows(spec, "test")
-    if not rows_train or not rows_valid:
-        raise ValueError(f"{spec.origin}: {'train' if not rows_train else 'test'} has no rows")
+    spec, rows_train, rows_valid = read_dataset(dataset_path)
+    run = Run(spec, batch_size, eval_batch_size, max_eval_batches, max_iter, display, eval_interval, snapshot,
+              model_dir)
     tf.keras.utils.set_random_seed(seed)
-    config = model_config(spec, embedding_dim, hidden_units, combiner)
-    model = build_model(config, seed)
+    model = build_movielens_model(movielens_config(spec, embedding_dim, hidden_units, combiner), seed)
     optimizer = tf.keras.optimizers.Adam(learning_rate)
-    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    # Non-epoch mode, as HugeCTR's repeat_dataset=True: the shuffled training set repeats until max_iter, read a
-    # part at a time (memory does not grow with the number of ratings).
-    signature = {n: tf.TensorSpec([batch_size] + ([spec.max_hotness(n)] if n in spec.channel_spec.get(
-        MULTIHOT_CHANNEL, []) else []), tf.int32) for n in names}
-    signature[LABEL] = tf.TensorSpec([batch_size], tf.float32)
-    ds = tf.data.Dataset.from_generator(lambda: training_batches(spec, batch_size, seed),
-                                        output_signature=signature).prefetch(2)
     solver = {"batchsize": batch_size, "batchsize_eval": eval_batch_size, "max_iter": max_iter, "display": display,
               "eval_interval": eval_interval, "snapshot": snapshot, "max_eval_batches": max_eval_batches,
               "seed": seed}
@@ -355,32 +181,7 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
                         "hidden_units": list(hidden_units), "combiner": combiner,
                         "rows_train": rows_train, "rows_valid": rows_valid,
                         "total_params": int(model.count_params())})
-    auc_history: List[Dict[str, float]] = []
-    losses, train_seconds, window_start = [], 0.0, time.perf_counter()
-    snapshots = []
-    for step, batch in enumerate(ds.take(max_iter), start=1):
-        y = batch.pop(LABEL)
-        losses.append(train_step(batch, y))
-        if step % display == 0 or step == max_iter:
-            mean_loss = float(np.mean([float(l) for l in losses]))   # fetch only here: no sync every step
-            seconds = time.perf_counter() - window_start
-            train_seconds += seconds
-            log.log(step=(step,), data={"loss": mean_loss, "iters": len(losses), "seconds": seconds,
-                                        "samples_per_second": len(losses) * batch_size / seconds})
-            losses, window_start = [], time.perf_counter()
-        if step % eval_interval == 0 or step == max_iter:
-            t = time.perf_counter()
-            auc = evaluate_auc_parts(model, spec, names, eval_batch_size, max_eval_batches)
-            auc_history.append({"step": step, "auc": auc})
-            log.log(step=(step,), data={"eval_auc": auc, "eval_seconds": time.perf_counter() - t})
-            window_start += time.perf_counter() - t   # evaluation time is not training time
-        if model_dir and step % snapshot == 0:
-            t = time.perf_counter()
-            snapshots.append(write_snapshot(model_dir, step, model, optimizer))
-            log.log(step=(step,), data={"snapshot": snapshots[-1]})
-            window_start += time.perf_counter() - t
-    summary = {"final_auc": auc_history[-1]["auc"], "auc_history": auc_history, "steps": max_iter,
-               "samples_per_second": max_iter * batch_size / max(train_seconds, 1e-9), "snapshots": snapshots}
+    summary = fit(run, model, optimizer, training_dataset(spec, batch_size, seed), log)
     graph = graph_json(model, spec, solver, opt_json)
     if export_dir:
         summary["export"] = export_model(export_dir, model, graph, overwrite=overwrite)
@@ -388,6 +189,85 @@ def train(dataset_path: str, *, model_dir: Optional[str] = None, export_dir: Opt
     log.close()
     summary["model"], summary["graph"] = model, graph
     return summary
+
+
+def read_dataset(dataset_path: str):
+    """``(spec, training rows, validation rows)`` of an ETL output; ValueError when it is not one or a split is
+    empty."""
+    spec = FeatureSpec.from_yaml(os.path.join(dataset_path, SPEC_NAME), check_files=True)
+    for channel in (LABEL_CHANNEL, ONEHOT_CHANNEL):
+        if not spec.channel_spec.get(channel):
+            raise ValueError(f"{spec.origin}: channel {channel!r} is empty; is this a wide_deep.movielens.etl output?")
+    rows_train, rows_valid = split_rows(spec, "train"), split_rows(spec, "test")
+    if not rows_train or not rows_valid:
+        raise ValueError(f"{spec.origin}: {'train' if not rows_train else 'test'} has no rows")
+    return spec, rows_train, rows_valid
+
+
+@dataclass(frozen=True)
+class Run:
+    """The cadence of :func:`fit` (HugeCTR's ``fit(max_iter, display, eval_interval, snapshot)``) and its data."""
+    spec: Any
+    batch_size: int
+    eval_batch_size: int
+    max_eval_batches: int
+    max_iter: int
+    display: int
+    eval_interval: int
+    snapshot: int
+    model_dir: Optional[str]
+
+
+def training_dataset(spec: FeatureSpec, batch_size: int, seed: int):
+    """Non-epoch mode, as HugeCTR's repeat_dataset=True: the shuffled training set repeats until max_iter, read a
+    part at a time (memory does not grow with the number of ratings), as a ``tf.data`` pipeline."""
+    multihot = spec.channel_spec.get(MULTIHOT_CHANNEL, [])
+    signature = {n: tf.TensorSpec([batch_size] + ([spec.max_hotness(n)] if n in multihot else []), tf.int32)
+                 for n in model_feature_names(spec)}
+    signature[LABEL] = tf.TensorSpec([batch_size], tf.float32)
+    return tf.data.Dataset.from_generator(lambda: training_batches(spec, batch_size, seed),
+                                          output_signature=signature).prefetch(2)
+
+
+def fit(run: Run, model, optimizer, dataset, log: Logger) -> Dict[str, object]:
+    """``run.max_iter`` steps: each step -> the loss every ``display`` steps -> the AUC every ``eval_interval`` (and
+    at the end) -> a snapshot every ``snapshot`` steps (with ``model_dir``); returns the summary."""
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    names = model_feature_names(run.spec)
+    auc_history: List[Dict[str, float]] = []
+    losses, train_seconds, window_start = [], 0.0, time.perf_counter()
+    snapshots = []
+    for step, batch in enumerate(dataset.take(run.max_iter), start=1):
+        y = batch.pop(LABEL)
+        losses.append(train_step(batch, y))
+        if step % run.display == 0 or step == run.max_iter:
+            mean_loss = float(np.mean([float(l) for l in losses]))   # fetch only here: no sync every step
+            seconds = time.perf_counter() - window_start
+            train_seconds += seconds
+            log.log(step=(step,), data={"loss": mean_loss, "iters": len(losses), "seconds": seconds,
+                                        "samples_per_second": len(losses) * run.batch_size / seconds})
+            losses, window_start = [], time.perf_counter()
+        if step % run.eval_interval == 0 or step == run.max_iter:
+            t = time.perf_counter()
+            auc = evaluate_auc_parts(model, run.spec, names, run.eval_batch_size, run.max_eval_batches)
+            auc_history.append({"step": step, "auc": auc})
+            log.log(step=(step,), data={"eval_auc": auc, "eval_seconds": time.perf_counter() - t})
+            window_start += time.perf_counter() - t   # evaluation time is not training time
+        if run.model_dir and step % run.snapshot == 0:
+            t = time.perf_counter()
+            snapshots.append(write_snapshot(run.model_dir, step, model, optimizer))
+            log.log(step=(step,), data={"snapshot": snapshots[-1]})
+            window_start += time.perf_counter() - t
+    return {"final_auc": auc_history[-1]["auc"], "auc_history": auc_history, "steps": run.max_iter,
+            "samples_per_second": run.max_iter * run.batch_size / max(train_seconds, 1e-9), "snapshots": snapshots}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -403,5 +283,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(OutputDirectoryError, FileNotFoundError, ValueError))

@@ -38,6 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from recsys_common.cli import InputError
+
 FORMAT = "wide_deep.movielens.workflow"
 VERSION = 1
 USER, ITEM, GENRES, LABEL = "userId", "movieId", "genres", "rating"
@@ -50,7 +52,7 @@ OUTPUT_SCHEMA = pa.schema([(USER, pa.int64()), (ITEM, pa.int64()), (GENRES, pa.l
                            (LABEL, pa.int8())])
 
 
-class WorkflowFormatError(ValueError):
+class WorkflowFormatError(InputError):
     """A workflow directory that is not this module's (or is damaged): the message names the file."""
 
 

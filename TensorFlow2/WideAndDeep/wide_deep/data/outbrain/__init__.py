@@ -15,8 +15,10 @@ Modules (data flow top to bottom):
 - ``nvtabular.workflow``: the NVTabular workflow that makes the 29 features (``--engine nvtabular``; the only module
   here that imports NVTabular, and only that engine imports it).
 - ``preproc``: the ETL entry point (``python -m wide_deep.data.outbrain.preproc [--engine default|nvtabular]``,
-  ``scripts/preproc.sh``), writing ``train/`` and ``valid/`` parquet, ``feature_spec.yaml`` and ``workflow/``.
-- ``benchmark``, ``benchmark_joins``: ETL speed and memory at several sizes (JSON), and the join engines compared.
+  ``preproc/prepare_dataset.sh``), writing ``train/`` and ``valid/`` parquet, ``feature_spec.yaml`` and ``workflow/``.
 - ``embedding_sizes.json``: the default embedding widths (``--embedding_sizes_file``), equal to
   ``features.EMBEDDING_SIZES`` (a test checks).
+
+ETL speed and memory at several sizes, and the join engines compared: ``benchmarks/etl.py`` and
+``benchmarks/joins.py`` at the recipe root.
 """

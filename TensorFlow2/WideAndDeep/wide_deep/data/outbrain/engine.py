@@ -60,6 +60,7 @@ import numpy as np
 import pandas as pd
 
 from . import features as F
+from .tables import compact_tfidf
 
 FORMAT = "wide_deep.outbrain.fitted_stage2"
 FORMAT_VERSION = 1
@@ -523,7 +524,6 @@ def fit(train_paths: List[str], lists, matrices, workflow_dir: str, client=None,
         on_rows: Optional[Callable[[str, int, int], None]] = None, total_rows: int = 0) -> Fitted:
     """Fit stage 2 on the training partitions and save it in ``workflow_dir``; ``lists``/``matrices`` from
     :func:`wide_deep.data.outbrain.tables.document_tables`."""
-    from .tables import compact_tfidf
     done = [0]
     passes = 2 * max(total_rows, 1)
 

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from recsys_common.cli import run_main
 from recsys_common.io import OutputDirectoryError, atomic_directory
 
 from . import features as F
@@ -327,5 +328,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, int]:
 
 
 if __name__ == "__main__":
-    from recsys_common.cli import run_main
     run_main(main, input_errors=(OutputDirectoryError, ValueError))

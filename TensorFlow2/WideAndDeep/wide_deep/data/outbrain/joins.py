@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
 
 from . import features as F
 from .raw import EmptySplitError, RawInputError, iter_raw_frames, raw_path, read_raw_table_streamed
@@ -148,14 +152,12 @@ def empty_split_error(name: str, joined_rows: int) -> EmptySplitError:
 
 
 # ------------------------------------------------------------------------------------------------ bucket files
-def _write_ipc(df: pd.DataFrame, path: str) -> None:
-    import pyarrow as pa
-    import pyarrow.feather as feather
+def write_ipc(df: pd.DataFrame, path: str) -> None:
+    """``df`` as an LZ4-compressed Arrow IPC (feather) file (the stage's bucket and block files)."""
     feather.write_feather(pa.Table.from_pandas(df, preserve_index=False), path, compression="lz4")
 
 
 def _read_bucket(directory: str) -> Optional[pd.DataFrame]:
-    import pyarrow.feather as feather
     if not os.path.isdir(directory):
         return None
     names = sorted(os.listdir(directory))   # block_<zero-padded index>: file order
@@ -163,7 +165,7 @@ def _read_bucket(directory: str) -> Optional[pd.DataFrame]:
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else None
 
 
-class _Buckets:
+class Buckets:
     """Cuts frames by display range into ``<root>/<bucket>/block_<i>.arrow`` files (row order kept)."""
 
     def __init__(self, root: str, low: int, width: int, count: int):
@@ -182,7 +184,7 @@ class _Buckets:
             if bounds[b] < bounds[b + 1]:
                 directory = os.path.join(self.root, f"{b:06d}")
                 os.makedirs(directory, exist_ok=True)
-                _write_ipc(df.iloc[order[bounds[b]:bounds[b + 1]]], os.path.join(directory,
+                write_ipc(df.iloc[order[bounds[b]:bounds[b + 1]]], os.path.join(directory,
                                                                                    f"block_{self.blocks:06d}.arrow"))
         self.blocks += 1
 
@@ -200,8 +202,6 @@ class _PartitionWriter:
         self.part, self.row, self.writer = 0, 0, None
 
     def add(self, df: pd.DataFrame) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
         start = 0
         while start < len(df):
             end = min(len(df), start + int(self.bounds[self.part + 1]) - self.row)
@@ -252,8 +252,34 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
     read_kwargs = {} if block_bytes is None else {"block_bytes": block_bytes}
     block_cb = (lambda stage: (lambda done, got, size: on_block(stage, done, got, size))) if on_block else \
         (lambda stage: None)
-
     # 1. events: blocks to a staging area (their display-id range sets the buckets), then clicks by bucket.
+    buckets = _bucket_clicks_and_events(input_dir, scratch, partition_rows, block_cb, read_kwargs)
+    # 2. the catalogue tables, whole.
+    promoted = KeyedTable(prepare_promoted(read_raw_table_streamed(input_dir, "promoted_content")), "ad_id")
+    meta = KeyedTable(prepare_documents_meta(read_raw_table_streamed(input_dir, "documents_meta")), "document_id")
+    # 3. joins and split, bucket by bucket in display order (one generator: the in-memory code's draws).
+    joined, rows, pages = _join_and_split_buckets(scratch, buckets, promoted, meta, seed, on_rows)
+    # 4. rewrite as the partitions the workflow reads.
+    out = {"rows": rows, "clicks_rows": buckets.clicks_rows, "event_rows": buckets.event_rows,
+           "document_ids": pages}
+    out.update(_write_partitions(scratch, joined, rows, num_partitions, partition_rows, on_rows))
+    return out
+
+
+@dataclass
+class _BucketedInput:
+    """clicks_train and events cut into the same display ranges (:class:`Buckets`), and their row counts."""
+    clicks: Buckets
+    events: Buckets
+    count: int
+    clicks_rows: int
+    event_rows: int
+
+
+def _bucket_clicks_and_events(input_dir: str, scratch: str, partition_rows: int, block_cb,
+                              read_kwargs) -> _BucketedInput:
+    """Stage events.csv's blocks (their display ids set the range), then cut clicks_train and events into about
+    ``clicks rows / partition_rows`` display-range buckets."""
     events_dir = os.path.join(scratch, "events_blocks")
     os.makedirs(events_dir)
     low, high, event_rows, blocks = None, None, 0, 0
@@ -263,7 +289,7 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
             ids = frame["display_id"].to_numpy()
             low = int(ids.min()) if low is None else min(low, int(ids.min()))
             high = int(ids.max()) if high is None else max(high, int(ids.max()))
-            _write_ipc(frame, os.path.join(events_dir, f"block_{blocks:06d}.arrow"))
+            write_ipc(frame, os.path.join(events_dir, f"block_{blocks:06d}.arrow"))
             blocks += 1
             event_rows += len(frame)
     if low is None:
@@ -272,37 +298,38 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
     # About 20 bytes per clicks row in Kaggle's file; a wrong guess changes bucket sizes, not results.
     count = max(1, min(-(-clicks_bytes // 20 // partition_rows), high - low + 1))
     width = -(-(high - low + 1) // count)
-    clicks_buckets = _Buckets(os.path.join(scratch, "clicks_buckets"), low, width, count)
-    events_buckets = _Buckets(os.path.join(scratch, "events_buckets"), low, width, count)
+    clicks_buckets = Buckets(os.path.join(scratch, "clicks_buckets"), low, width, count)
+    events_buckets = Buckets(os.path.join(scratch, "events_buckets"), low, width, count)
     clicks_rows = 0
     for frame in iter_raw_frames(input_dir, "clicks_train", on_block=block_cb("read clicks_train.csv"),
                                  **read_kwargs):
         clicks_rows += len(frame)
         clicks_buckets.add(frame)
-    import pyarrow.feather as feather
     for name in sorted(os.listdir(events_dir)):
         events_buckets.add(feather.read_table(os.path.join(events_dir, name)).to_pandas())
     shutil.rmtree(events_dir)
+    return _BucketedInput(clicks_buckets, events_buckets, count, clicks_rows, event_rows)
 
-    # 2. the catalogue tables, whole.
-    promoted = KeyedTable(prepare_promoted(read_raw_table_streamed(input_dir, "promoted_content")), "ad_id")
-    meta = KeyedTable(prepare_documents_meta(read_raw_table_streamed(input_dir, "documents_meta")), "document_id")
 
-    # 3. joins and split, bucket by bucket in display order (one generator: the in-memory code's draws).
+def _join_and_split_buckets(scratch: str, buckets: _BucketedInput, promoted, meta, seed: int,
+                            on_rows: Optional[RowsCallback]):
+    """Each bucket joined (:func:`join_rows`) and split (:func:`is_train`, one generator for every bucket, in display
+    order), written as ``split_<mapping>/block_<bucket>.arrow``; returns ``(directories, rows, page ids)``. Raises
+    :class:`EmptySplitError` for a split left without rows."""
     rng = np.random.default_rng(seed)
     joined = {m: os.path.join(scratch, f"split_{m}") for m in ("train", "test")}
     for directory in joined.values():
         os.makedirs(directory)
     rows = {"train": 0, "test": 0}
     pages, done = np.zeros(0, np.int64), 0
-    for b in range(count):
-        clicks = clicks_buckets.read(b)
-        events = events_buckets.read(b)
+    for b in range(buckets.count):
+        clicks = buckets.clicks.read(b)
+        events = buckets.events.read(b)
         if clicks is not None:
             done += len(clicks)
         if clicks is None or events is None:
             if on_rows:
-                on_rows("join and split", done, clicks_rows)
+                on_rows("join and split", done, buckets.clicks_rows)
             continue
         df = join_rows(clicks, events, promoted, meta)
         del clicks, events
@@ -314,21 +341,24 @@ def stream_join_and_split(input_dir: str, scratch: str, *, seed: int = 0,
             for mapping, part in (("train", df[train_mask]), ("test", df[~train_mask])):
                 part = part.sort_values(["display_id", "ad_id"], kind="stable")
                 if len(part):
-                    _write_ipc(part, os.path.join(joined[mapping], f"block_{b:06d}.arrow"))
+                    write_ipc(part, os.path.join(joined[mapping], f"block_{b:06d}.arrow"))
                     rows[mapping] += len(part)
         if on_rows:
-            on_rows("join and split", done, clicks_rows)
-    shutil.rmtree(clicks_buckets.root)
-    shutil.rmtree(events_buckets.root)
+            on_rows("join and split", done, buckets.clicks_rows)
+    shutil.rmtree(buckets.clicks.root)
+    shutil.rmtree(buckets.events.root)
     joined_rows = rows["train"] + rows["test"]
     for name, mapping in (("training", "train"), ("validation", "test")):
         if rows[mapping] == 0:
             raise empty_split_error(name, joined_rows)
+    return joined, rows, pages
 
-    # 4. rewrite as the partitions the workflow reads.
-    out = {"rows": rows, "clicks_rows": clicks_rows, "event_rows": event_rows,
-           "document_ids": pages}
-    written = 0
+
+def _write_partitions(scratch: str, joined: Dict[str, str], rows: Dict[str, int], num_partitions: Optional[int],
+                      partition_rows: int, on_rows: Optional[RowsCallback]) -> Dict[str, List[str]]:
+    """The split blocks rewritten as ``joined_train/`` and ``joined_valid/`` parquet partitions; returns
+    ``{"train": [paths], "test": [paths]}``."""
+    out, written, joined_rows = {}, 0, rows["train"] + rows["test"]
     for mapping, subdir in (("train", "joined_train"), ("test", "joined_valid")):
         parts = num_partitions or default_num_partitions(rows[mapping], partition_rows)
         writer = _PartitionWriter(os.path.join(scratch, subdir), _partition_bounds(rows[mapping], parts))

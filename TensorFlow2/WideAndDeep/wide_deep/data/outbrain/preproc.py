@@ -6,7 +6,7 @@ and the fitted statistics (``workflow/``).
     python -m wide_deep.data.outbrain.preproc ... --dask_scheduler tcp://host:8786   # a running Dask cluster
     python -m wide_deep.data.outbrain.preproc ... --engine nvtabular   # NVTabular 23.8's workflow (CPU or GPU)
 
-(``scripts/preproc.sh`` wraps this.) Two engines compute stage 2 (the features, after the joins):
+(``preproc/prepare_dataset.sh``, and NVIDIA's ``scripts/preproc.sh``, wrap this.) Two engines compute stage 2 (the features, after the joins):
 
 - ``--engine default``: our own code, :mod:`wide_deep.data.outbrain.engine` (pandas, numpy, pyarrow, scipy; no
   NVTabular, merlin or dask needed), CPU only. It reproduces NVTabular 23.8's operators (HashBucket, FillMedian with
@@ -59,20 +59,26 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import sys
+import threading
 import time
+import warnings
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from recsys_common.cli import InputError, exit_status
 from recsys_common.feature_spec import FeatureSpec
-from recsys_common.io import OutputDirectoryError, atomic_directory, check_output_directory
+from recsys_common.io import OutputDirectoryError, atomic_directory, atomic_write_text, check_output_directory
 from recsys_common.logger import hms
 
 from . import features as F
 from .joins import DEFAULT_PARTITION_ROWS, stream_join_and_split
-from .raw import RawInputError, check_raw_files, read_document_terms
+from . import engine as E
+from .raw import RAW_FILES, RawInputError, check_raw_files, raw_path, read_document_terms
+from .tables import document_tables
 
 TOOL = "wide_deep.data.outbrain.preproc"
 SPEC_NAME = "feature_spec.yaml"
@@ -87,7 +93,6 @@ def skip_unused_frameworks() -> None:
     Merlin imports both, if present, for its dtype tables (about 20 s on 2 cores); the ETL uses neither. Only for
     processes that run nothing but the ETL: the command line and the workers of the ETL's own LocalCluster.
     """
-    import warnings
     for name in ("tensorflow", "torch"):
         sys.modules.setdefault(name, None)
     warnings.filterwarnings("ignore", message=r".*dtype mappings did not load successfully")
@@ -140,7 +145,6 @@ class Progress:
 
 def _peak_rss_note() -> str:
     """This process's peak resident memory so far (Linux ``ru_maxrss`` is in KiB): which step raised the peak."""
-    import resource
     return f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
 
 
@@ -195,7 +199,6 @@ def task_progress(progress: Progress, what: str, rows: int, client=None) -> Iter
         with _Tasks():
             yield
         return
-    import threading
     stop = threading.Event()
 
     def poll():
@@ -286,11 +289,11 @@ STATE_VERSION = 1
 STAGES = ("join", "fit", "train", "test")   # the stages a resumed run skips once recorded as finished
 
 
-class EngineUnavailableError(ValueError):
+class EngineUnavailableError(InputError):
     """``--engine nvtabular`` where NVTabular is not installed."""
 
 
-class ResumeError(ValueError):
+class ResumeError(InputError):
     """A work directory that holds another run's state, or files this tool did not write."""
 
 
@@ -300,7 +303,6 @@ def default_work_dir(output_dir: str) -> str:
 
 def _input_fingerprint(input_dir: str, settings: Dict[str, object]) -> Dict[str, object]:
     """What a finished stage's result depends on: the raw files (size, mtime) and the settings that change rows."""
-    from .raw import RAW_FILES, raw_path
     files = {}
     for name in RAW_FILES:
         st = os.stat(raw_path(input_dir, name))
@@ -351,7 +353,6 @@ class EtlState:
         self.save()
 
     def save(self) -> None:
-        from recsys_common.io import atomic_write_text
         atomic_write_text(self.path, json.dumps(self.data, indent=1) + "\n")
 
     def fresh(self, name: str) -> str:
@@ -412,7 +413,6 @@ def _run_stages(state: EtlState, input_dir: str, output_dir: str, progress: Prog
 
 def _document_inputs(input_dir: str, join_dir: str, progress: Progress):
     """The per-page term lists and TF-IDF matrices of the pages the joins met (both engines' first fit step)."""
-    from .tables import document_tables
     with progress("document lists and TF-IDF matrices (pandas/scipy)") as p:
         tables = {source: read_document_terms(input_dir, source, column)
                   for source, column in sorted(set(F.LIST_SOURCES.values()))}
@@ -474,7 +474,6 @@ def _stage2_default(state: EtlState, input_dir: str, output_dir: str, progress: 
     """Stage 2 on the default engine (:mod:`wide_deep.data.outbrain.engine`): fitted partition by partition,
     statistics saved without pickle; with ``--use_dask`` / ``--dask_scheduler`` the partitions run as tasks of a
     ``distributed`` cluster (plain Dask, no NVTabular)."""
-    from . import engine as E
     work_dir = state.work_dir
     with dask_client(use_dask, dask_workers, dask_scheduler, True, os.path.join(work_dir, "dask")) as client:
         if state.done("fit") is None:
@@ -633,12 +632,10 @@ def run(argv: Optional[Sequence[str]] = None):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line's exit status (recsys_common.cli): 0, or 2 with one ``error:`` line for bad input."""
-    from recsys_common.cli import exit_status
     return exit_status(run, argv, input_errors=(RawInputError, OutputDirectoryError, ValueError))
 
 
 if __name__ == "__main__":
-    import warnings
     skip_unused_frameworks()
     # Said once here instead of once per Dataset: NVTabular calls its CPU (pandas) mode experimental.
     warnings.filterwarnings("ignore", message=r".*NVTabular Dataset (in|to) CPU mode")

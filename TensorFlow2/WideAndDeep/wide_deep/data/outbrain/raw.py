@@ -25,6 +25,8 @@ from typing import Callable, Dict, Iterator, List, Optional
 import numpy as np
 import pandas as pd
 
+from recsys_common.cli import InputError
+
 from . import features as F
 
 # name -> {column: kind}; kinds: "int" (int64, required), "int?" (int64 that may be missing -> float64 NaN),
@@ -43,7 +45,7 @@ RAW_FILES: List[str] = list(RAW_SCHEMAS)
 NA_VALUES = ["\\N", ""]
 
 
-class RawInputError(ValueError):
+class RawInputError(InputError):
     """A raw Outbrain file that is missing or does not have the expected columns and values."""
 
 
@@ -302,7 +304,7 @@ def read_document_terms(input_dir: str, name: str, column: str):
                 chunks[c].append(batch.column(c))
     except pa.ArrowInvalid:
         frame = read_raw_table_streamed(input_dir, name)   # raises the exact error (file, row, column)
-        return _frame_terms(frame, column)
+        return frame_terms(frame, column)
     arrays = {c: pa.chunked_array(v, type=v[0].type) if v else None for c, v in chunks.items()}
     if arrays["document_id"] is None:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
@@ -320,7 +322,7 @@ def read_document_terms(input_dir: str, name: str, column: str):
             arrays["confidence_level"].to_numpy().astype(np.float64))
 
 
-def _frame_terms(frame: pd.DataFrame, column: str):
+def frame_terms(frame: pd.DataFrame, column: str):
     if not pd.api.types.is_numeric_dtype(frame[column].dtype):   # object (pandas 1.5) or str (pandas 3) ids
         first_seen, uniques = pd.factorize(frame[column].astype(str), sort=False)
         rank = np.empty(len(uniques), dtype=np.int64)

@@ -14,6 +14,7 @@ wide_deep.data.outbrain.nvtabular.workflow import join_and_split`` keeps working
 """
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Tuple
 
 import numpy as np
@@ -22,6 +23,7 @@ import scipy.sparse
 
 from . import features as F
 from .joins import empty_split_error, is_train, join_rows, prepare_documents_meta, prepare_promoted
+from .raw import frame_terms
 
 
 def join_and_split(tables: Dict[str, pd.DataFrame], seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
@@ -61,13 +63,12 @@ def document_tables(tables: Dict[str, pd.DataFrame], document_ids: np.ndarray
     Matrix rows are document ids; the matrix has two spare rows at the end, so id -1 (an ad without
     ``promoted_content``) indexes an empty row and gets similarity 0.
     """
-    from .raw import _frame_terms
     document_ids = np.unique(np.asarray(document_ids, dtype=np.int64))
     document_ids = document_ids[document_ids >= 0]
     # (document ids, term codes, confidences) per source; a frame's term ids become integers (entity ids are hex
     # strings: their rank among the sorted distinct ids, so codes do not depend on row order).
     term_codes = {source: tables[source] if isinstance(tables[source], tuple) else
-                  _frame_terms(tables[source], column) for source, column in set(F.LIST_SOURCES.values())}
+                  frame_terms(tables[source], column) for source, column in set(F.LIST_SOURCES.values())}
     num_rows = int(max(document_ids.max(initial=0), max(
         (int(docs.max()) for docs, _, _ in term_codes.values() if len(docs)), default=0))) + 2
     lists, matrices = {}, {}
@@ -154,7 +155,6 @@ def cached_index(values: np.ndarray) -> pd.Index:
     The operators below look every row's id up in arrays of up to 3M ids (the real catalogue's pages), per
     partition; ``np.searchsorted`` of 1M unsorted ids into them took about 0.5 s per lookup (cache misses), a
     hash lookup a tenth of that, and the table is shared by the three lists and the three similarities."""
-    import weakref
     key = id(values)
     hit = _INDEXES.get(key)
     if hit is not None and hit[0]() is values:

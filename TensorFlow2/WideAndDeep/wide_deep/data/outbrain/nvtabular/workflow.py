@@ -46,8 +46,8 @@ from nvtabular.ops import join_groupby as _join_groupby
 from .. import features as F
 from ..joins import JOINED_COLUMNS  # noqa: F401  (API)
 # Stage 1 and the catalogue helpers live in ``tables`` (no NVTabular there); imported back here, where they were.
-from ..tables import (DocumentLists, _canonical_coo, _dense_codes, cached_index,  # noqa: F401  (API)
-                      compact_tfidf, document_tables, join_and_split, similarity_row)
+from ..tables import (DocumentLists, cached_index, compact_tfidf, document_tables, join_and_split,  # noqa: F401
+                      similarity_row)  # (API)
 
 # NVTabular 23.8 casts JoinGroupby's joined ``count`` to int32. On CPU (pandas) a value unseen in training joins as
 # NaN and that cast raises IntCastingNaNError (cuDF keeps a null instead). Counts stay float64 here, NaN until
