@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Iterable, Optional, Sequence
 
 import tensorflow as tf
+
+from recsys_common.horovod_launch import check_world_size, launched
 
 LOG = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ _context: Optional[Context] = None
 def launched_by_horovod() -> bool:
     """True when a launcher (horovodrun, mpirun, srun with several tasks) started this process as a rank
     (``recsys_common.horovod_launch``)."""
-    from recsys_common.horovod_launch import launched
     return launched()
 
 
@@ -66,7 +66,6 @@ def init() -> Context:
         _context = Context(0, 1, 0)
         return _context
     import horovod.tensorflow as hvd  # imported only under a launcher: a plain run needs no Horovod at all
-    from recsys_common.horovod_launch import check_world_size
     hvd.init()
     try:
         check_world_size(hvd.size())  # several tasks launched but one Horovod rank: each would train alone
