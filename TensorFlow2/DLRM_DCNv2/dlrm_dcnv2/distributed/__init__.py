@@ -1,1 +1,2 @@
-"""TensorFlow 2 DLRM and DCNv2 recipe."""
+"""Hybrid parallelism over Horovod: ``hvd_utils`` (the collectives, one-process fallback, XLA ``compile_step``),
+``placement`` (which rank holds which piece of which table), ``gradients`` (allreduce of the replicated weights)."""

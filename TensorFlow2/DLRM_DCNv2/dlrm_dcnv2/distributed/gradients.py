@@ -63,7 +63,7 @@ def broadcast_replicated_variables(variables: Iterable[tf.Variable],
     """At the start of training: rank ``root``'s values for every replicated variable (MLPs, data-parallel tables).
 
     Model-parallel shards are skipped: each exists on one rank only, and is already initialised identically to
-    the one-rank run (``nn.embedding.initial_values``).
+    the one-rank run (``model.embedding.initial_values``).
     """
     model_parallel = {v.ref() for v in model_parallel_variables}
     hvd_utils.broadcast_variables([v for v in variables if v.ref() not in model_parallel], root=root)

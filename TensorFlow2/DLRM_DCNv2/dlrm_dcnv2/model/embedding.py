@@ -14,7 +14,7 @@ zeros, so the slices' results add up to the lookup in the whole table. The gradi
 a ``tf.IndexedSlices`` (only the rows looked up), which the lazy Adam optimizer needs. In it, padding and ids
 outside the slice have the index ``-1`` (:data:`NO_ROW`) and a zero value: the lookup reads local row 0 for
 them (static shapes, so it compiles under XLA), but they touch no row, and the embedding optimizers
-(``nn.optimizers``) skip negative indices. Were they index 0, lazy Adam would count row 0 as touched and give it
+(``model.optimizers``) skip negative indices. Were they index 0, lazy Adam would count row 0 as touched and give it
 a momentum-only update every step, and N ranks (whose row slices each have a row 0) would no longer train as one.
 """
 from __future__ import annotations

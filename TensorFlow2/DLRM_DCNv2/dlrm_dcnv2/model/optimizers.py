@@ -20,7 +20,7 @@ Adam, for a row (or any variable) with gradient ``g`` at update ``t = iterations
 ``IndexedSlices`` gradient, to the touched rows only: duplicate indices are summed first, untouched rows of
 ``var``, ``m`` and ``v`` are not written (their moments do not decay), and the bias correction uses the
 optimizer's own ``iterations`` (one per ``apply_gradients`` call). A dense gradient gets the ordinary Adam update.
-A negative index (``nn.embedding.NO_ROW``: padding, or an id outside this rank's row slice) touches no row.
+A negative index (``model.embedding.NO_ROW``: padding, or an id outside this rank's row slice) touches no row.
 The deduplication sorts the indices (static shapes: it compiles under XLA, unlike ``tf.unique``).
 
 Checkpoints: ``LazyAdam.slot_variables(var) -> {"m": ..., "v": ...}`` and ``iterations``; ``build(var_list)``
@@ -38,7 +38,7 @@ OPTIMIZERS = ("sgd", "adam")
 
 
 def _skip_no_row(grad, indices):
-    """``(grad, indices)`` with every negative index (``nn.embedding.NO_ROW``) pointed at row 0 with a zero value:
+    """``(grad, indices)`` with every negative index (``model.embedding.NO_ROW``) pointed at row 0 with a zero value:
     the scatter then adds exactly 0 there (row 0 keeps its bits)."""
     present = indices >= 0
     shape = tf.concat([tf.shape(present), tf.ones([tf.rank(grad) - 1], tf.int32)], 0)

@@ -21,7 +21,7 @@ The all-to-all's gradient is the all-to-all back, so after backprop a model-para
 every rank's loss; ``distributed.gradients.reduce_gradients`` divides it by N (the loss is a per-rank mean) and
 allreduces everything else. With N = 1 steps 2-3 are skipped.
 
-Initial values: see ``nn.embedding.initial_values`` (NVIDIA's U(-sqrt(1/rows), sqrt(1/rows)), drawn so that any
+Initial values: see ``model.embedding.initial_values`` (NVIDIA's U(-sqrt(1/rows), sqrt(1/rows)), drawn so that any
 slice equals the slice of the one-rank table). ``seed=None`` draws a seed on rank 0 and broadcasts it.
 """
 from __future__ import annotations
@@ -229,7 +229,7 @@ class MDESparseModel(tf.keras.layers.Layer):
     ``combiner='sum'``. Initial values: U(-sqrt(1/rows), sqrt(1/rows)) per table as NVIDIA's (seeded per table,
     but not slice-identical to our placement's). ``model_parallel_variables``: the weights of MDE's local
     (model-parallel) layers; everything else is allreduced by ``reduce_gradients`` as usual. It has no
-    ``shard_variables``, so the recipe's checkpoints refuse it (``main`` refuses the flags up front).
+    ``shard_variables``, so the recipe's checkpoints refuse it (``cli.check_flags`` refuses the flags up front).
     """
 
     def __init__(self, table_sizes, embedding_dims, hotness, ctx, seed, strategy, column_slice_threshold,
