@@ -15,10 +15,10 @@
 * ``log_loss``, ``normalized_entropy``, ``calibration`` (issue 33, :func:`dlrm_dcnv2.model.metrics.click_metrics`):
   the click-model figures of ``recsys_common.metrics.ctr_metrics_from_sums``. Each rank adds up ``ctr_sums`` of its
   rows (four float64 sums: rows, positives, sum of p, sum of row losses) and the sums are added over ranks with the
-  allreduce that already sums the BCE; no prediction is gathered for them. ``log_loss`` equals ``loss`` (up to
-  float64 rounding order); NE = log loss / entropy of the observed CTR (< 1: better than predicting the base rate),
-  calibration = sum p / positives (1: as many clicks predicted as observed). With ``negative_downsampling_rate`` w < 1 (a model
-  trained on data whose negatives were kept with probability w), ``calibration_corrected`` and
+  allreduce that already sums the BCE; no prediction is gathered for them. ``log_loss`` equals ``loss`` (up to float64
+  rounding order); NE = log loss / entropy of the observed CTR (< 1: better than predicting the base rate),
+  calibration = sum p / positives (1: as many clicks predicted as observed). With ``negative_downsampling_rate`` w < 1
+  (a model trained on data whose negatives were kept with probability w), ``calibration_corrected`` and
   ``normalized_entropy_corrected`` are the same figures of the logits corrected by ``log w``
   (``correct_downsampled_logits``).
 """
