@@ -13,7 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # recipe directory -> a module its pyproject.toml installs
 RECIPES = {"PyTorch/DLRM": "dlrm", "PyTorch/NCF": "neumf", "TensorFlow2/DLRM_DCNv2": "dlrm_dcnv2",
            "TensorFlow2/WideAndDeep": "wide_deep"}
-SHIMS = ["TensorFlow2/DLRM_DCNv2/dlrm.py", "TensorFlow2/DLRM_DCNv2/dcnv2.py", "TensorFlow2/DLRM_DCNv2/main.py",
+SHIMS = ["PyTorch/NCF/ncf.py", "PyTorch/NCF/convert.py", "PyTorch/NCF/recommend.py", "PyTorch/NCF/synthetic.py",
+         "PyTorch/NCF/deployment/deployer.py", "TensorFlow2/DLRM_DCNv2/dlrm.py", "TensorFlow2/DLRM_DCNv2/dcnv2.py", "TensorFlow2/DLRM_DCNv2/main.py",
          "TensorFlow2/WideAndDeep/main.py", "TensorFlow2/WideAndDeep/predict.py",
          "TensorFlow2/WideAndDeep/triton/export_model.py", "TensorFlow2/WideAndDeep/triton/evaluate_accuracy.py",
          "TensorFlow2/WideAndDeep/triton/evaluate_latency.py"]
