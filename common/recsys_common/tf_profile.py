@@ -1,7 +1,7 @@
 """Where a TensorFlow training step's time goes: ``tf.profiler`` over a few steps, op self time summed by part.
 
-Both TensorFlow recipes' ``profile_step`` tools use this (``TensorFlow2/DLRM_DCNv2/benchmarks/profile_step.py``,
-``TensorFlow2/WideAndDeep/benchmarks/profile_step.py``); each names the parts of its own step (``groups``). The trace is read back with
+Both TensorFlow recipes' ``benchmarks/profile_step.py`` tools use this (TensorFlow2/DLRM_DCNv2 and
+TensorFlow2/WideAndDeep); each names the parts of its own step (``groups``). The trace is read back with
 TensorFlow's own converter (``framework_op_stats``, what TensorBoard's profile plugin shows); the profiler's ``IDLE``
 is left out, so shares are of the busy time. Ops that run side by side each count their own time: the busy
 milliseconds per step can exceed the step's wall time, and the profiler's overhead inflates small ops, so read the
