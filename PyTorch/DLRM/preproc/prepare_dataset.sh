@@ -61,6 +61,6 @@ PYTHON="${PYTHON:-$PY}"
 steps="$("$PYTHON" -c 'import os, recsys_common.criteo as c; print(os.path.dirname(c.__file__))')/prepare_dataset_steps.sh"
 FREQUENCY="$FREQUENCY_LIMIT" FREQUENCY_NAME=frequency_limit VERIFY_INPUT="$here/verify_criteo_downloaded.sh"
 REUSE_SPARK_OUTPUT=1
-TRAIN_HINT="python -m dlrm.scripts.main --mode train --dataset ${BINARY_PATH:-/data/dlrm/binary_dataset}"
+TRAIN_HINT="python -m dlrm.scripts.main --mode train --dataset {BINARY_PATH}"
 # shellcheck source=../../../common/recsys_common/criteo/prepare_dataset_steps.sh
 source "$steps"

@@ -59,6 +59,6 @@ fi
 # The steps (Polars; or Spark, then the conversion) are shared with PyTorch/DLRM's script.
 steps="$("$PYTHON" -c 'import os, recsys_common.criteo as c; print(os.path.dirname(c.__file__))')/prepare_dataset_steps.sh"
 FREQUENCY="$FREQUENCY_THRESHOLD" FREQUENCY_NAME=frequency_threshold VERIFY_INPUT="" REUSE_SPARK_OUTPUT=0
-TRAIN_HINT="python dlrm.py --dataset_path ${BINARY_PATH:-/data/dlrm/binary_dataset}   (or dcnv2.py)"
+TRAIN_HINT="python dlrm.py --dataset_path {BINARY_PATH}   (or dcnv2.py)"
 # shellcheck source=../../../common/recsys_common/criteo/prepare_dataset_steps.sh
 source "$steps"

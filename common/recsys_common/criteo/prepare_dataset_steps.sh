@@ -4,8 +4,8 @@
 #
 # The sourcing script sets: ENGINE (polars or spark in any case; empty: spark when SPARK_MASTER is set, else polars),
 # ENGINE_ERROR (the message for any other ENGINE, naming where the recipe reads it from), FREQUENCY (the frequency limit), FREQUENCY_NAME (its name in the
-# progress lines), TRAIN_HINT (the command printed at the end), VERIFY_INPUT (a script checking INPUT_PATH first, or
-# empty), REUSE_SPARK_OUTPUT (1: a finished Spark run with the same limit is not redone), PYTHON, with recsys_common
+# progress lines), TRAIN_HINT (the command printed at the end; its {BINARY_PATH} becomes the path written),
+# VERIFY_INPUT (a script checking INPUT_PATH first, or empty), REUSE_SPARK_OUTPUT (1: a finished Spark run with the same limit is not redone), PYTHON, with recsys_common
 # importable, and a die() function. The environment (INPUT_PATH, BINARY_PATH, OVERWRITE, WORK_DIR, PREPROC_ARGS,
 # OUTPUT_PATH, SPARK_*, TOTAL_CORES, TOTAL_MEMORY) is documented in each recipe's script.
 
@@ -18,10 +18,17 @@ case "${ENGINE,,}" in
     *) die "$ENGINE_ERROR, got '$ENGINE'" ;;
 esac
 
-INPUT_PATH="${INPUT_PATH:-/data/dlrm/criteo}"
-OUTPUT_PATH="${OUTPUT_PATH:-/data/dlrm/spark/output}"
-SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-/data/dlrm/spark/tmp}"
-BINARY_PATH="${BINARY_PATH:-/data/dlrm/binary_dataset}"
+# NVIDIA's folders under /data/dlrm when this user can write there (its containers), else the same layout under
+# ~/dlrm_data: a non-root user's run never stops at a permission error. Each path can be set on its own.
+DATA_ROOT="${DATA_ROOT:-/data/dlrm}"
+if ! { [[ -d "$DATA_ROOT" && -w "$DATA_ROOT" ]] || mkdir -p "$DATA_ROOT" 2>/dev/null; }; then
+    DATA_ROOT="$HOME/dlrm_data"
+    echo "[prepare_dataset] /data/dlrm is not writable here: using $DATA_ROOT (set DATA_ROOT or the paths to choose)"
+fi
+INPUT_PATH="${INPUT_PATH:-$DATA_ROOT/criteo}"
+OUTPUT_PATH="${OUTPUT_PATH:-$DATA_ROOT/spark/output}"
+SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-$DATA_ROOT/spark/tmp}"
+BINARY_PATH="${BINARY_PATH:-$DATA_ROOT/binary_dataset}"
 TOTAL_CORES="${TOTAL_CORES:-$(nproc)}"
 if [[ -z "${TOTAL_MEMORY:-}" ]]; then
     TOTAL_MEMORY=$(awk '/MemTotal/ {m = int($2 / 1048576 * 0.8); print (m < 1 ? 1 : m)}' /proc/meminfo)
@@ -43,7 +50,7 @@ if [[ "$ENGINE" == polars ]]; then
         --input_path "$INPUT_PATH" --output_path "$BINARY_PATH" --frequency_limit "$FREQUENCY" \
         "${work_flag[@]}" "${overwrite_flag[@]}" ${PREPROC_ARGS:-}
     echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-    echo "[prepare_dataset] train with: $TRAIN_HINT"
+    echo "[prepare_dataset] train with: ${TRAIN_HINT//\{BINARY_PATH\}/$BINARY_PATH}"
     exit 0
 fi
 
@@ -75,4 +82,4 @@ fi
 "$PYTHON" -m recsys_common.criteo.to_split_binary --input "$OUTPUT_PATH" --output "$BINARY_PATH" "${overwrite_flag[@]}"
 
 echo "[prepare_dataset] done: $BINARY_PATH/feature_spec.yaml"
-echo "[prepare_dataset] train with: $TRAIN_HINT"
+echo "[prepare_dataset] train with: ${TRAIN_HINT//\{BINARY_PATH\}/$BINARY_PATH}"
