@@ -8,7 +8,8 @@ then runs each engine of ``--engines`` as its own process, end to end from raw t
 
 - ``ours``: ``python -m recsys_common.criteo.polars_preprocess`` (the recipes' default engine; ``ours_input``: the
   same with ``--train_ordering input``, the row order the peer script writes, no shuffle);
-- ``peer``: the plain Polars script ``--peer_script`` (Kaggle layout only: it reads one file);
+- ``peer``: the plain Polars script ``--peer_script`` (default ``benchmarks/criteo_polars_peer.py``, the single-file
+  approach a user would write; Kaggle layout only: it reads one file);
 - ``spark``: ``python -m recsys_common.criteo.spark_preprocess`` then ``to_split_binary`` (the cluster engine).
 
 It prints one JSON line: per engine seconds, rows/s, peak memory and CPU seconds (user + system), the ratios
@@ -53,19 +54,8 @@ from recsys_common.machine import cpu_model_name
 KAGGLE_ROWS = 45_840_617
 TERABYTE_ROWS = 4_373_472_329
 _HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_PEER = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "..", "shared", "peers",
-                                             "criteo_polars_preproc.py"))
-
-
-def default_peer_script() -> str:
-    """The peer script beside the shared datasets (``$RECSYS_DATA_DIR/../peers``) when that is set, else beside the
-    checkout (``../shared/peers``)."""
-    data_dir = os.environ.get("RECSYS_DATA_DIR")
-    if data_dir:
-        beside_data = os.path.join(os.path.dirname(os.path.abspath(data_dir)), "peers", "criteo_polars_preproc.py")
-        if os.path.isfile(beside_data):
-            return beside_data
-    return DEFAULT_PEER
+# The plain Polars script the engine is measured against (engine ``peer``): ours, in this folder.
+DEFAULT_PEER = os.path.join(_HERE, "criteo_polars_peer.py")
 
 
 def write_raw(path: str, rows: int, seed: int, block: int = 200_000) -> None:
@@ -184,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated: ours, ours_input (ours with --train_ordering input, the peer's row "
                              "order), peer, spark")
     parser.add_argument("--peer_script", default=None,
-                        help="the plain Polars script (engine peer); default: shared/peers/criteo_polars_preproc.py "
-                             "beside the repository")
+                        help="the plain Polars script (engine peer), called with --input train.txt --output DIR "
+                             "--frequency_limit N; default: benchmarks/criteo_polars_peer.py")
     parser.add_argument("--master", default="local[*]", help="Spark master (engine spark)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated rows")
     parser.add_argument("--days", type=int, default=0,
@@ -373,7 +363,7 @@ def engine_ratios(e: Dict[str, Dict], rounds: Dict[str, List[Dict[str, object]]]
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = build_parser().parse_args(argv)
-    args.peer_script = args.peer_script or default_peer_script()
+    args.peer_script = args.peer_script or DEFAULT_PEER
     engines = check_args(args)
     work = args.work_dir or tempfile.mkdtemp(prefix="criteo_bench_")
     started = time.perf_counter()

@@ -239,3 +239,20 @@ def test_benchmark_generates_criteo_shaped_rows(tmp_path):
     assert {f[0] for f in fields} == {"0", "1"}
     assert all(x == "" or int(x) >= 0 for f in fields for x in f[1:14])
     assert all(x == "" or re.fullmatch(r"[0-9a-f]{8}", x) for f in fields for x in f[14:])
+
+
+def test_benchmark_peer_writes_the_same_dataset_as_ours_in_input_order(tmp_path):
+    """The repository's plain Polars peer (benchmarks/criteo_polars_peer.py, the benchmark's default --peer_script)
+    does the same work as our engine with --train_ordering input: every .bin file byte for byte, and the same
+    FeatureSpec but for our engine's metadata. So the rows/s ratio compares two ways of writing one dataset."""
+    import yaml
+    result = benchmark_preprocess.main(["--rows", "3000", "--frequency_limit", "3", "--engines", "ours_input,peer",
+                                        "--work_dir", str(tmp_path)])
+    assert set(result["engines"]) == {"ours_input", "peer"} and result["ratios"]["ours_input_vs_peer_rows_per_s"] > 0
+    ours, peer = tmp_path / "out_ours_input", tmp_path / "out_peer"
+    files = sorted(p.relative_to(ours) for p in ours.rglob("*.bin"))
+    assert len(files) == 3 * 28 and sorted(p.relative_to(peer) for p in peer.rglob("*.bin")) == files
+    for name in files:
+        assert (ours / name).read_bytes() == (peer / name).read_bytes(), name
+    spec = [yaml.safe_load(open(d / "feature_spec.yaml")) for d in (ours, peer)]
+    assert {k: v for k, v in spec[0].items() if k != "metadata"} == {k: v for k, v in spec[1].items() if k != "metadata"}
