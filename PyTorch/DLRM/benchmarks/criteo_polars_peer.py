@@ -36,13 +36,14 @@ def main():
                  .fill_null(0.0).cast(pl.Float32).cast(pl.Float16).alias(c) for c in INTS]
     categorical, cardinalities = [], []
     for c in CATS:
-        kept = (df.group_by(c).len().drop_nulls().filter(pl.col("len") >= args.frequency_limit)
-                .sort(["len", c], descending=[True, False]))
-        ids = pl.col(c).replace_strict(kept[c], pl.int_range(2, kept.height + 2, eager=True), default=1)
-        cardinalities.append(kept.height + 2)
-        categorical.append(pl.when(pl.col(c).is_null()).then(0).otherwise(ids)
-                           .cast(getattr(pl, smallest_int_dtype(kept.height + 2).capitalize())).alias(c))
-    out = df.select(pl.col("label").cast(pl.Boolean), pl.concat_arr(numerical).alias("numerical"), *categorical)
+        counts = df[c].value_counts(name="count").drop_nulls().filter(pl.col("count") >= args.frequency_limit)
+        ids = counts.sort(["count", c], descending=[True, False]).with_row_index("id", offset=2).drop("count")
+        dtype = getattr(pl, smallest_int_dtype(ids.height + 2).capitalize())
+        cardinalities.append(ids.height + 2)
+        mapped = df.select(c).join(ids, on=c, how="left", maintain_order="left")
+        categorical.append(mapped.select(pl.when(pl.col(c).is_null()).then(0).otherwise(pl.col("id").fill_null(1))
+                                         .cast(dtype).alias(c)).to_series())
+    out = df.select(pl.col("label").cast(pl.Boolean), pl.concat_arr(numerical).alias("numerical")).with_columns(categorical)
 
     held = out.height // 7
     train, test_rows = out.height - held, (held + 1) // 2

@@ -25,7 +25,10 @@ Peak memory is the largest sum of the resident set sizes (RSS) of the engine's p
 for Spark, the JVM it starts, which with a ``local[...]`` master also runs the executors), sampled every
 ``--memory_interval`` seconds with psutil. Shared pages are counted once per process, so the sum is an upper bound;
 a peak shorter than the interval can be missed, so ``max_rss_one_process_mib`` adds the kernel's exact peak of the
-largest single process (``wait4``), which is the whole figure for the single-process engines (ours, peer).
+largest single process (``ru_maxrss``), which is the whole figure for the single-process engines (ours, peer). Linux
+carries a process's peak across fork and exec, so a child of this process (which holds hundreds of MiB once it has
+generated the input) would never report less than this process's own peak: each engine is started by a small
+launcher that reports its children's peak instead.
 Engines run one after the other on the same files; on a shared machine compare the ratios, not the absolute figures.
 
 ``main(argv)`` returns the result dict.
@@ -195,10 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Started between this process and the engine: the engine's exact peak RSS (RUSAGE_CHILDREN of a process of ~10 MiB,
+# not floored by this one's), printed as its last line after the engine's own output.
+_MAXRSS_MARK = "[benchmark-launcher] children ru_maxrss kB: "
+_LAUNCHER = ("import resource, subprocess, sys\n"
+             "code = subprocess.call(sys.argv[1:])\n"
+             f"print({_MAXRSS_MARK!r} + str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), flush=True)\n"
+             "sys.exit(code)\n")
+
+
 def _timed(argv: List[str], interval: float, env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
     """Run one command; its wall time and the peak RSS of its process tree (sampled from this process)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
     peak, stop = [0], threading.Event()
     output: List[str] = []
     reader = threading.Thread(target=lambda: output.append(proc.stdout.read()), daemon=True)
@@ -221,17 +234,18 @@ def _timed(argv: List[str], interval: float, env: Optional[Dict[str, str]] = Non
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    # wait4: the child's own peak RSS from the kernel (exact, where sampling can miss a short peak)
+    # wait4: CPU time of the launcher and the engine; the engine's exact peak RSS comes from the launcher
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = code = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
     stop.set()
     sampler.join()
     reader.join()
+    text, _, maxrss_kb = "".join(output).rpartition(_MAXRSS_MARK)
     if code != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed with exit code {code}:\n{''.join(output)[-3000:]}")
-    return {"seconds": seconds, "peak_rss_bytes": peak[0], "max_rss_bytes": usage.ru_maxrss * 1024,
-            "cpu_seconds": usage.ru_utime + usage.ru_stime, "output": "".join(output)}
+        raise RuntimeError(f"{' '.join(argv)} failed with exit code {code}:\n{text[-3000:]}")
+    return {"seconds": seconds, "peak_rss_bytes": peak[0], "max_rss_bytes": int(maxrss_kb) * 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "output": text}
 
 
 def _engine_result(rows: int, runs: List[Dict[str, object]], raw_bytes: int) -> Dict[str, object]:
