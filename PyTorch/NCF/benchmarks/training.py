@@ -22,12 +22,12 @@ time (training + evaluation) until HR@K first reached ``--threshold`` (null if n
 CPU seconds it used (``system_over_user``: page faults show up as system time). ``train_speedup`` is
 recipe / naive training samples/s.
 
-**Against the plain PyTorch peer** (``../shared/peers/neumf_naive_cpu.py``) on the NCF paper's ML-1M split, run back
-to back with the peer's configuration (GMF 64, MLP 256-256-128-64, dropout 0.5, batch 65536, Adam 0.0045 /
-0.25 / 0.5)::
+**Against the plain PyTorch peer** (``benchmarks/neumf_plain_peer.py``, the default of ``--peer``) on the NCF paper's
+ML-1M split, run back to back with the peer's configuration (GMF 64, MLP 256-256-128-64, dropout 0.5, batch 65536,
+Adam 0.0045 / 0.25 / 0.5)::
 
-    python benchmarks/training.py --paper_ml1m $RECSYS_DATA_DIR --peer ../../../shared/peers/neumf_naive_cpu.py \
-        -e 5 -b 65536 --amp --compile --no_naive
+    python benchmarks/training.py --paper_ml1m $RECSYS_DATA_DIR --peer -e 3 -b 65536 --amp --compile --no_naive \
+        --exclude_positives
 
 ``--paper_ml1m DIR`` converts DIR's ``ncf-ml-1m`` split with the ``movielens/ml-1m`` ratings prefix (users
 0..2997, as the peer does) into a temporary directory; ``--peer SCRIPT`` runs the peer as a child process on the
@@ -71,6 +71,8 @@ SHAPES = {  # users, items, training positives (NVIDIA's ML-20m numbers; ML-1m /
     "tiny": (500, 1_000, 15_000),
 }
 
+
+PLAIN_PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "neumf_plain_peer.py")
 
 def synthetic_data(shape: str, samples_per_series: int = 101, seed: int = 0) -> NCFData:
     users, items, positives = SHAPES[shape]
@@ -186,8 +188,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     src.add_argument("--shape", choices=sorted(SHAPES), default="ml-100k", help="synthetic data of this shape")
     src.add_argument("--paper_ml1m", metavar="DATA_DIR",
                      help="the NCF paper's ML-1M split rebuilt from DATA_DIR (RECSYS_DATA_DIR layout), users 0..2997")
-    p.add_argument("--peer", metavar="SCRIPT", help="also run this peer script (neumf_naive_cpu.py) on --paper_ml1m's "
-                                                   "data with the same epochs, batch, lr, betas, dropout, seed")
+    p.add_argument("--peer", metavar="SCRIPT", nargs="?", const=PLAIN_PEER,
+                   help="also run this peer script on --paper_ml1m's split (no value: benchmarks/neumf_plain_peer.py, "
+                        "the plain PyTorch NeuMF written here)")
     p.add_argument("--peer_time_limit", type=float, default=3600.0, help="the peer's --time-limit (seconds)")
     p.add_argument("--model", choices=MODEL_NAMES, default="neumf")
     p.add_argument("-e", "--epochs", type=int, default=2)
