@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Quickstart on a CPU (a few minutes on 2 cores): generate raw Outbrain-format CSVs, run the NVTabular ETL
-# (preproc/prepare_dataset.sh), train a small Wide & Deep for 4 epochs and print its validation MAP@12, AUC and BCE; then,
+# Quickstart on a CPU (a few minutes on 2 cores): generate raw Outbrain-format CSVs, run the Outbrain ETL
+# (preproc/prepare_dataset.sh, our engine), train a small Wide & Deep for 4 epochs and print its validation MAP@12, AUC and BCE; then,
 # where MovieLens ml-100k is available ($RECSYS_DATA_DIR/movielens/ml-100k), the MovieLens example prints its AUC.
 #   bash quickstart.sh [output_dir] [extra flags for main.py, e.g. --xla]
 # Rerunning is safe: the generator and the ETL replace only their own earlier outputs (--overwrite), the previous
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 echo "== 1/3 generator: raw Outbrain-format CSVs with a planted signal"
 "$PY" -m wide_deep.data.outbrain.generator --output_dir "$OUT/orig" --num_displays "${QUICKSTART_DISPLAYS:-3000}" \
     --seed 3 --overwrite
-echo "== 2/3 ETL: NVTabular on CPU"
+echo "== 2/3 ETL: our engine on CPU (preproc/prepare_dataset.sh; --engine nvtabular for NVTabular's)"
 bash preproc/prepare_dataset.sh "$OUT/orig" "$OUT/data" --cpu --num_partitions 2 --num_train_files 2 --num_valid_files 2 \
     --overwrite
 # 8-wide embeddings (NVIDIA's widths, up to 128, are for the full data set): the spec's cardinalities, capped.
