@@ -20,7 +20,9 @@ times ``--steps`` steps of every variant back to back (after ``--warmup_steps``)
 the faster peer variant, and the JSON reports the median over ``--rounds``. Ours is the recipe's own training step:
 ``build_trainable_model`` (one-buffer tables with SGD fused into the backward), bf16 autocast where the CPU runs it
 natively (``--precision auto``), the dense part compiled with ``torch.compile`` (``--compile``, the default here;
-compilation happens in the warmup and is reported as ``compile_s``). Run it with
+compilation happens in the warmup and is reported as ``ours_first_step_s``): ``dlrm.scripts.main --embedding_type
+multi_table --compile``. ``--ours_embedding_type torchrec_fused --no-compile`` measures what ``dlrm.scripts.main``
+runs with its defaults instead (``--embedding_type auto`` picks ``torchrec_fused`` where TorchRec is installed). Run it with
 ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000`` (it warns otherwise).
 
     MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 python benchmarks/throughput.py
@@ -61,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", default=True, action=argparse.BooleanOptionalAction,
                    help="torchrec_peer, ours: torch.compile the dense part")
     p.add_argument("--threads", type=int, default=None, help="torchrec_peer: torch.set_num_threads")
+    p.add_argument("--ours_embedding_type", default="multi_table", choices=["multi_table", "torchrec_fused"],
+                   help="torchrec_peer, ours: multi_table (one-buffer tables, SGD fused into the backward: "
+                        "dlrm.scripts.main --embedding_type multi_table) or torchrec_fused (what --embedding_type "
+                        "auto picks where TorchRec is installed)")
     p.add_argument("--embedding_types", default="torchrec_fused,multi_table")
     p.add_argument("--base_device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch_size", type=int, default=4096)
@@ -121,7 +127,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
                                        batch_size=args.peer_batch_size, table_size=args.peer_table_size,
                                        peer_variants=[v for v in args.peer_variants.split(",") if v],
                                        rounds=args.rounds, steps=args.steps, warmup_steps=args.warmup_steps,
-                                       precision=args.precision, compile_dense=args.compile, threads=args.threads)
+                                       precision=args.precision, compile_dense=args.compile, threads=args.threads,
+                                       ours_embedding_type=args.ours_embedding_type)
         return report_json(result, args.output_json)
     types = [t for t in args.embedding_types.split(",") if t]
     runs: List[Dict] = []

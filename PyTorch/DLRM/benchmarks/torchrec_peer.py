@@ -92,12 +92,16 @@ def build_peer(variant: str, shape: Dict, table_size: int) -> Callable[[Dict[str
     return step
 
 
-def build_ours(shape: Dict, table_size: int, precision: str, compile_dense: bool) \
+def build_ours(shape: Dict, table_size: int, precision: str, compile_dense: bool,
+               embedding_type: str = "multi_table", batch_size: int = 2048) \
         -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
-    """The recipe's model and training step (as ``dlrm.train`` runs it on one CPU process)."""
+    """The recipe's model and training step (as ``dlrm.train`` runs it on one CPU process): ``multi_table`` is
+    ``dlrm.scripts.main --embedding_type multi_table`` (one-buffer tables, SGD fused into the backward),
+    ``torchrec_fused`` what ``--embedding_type auto`` (the default) picks where TorchRec is installed."""
     config = ModelConfig(NUM_NUMERICAL, [table_size] * NUM_TABLES, [f"cat_{i}" for i in range(NUM_TABLES)],
                          shape["embedding_dim"], shape["bottom_mlp_sizes"], shape["top_mlp_sizes"])
-    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, lr=LR)
+    trainable = build_trainable_model(config, embedding_type, torch.device("cpu"), 1, lr=LR,
+                                      local_batch_size=batch_size)
     if compile_dense:
         compile_parts(trainable.core)
     amp = Amp(precision == "bfloat16", torch.device("cpu"), "bfloat16", 1.0)
@@ -131,7 +135,7 @@ def _timed(step, batches, count: int, first: int) -> float:
 def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_size: int = 100_000,
                           peer_variants: Sequence[str] = ("fused", "dmp"), rounds: int = 5, steps: int = 30,
                           warmup_steps: int = 10, precision: str = "auto", compile_dense: bool = True,
-                          threads: Optional[int] = None) -> Dict:
+                          threads: Optional[int] = None, ours_embedding_type: str = "multi_table") -> Dict:
     """Samples/s of ours and of each TorchRec variant per shape and round, the per-round ratio ours / best peer and
     its median; with the CPU model, threads, torch/TorchRec versions and the load average before and after."""
     import torchrec   # optional (as in dlrm.model): imported only for the comparison that needs it
@@ -140,6 +144,8 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
     if os.environ.get("MALLOC_MMAP_MAX_") != "0":
         warnings.warn("run with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 (as the README's figures): "
                       "glibc's defaults re-fault freed buffers every step on these VMs", stacklevel=2)
+    if ours_embedding_type not in ("multi_table", "torchrec_fused"):
+        raise ValueError(f"--ours_embedding_type: {ours_embedding_type!r}, choose multi_table or torchrec_fused")
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise ValueError(f"--shapes: unknown shape(s) {unknown}; known: {sorted(SHAPES)}")
@@ -151,12 +157,15 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
                     "warmup_steps": warmup_steps,
                     "cpu_bf16_instructions": cpu_bf16_instructions(),
                     "ours": {"precision": precision, "compile_dense": compile_dense,
-                             "embeddings": "one buffer, SGD fused into backward"},
+                             "embedding_type": ours_embedding_type,
+                             "embeddings": {"multi_table": "one buffer, SGD fused into backward",
+                                            "torchrec_fused": "TorchRec DMP, FBGEMM fused SGD"}[ours_embedding_type]},
                     "peer": {"model": "torchrec.models.dlrm.DLRM", "variants": list(peer_variants),
                              "precision": "float32"},
                     "malloc": {k: os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")},
                     "load_average_start": list(os.getloadavg()), "shapes": {}}
-    ctx = setup("cpu", need_group="dmp" in peer_variants)  # the dmp peer needs a (one-rank gloo) group
+    # the dmp peer and our torchrec_fused tables need a (one-rank gloo) group
+    ctx = setup("cpu", need_group="dmp" in peer_variants or ours_embedding_type == "torchrec_fused")
     try:
         for shape_name in shapes:
             shape = SHAPES[shape_name]
@@ -164,7 +173,7 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
             torch.manual_seed(0)
             steps_by_name = {f"torchrec_{v}": build_peer(v, shape, table_size) for v in peer_variants}
             begin = time.perf_counter()
-            ours = build_ours(shape, table_size, precision, compile_dense)
+            ours = build_ours(shape, table_size, precision, compile_dense, ours_embedding_type, batch_size)
             ours(batches[0])  # the first call compiles (when compiling): timed separately
             compile_s = time.perf_counter() - begin
             steps_by_name["ours"] = ours
