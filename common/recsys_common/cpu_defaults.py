@@ -30,7 +30,7 @@ import copy
 import math
 import os
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 MIN_STEPS_PER_EPOCH = 100   # a CPU default batch leaves at least this many optimizer steps per epoch
 MEMORY_FRACTION = 1 / 8     # of the machine's RAM, for one step's activations (shared by the ranks of one machine)
@@ -205,51 +205,6 @@ def choose_schedule_defaults(given_flags: AbstractSet[str], schedule: Mapping[st
     how = (f"NVIDIA's schedule over {run_steps} steps as over its {gpu_run_steps}" if run_steps is not None
            else f"NVIDIA's schedule x {gpu_batch}/{batch}")
     return moved, f"{' '.join(f'--{dest} {value}' for dest, value in moved.items())} ({how})"
-
-
-# TRANSITIONAL (issue 29): the recipes move to choose_*; these go once none calls them.
-def apply_batch_defaults(args, given: set, recipe: RecipeBatch, *, bytes_per_row: float, world_size: int,
-                         training: bool, train_rows: Optional[int],
-                         memory_bytes: Optional[int] = None) -> Tuple[List[str], Optional[CpuBatch]]:
-    """Set on ``args`` the evaluation batch (bounded by memory only), and when ``training``, the training batch and
-    learning rate of :func:`choose_cpu_batch`, each only where its flag is not in ``given`` (the destinations the
-    command line set; :func:`training_batch_wanted` says whether ``train_rows`` is needed, so that a recipe counts its
-    rows only then). Returns the parts of the line to print and the training choice (None: not chosen)."""
-    parts: List[str] = []
-    if recipe.eval_batch_dest not in given:
-        evaluation = choose_cpu_batch(None, gpu_batch=recipe.gpu_batch, gpu_learning_rate=1.0,
-                                      bytes_per_row=bytes_per_row, memory_bytes=memory_bytes, multiple_of=world_size)
-        setattr(args, recipe.eval_batch_dest, evaluation.batch)
-        parts.append(f"--{recipe.eval_batch_dest} {evaluation.batch}")
-    if not training_batch_wanted(given, recipe, training):
-        return parts, None
-    choice = choose_cpu_batch(
-        train_rows, gpu_batch=recipe.gpu_batch, gpu_learning_rate=recipe.gpu_learning_rate,
-        bytes_per_row=bytes_per_row, memory_bytes=memory_bytes, lr_scaling=recipe.lr_scaling,
-        batch_flag=f"--{recipe.batch_dest}", lr_flag=f"--{recipe.lr_dest}",
-        given_learning_rate=getattr(args, recipe.lr_dest) if recipe.lr_dest in given else None,
-        multiple_of=world_size)
-    setattr(args, recipe.batch_dest, choice.batch)
-    setattr(args, recipe.lr_dest, choice.learning_rate)
-    parts.insert(0, choice.reason)
-    return parts, choice
-
-
-def apply_schedule_defaults(args, given: set, schedule_dests: Iterable[str], batch: int, gpu_batch: int,
-                            gpu_run_steps: int, run_steps: Optional[int]) -> Optional[str]:
-    """Move each step count of NVIDIA's schedule in ``schedule_dests`` that is not in ``given`` to this run
-    (:func:`scale_schedule_steps`); returns the part of the line to print (None: nothing moved)."""
-    moved = []
-    for dest in schedule_dests:
-        if dest not in given:
-            value = scale_schedule_steps(getattr(args, dest), batch, gpu_batch, gpu_run_steps, run_steps)
-            setattr(args, dest, value)
-            moved.append(f"--{dest} {value}")
-    if not moved:
-        return None
-    how = (f"NVIDIA's schedule over {run_steps} steps as over its {gpu_run_steps}" if run_steps is not None
-           else f"NVIDIA's schedule x {gpu_batch}/{batch}")
-    return f"{' '.join(moved)} ({how})"
 
 
 def defaults_line(prog: str, parts: Sequence[str], batch_flag: str) -> Optional[str]:

@@ -69,30 +69,21 @@ def test_schedule_keeps_its_fraction_of_an_epoch():
     assert cd.scale_schedule_steps(8000, 1024, 65536, 64014, None) == 8000 * 64
 
 
-def test_recipe_defaults_set_only_what_the_command_line_left():
-    """apply_batch_defaults / apply_schedule_defaults / defaults_line: the loop the three recipes share."""
+def test_the_defaults_line_says_what_was_chosen_or_nothing():
+    """defaults_line: the one line a recipe prints about its CPU defaults (None when nothing was chosen)."""
     recipe = cd.RecipeBatch(65536, 24.0, "linear", "batch_size", "learning_rate", "valid_batch_size")
-    args = argparse.Namespace(batch_size=65536, learning_rate=2.0, valid_batch_size=65536, warmup_steps=8000,
-                              decay_steps=24000)
-    given = {"learning_rate", "decay_steps"}
-    assert cd.training_batch_wanted(given, recipe, training=True)
-    parts, choice = cd.apply_batch_defaults(args, given, recipe, bytes_per_row=1024, world_size=2, training=True,
-                                            train_rows=300_000, memory_bytes=16 * GIB)
-    assert (args.batch_size, args.learning_rate, args.valid_batch_size) == (2048, 2.0, 65536)
-    assert choice.batch == 2048
-    assert parts == [choice.reason, "--valid_batch_size 65536"] and "--learning_rate 2 as given" in parts[0]
-    moved = cd.apply_schedule_defaults(args, given, ("warmup_steps", "decay_steps"), choice.batch, 65536, 64013, 146)
-    assert (args.warmup_steps, args.decay_steps) == (18, 24000)   # 8000 x 146/64013; the given one is kept
-    assert moved == "--warmup_steps 18 (NVIDIA's schedule over 146 steps as over its 64013)"
-    line = cd.defaults_line("dlrm.py", parts + [moved], "--batch_size")
+    given = frozenset({"learning_rate", "decay_steps"})
+    chosen = cd.choose_batch_defaults(given, recipe, bytes_per_row=1024, world_size=2, training=True,
+                                      train_rows=300_000, given_learning_rate=2.0, memory_bytes=16 * GIB)
+    _, moved = cd.choose_schedule_defaults(given, {"warmup_steps": 8000}, chosen.choice.batch, 65536, 64013, 146)
+    line = cd.defaults_line("dlrm.py", [*chosen.parts, moved], "--batch_size")
     assert line.startswith("dlrm.py: CPU defaults: --batch_size 2048") and line.endswith("(and the rest) to choose.")
-    # evaluation only (or the batch flag given): the training batch, rate and rows are left alone
-    args = argparse.Namespace(batch_size=65536, learning_rate=24.0, valid_batch_size=65536)
+    # evaluation only, its batch flag given: nothing chosen, nothing said
     assert not cd.training_batch_wanted(set(), recipe, training=False)
-    parts, choice = cd.apply_batch_defaults(args, {"valid_batch_size"}, recipe, bytes_per_row=1024, world_size=1,
-                                            training=False, train_rows=None)
-    assert (parts, choice, args.batch_size, args.learning_rate) == ([], None, 65536, 24.0)
-    assert cd.defaults_line("dlrm.py", parts, "--batch_size") is None
+    nothing = cd.choose_batch_defaults({"valid_batch_size"}, recipe, bytes_per_row=1024, world_size=1,
+                                       training=False, train_rows=None)
+    assert (dict(nothing.values), nothing.parts, nothing.choice) == ({}, (), None)
+    assert cd.defaults_line("dlrm.py", nothing.parts, "--batch_size") is None
 
 
 def test_choose_batch_defaults_returns_choices_and_writes_nothing():
