@@ -213,7 +213,7 @@ def add_latency_arguments(parser: argparse.ArgumentParser, *, default_model_name
     add_flag(parser, "--warmup-requests", type=int, default=10, help="untimed requests before each measurement")
     add_flag(parser, "--timeout", type=float, default=30.0, help="seconds allowed per request")
     add_flag(parser, "--output-json", default="latency.json", help="JSON report (written atomically)")
-    add_flag(parser, "--output-png", default="latency.png", help="PNG plot")
+    add_flag(parser, "--output-png", default=None, help="PNG plot of throughput and latency (none unless given)")
     add_flag(parser, "--perf-analyzer", action="store_true",
              help="also run Triton's perf_analyzer on each batch size and concurrency (same request rows, "
                   "back to back) and report both tools' throughput side by side")
