@@ -43,7 +43,8 @@ def main():
         mapped = df.select(c).join(ids, on=c, how="left", maintain_order="left")
         categorical.append(mapped.select(pl.when(pl.col(c).is_null()).then(0).otherwise(pl.col("id").fill_null(1))
                                          .cast(dtype).alias(c)).to_series())
-    out = df.select(pl.col("label").cast(pl.Boolean), pl.concat_arr(numerical).alias("numerical")).with_columns(categorical)
+    out = df.select(pl.col("label").cast(pl.Boolean), pl.concat_arr(numerical).alias("numerical"))
+    out = out.with_columns(categorical)
 
     held = out.height // 7
     train, test_rows = out.height - held, (held + 1) // 2

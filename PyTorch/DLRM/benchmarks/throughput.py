@@ -7,8 +7,8 @@ Each measurement is one ``python -m dlrm.scripts.main`` process on synthetic Cri
 ``--mode train --max_steps S --benchmark_warmup_steps W`` for training, ``--mode inference_benchmark`` for inference.
 The embedding types alternate back to back ``--repeats`` times and the medians are reported with their ratio, which
 is what survives the noise of a shared machine. The processes run with ``MALLOC_MMAP_MAX_=0
-MALLOC_TRIM_THRESHOLD_=1000000000000`` (glibc otherwise returns and re-faults big gradient buffers every step; see
-the README). The seed's published single-V100 figures are printed alongside for reference: 494k samples/s FP32,
+MALLOC_TRIM_THRESHOLD_=1000000000000`` (glibc otherwise returns and re-faults big gradient buffers every step on
+these VMs). The seed's published single-V100 figures are printed alongside for reference: 494k samples/s FP32,
 875k AMP, batch 32768 on the Criteo Terabyte tables.
 
 Against TorchRec (the default, ``--compare torchrec_peer``, CPU): our training step against TorchRec's own

@@ -142,7 +142,7 @@ def compare_with_torchrec(shapes: Sequence[str], batch_size: int = 2048, table_s
     if threads:
         torch.set_num_threads(threads)
     if os.environ.get("MALLOC_MMAP_MAX_") != "0":
-        warnings.warn("run with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 (as the README's figures): "
+        warnings.warn("run with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 (as RESULTS.md's figures): "
                       "glibc's defaults re-fault freed buffers every step on these VMs", stacklevel=2)
     if ours_embedding_type not in ("multi_table", "torchrec_fused"):
         raise ValueError(f"--ours_embedding_type: {ours_embedding_type!r}, choose multi_table or torchrec_fused")

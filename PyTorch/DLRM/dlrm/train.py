@@ -226,8 +226,8 @@ def build_model(config: DlrmConfig, ctx, info, embedding_type: str):
                                cli.ints(config.top_mlp_sizes, "top_mlp_sizes"), config.interaction_op,
                                config.self_interaction, config.hash_indices, list(info.hotness))
     # --fp16 (default on, as NVIDIA's) turns AMP on where it is native: CUDA, and CPUs with bfloat16 instructions,
-    # where bfloat16 autocast measured faster than float32 at the same AUC (README, "Speed"). Elsewhere a CPU
-    # emulates bfloat16, so there it takes an explicit --amp.
+    # where bfloat16 autocast measured faster than float32 at the same AUC (RESULTS.md, "bf16 against float32 on a
+    # CPU"). Elsewhere a CPU emulates bfloat16, so there it takes an explicit --amp.
     amp_on = config.amp or (config.fp16 and (ctx.device.type == "cuda" or cpu_runs_bfloat16_natively()))
     amp = Amp(amp_on, ctx.device, config.amp_dtype, config.loss_scale)
     trainable = parallel.build_trainable_model(model_config, embedding_type, ctx.device, ctx.world_size, config.lr,

@@ -1,5 +1,5 @@
 """Smoke tests of the input benchmarks: benchmarks/input_pipeline.py (files vs synthetic) and the preprocessing
-benchmark's peak-memory accounting (this process and its children). Figures are in the README, not asserted."""
+benchmark's peak-memory accounting (this process and its children). Figures are in RESULTS.md, not asserted."""
 import json
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """The CPU fast path (issue 11): one-buffer tables with SGD fused into the backward, the padded dot interaction,
-torch.compile of the dense part, and the benchmark against TorchRec's DLRM (its figures are in the README)."""
+torch.compile of the dense part, and the benchmark against TorchRec's DLRM (its figures are in RESULTS.md)."""
 import pytest
 import torch
 
