@@ -40,7 +40,7 @@ C2-only JIT, ``CompileThresholdScaling`` 5 and 20, a 3 GB heap or a larger young
 dictionary encoding, no two-level aggregation map, 64 MB input splits, adaptive execution off. Kept: ParallelGC for a
 local driver (``spark_settings``) and a stage boundary inside the parse (``parse_rows``). End to end with the
 split-binary conversion, idle, 2026-11-25 14:30-14:38 UTC: 27,120 rows/s at 1M generated rows, 46,994 at 4M,
-58,509 at 8M (``PyTorch/DLRM/preproc/benchmark_preprocess.py --engines spark``; the DLRM READMEs).
+58,509 at 8M (``PyTorch/DLRM/benchmarks/preprocess.py --engines spark``; the DLRM READMEs).
 
 Outputs also ``OUTPUT/model_size.json`` (NVIDIA's: largest id per categorical column ``_c14 .. _c39``, so cardinality
 = value + 1), ``OUTPUT/cardinalities.json`` and ``OUTPUT/preprocess_report.json`` (row counts per split, malformed

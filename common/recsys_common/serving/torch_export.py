@@ -1,6 +1,6 @@
 """A PyTorch serving module -> Triton model repository (ONNX and/or TorchScript), for every PyTorch recipe.
 
-PyTorch DLRM (``dlrm.serving``) and NCF (``deployment/ncf_export.py``) each build their served module (inputs and
+PyTorch DLRM (``dlrm.serving``) and NCF (``neumf.serving``) each build their served module (inputs and
 output named for what they hold, the id range check inside the graph) and its sidecar; everything from there on is
 here, once: the format flags and their rule, the model names, the export calls, the repository, and the
 exported-vs-eager check.
