@@ -22,7 +22,7 @@ from dlrm.utils.compile import compile_dense as compile_parts
 from dlrm.utils.distributed import setup, teardown
 from recsys_common.machine import cpu_bf16_instructions, cpu_model_name
 
-# The shapes of the issue and of ../shared/peers/torchrec_dlrm_cpu.py: Kaggle Criteo's DLRM and the seed's.
+# The shapes of the issue and that a plain TorchRec user runs: Kaggle Criteo's DLRM and the seed's.
 SHAPES = {
     "kaggle": {"embedding_dim": 16, "bottom_mlp_sizes": [512, 256, 64, 16], "top_mlp_sizes": [512, 256, 1]},
     "seed": {"embedding_dim": 128, "bottom_mlp_sizes": [512, 256, 128], "top_mlp_sizes": [1024, 1024, 512, 256, 1]},
