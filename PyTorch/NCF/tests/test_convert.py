@@ -162,6 +162,46 @@ def test_paper_split_files(tmp_path):
         convert.convert_paper_split(prefix)
 
 
+def test_paper_split_three_field_files_in_file_order(tmp_path):
+    """DeepCF's / DMF's files: user item rating, no timestamp; file order is time order, ids checked as before."""
+    prefix = str(tmp_path / "deepcf")
+    write(prefix + ".train.rating", "0\t4\t1\n1\t0\t1\n0\t1\t1\n0\t2\t1\n")
+    write(prefix + ".test.rating", "0\t3\t1\n1\t2\t1\n")
+    write(prefix + ".test.negative", "(0,3)\t0\t4\n(1,2)\t1\t3\n")
+    split = convert.convert_paper_split(prefix)
+    assert list(zip(split.train_users.tolist(), split.train_items.tolist())) == [(0, 4), (1, 0), (0, 1), (0, 2)]
+    assert split.test_candidates.tolist() == [[3, 0, 4], [2, 1, 3]]
+    out = tmp_path / "out"
+    assert cli(["--paper_split", prefix, "--output", str(out)]) == 0
+    assert load_dataset(str(out)).num_items == 5
+
+
+def test_paper_split_four_field_train_rows_come_in_time_order(tmp_path):
+    prefix = str(tmp_path / "toy")
+    write(prefix + ".train.rating", "0\t1\t5\t30\n0\t2\t4\t11\n1\t0\t3\t12\n")
+    write(prefix + ".test.rating", "0\t3\t5\t40\n1\t2\t4\t41\n")
+    write(prefix + ".test.negative", "(0,3)\t0\t4\n(1,2)\t1\t3\n")
+    split = convert.convert_paper_split(prefix)
+    assert split.train_items.tolist() == [2, 0, 1]   # user 0's latest training item (time 30) comes last
+
+
+@pytest.mark.parametrize("train, message", [
+    ("0\t1\t1\n0\t2\n", r"deepcf.train.rating: line 2: expected 3 '\\t'-separated fields .* found 2"),
+    ("0\t1\n", r"deepcf.train.rating: line 1: expected 3 or 4 '\\t'-separated fields .* found 2"),
+    ("0\t1\t1\t5\n0\t2\t1\n", r"deepcf.train.rating: line 2: expected 4 '\\t'-separated fields"),
+    ("0\tx\t1\n", r"deepcf.train.rating: line 1: column 'item' must be an integer, got 'x'"),
+])
+def test_paper_split_bad_rating_files_name_the_line(tmp_path, train, message):
+    prefix = str(tmp_path / "deepcf")
+    write(prefix + ".train.rating", train)
+    write(prefix + ".test.rating", "0\t3\t1\n")
+    write(prefix + ".test.negative", "(0,3)\t0\t4\n")
+    with pytest.raises(ConversionError, match=message):
+        convert.convert_paper_split(prefix)
+    assert cli(["--paper_split", prefix, "--output", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------ the output directory holds the user's files
 def _user_dir(tmp_path):
     """NVIDIA's documented layout: the raw ratings and the converted dataset in one directory (`--output /data`)."""

@@ -14,7 +14,9 @@ Two protocols:
       python convert.py --path /data/ml-20m/ratings.csv --output /data/cache/ml-20m
 
 * **The NCF paper's published split** (He et al. 2017): ``PREFIX.train.rating``, ``PREFIX.test.rating`` and
-  ``PREFIX.test.negative`` (99 negatives per user, ids already 0-based):
+  ``PREFIX.test.negative`` (99 negatives per user, ids already 0-based). The ``.rating`` files have four
+  tab-separated fields (``user item rating timestamp``) or three (no timestamp, as DeepCF, DMF and ConvNCF publish
+  theirs: file order then stands for time):
 
       python convert.py --paper_split Data/ml-1m --output /data/cache/ml-1m-paper
 
@@ -82,7 +84,7 @@ class RawFormat:
     columns: Sequence[str]          # all columns of a line, in order
     user: str
     item: str
-    timestamp: str
+    timestamp: Optional[str]         # None: the layout has no time; the line number stands in (file order)
     rating: Optional[str] = None     # checked against ``rating_range`` when given (NCF itself ignores it)
     rating_range: Optional[tuple] = None   # (lowest, highest, step) the format allows
 
@@ -99,7 +101,35 @@ FORMATS = {
     # the NCF paper's *.rating files: user \t item \t rating \t timestamp, 0-based ids
     "paper-rating": RawFormat("paper-rating", "\t", False, ("user", "item", "rating", "timestamp"),
                               "user", "item", "timestamp"),
+    # the same without the timestamp, as DeepCF, DMF and ConvNCF publish their splits: file order stands for time
+    "paper-rating3": RawFormat("paper-rating3", "\t", False, ("user", "item", "rating"), "user", "item", None),
 }
+
+
+def paper_rating_format(path: str) -> str:
+    """``paper-rating`` or ``paper-rating3``: the layout of a paper's ``.rating`` file, from its first line's field
+    count (4: with a timestamp, 3: without). Later lines must match it (the reader names the first that does not)."""
+    text = _read_text_head(path)
+    first = next((line for line in text.splitlines() if line.strip()), None)
+    if first is None:
+        raise ConversionError(f"{path}: empty file")
+    count = len(first.rstrip("\r").split("\t"))
+    if count not in (3, 4):
+        raise ConversionError(f"{path}: line 1: expected 3 or 4 '\\t'-separated fields (user, item, rating[, "
+                              f"timestamp]), found {count}: {first!r}")
+    return "paper-rating" if count == 4 else "paper-rating3"
+
+
+def _read_text_head(path: str, size: int = 1 << 16) -> str:
+    """The first ``size`` bytes of ``path`` (also ``.gz``) as text: enough for a first line."""
+    if not os.path.isfile(path):
+        raise ConversionError(f"{path}: file not found")
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            return f.read(size).decode("latin-1")
+    except (OSError, EOFError) as err:
+        raise ConversionError(f"{path}: cannot read: {err}") from err
 
 
 def detect_format(path: str) -> str:
@@ -155,7 +185,7 @@ def read_ratings_columns(path: str, fmt: Optional[str] = None) -> dict:
     if fmt not in FORMATS:
         raise ConversionError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     spec = FORMATS[fmt]
-    ints = [spec.user, spec.item, spec.timestamp]
+    ints = [spec.user, spec.item] + ([spec.timestamp] if spec.timestamp else [])
     floats = [spec.rating] if spec.rating_range else []
     capacity = _row_capacity(path, len(spec.columns))
     columns = {"user": _GrowingColumn(capacity), "item": _GrowingColumn(capacity),
@@ -166,7 +196,9 @@ def read_ratings_columns(path: str, fmt: Optional[str] = None) -> dict:
             check_rating_range(path, first_line, spec.rating, batch[spec.rating], spec.rating_range, fmt,
                                error=ConversionError)
         for target, source in (("user", spec.user), ("item", spec.item), ("timestamp", spec.timestamp)):
-            columns[target].append(batch[source])
+            # no time column: the 0-based line number, so that "sorted by time" keeps file order
+            columns[target].append(batch[source] if source else
+                                   np.arange(first_line - 1, first_line - 1 + len(batch[spec.user])))
         del batch
     return {target: column.values() for target, column in columns.items()}
 
@@ -596,8 +628,12 @@ def read_paper_negatives(path: str) -> tuple:
 
 
 def convert_paper_split(prefix: str, ratings_path: Optional[str] = None, max_user: Optional[int] = None) -> Split:
-    """The NCF paper's split (see the module docstring)."""
-    test = read_ratings(prefix + ".test.rating", "paper-rating")
+    """The NCF paper's split (see the module docstring). The ``.rating`` files have four fields (``user item rating
+    timestamp``) or three (no timestamp: DeepCF's, DMF's, ConvNCF's files). The training rows come out in time order
+    (stable: file order where times tie or are absent), so a user's last training row is its latest one: the row
+    ``ncf.py`` holds out as the user's validation item."""
+    test_file = prefix + ".test.rating"
+    test = read_ratings(test_file, paper_rating_format(test_file))
     pairs, negatives = read_paper_negatives(prefix + ".test.negative")
     if len(pairs) != len(test) or not (np.array_equal(pairs[:, 0], test["user"].to_numpy())
                                        and np.array_equal(pairs[:, 1], test["item"].to_numpy())):
@@ -605,11 +641,13 @@ def convert_paper_split(prefix: str, ratings_path: Optional[str] = None, max_use
                               f"{prefix}.test.rating line for line")
     train_file = prefix + ".train.rating"
     if os.path.isfile(train_file):
-        train = read_ratings(train_file, "paper-rating")[["user", "item"]]
+        train = read_ratings(train_file, paper_rating_format(train_file))
+        train = train.iloc[np.argsort(train["timestamp"].to_numpy(), kind="stable")][["user", "item"]]
     elif ratings_path:
         raw = read_ratings(ratings_path, "ml-1m")
         items, _ = pd.factorize(raw["item"])  # the paper's item id: order of first appearance of the MovieID
-        train = pd.DataFrame({"user": raw["user"].to_numpy() - 1, "item": items.astype(np.int64)})
+        by_time = np.argsort(raw["timestamp"].to_numpy(), kind="stable")   # after the ids: they follow file order
+        train = pd.DataFrame({"user": raw["user"].to_numpy()[by_time] - 1, "item": items.astype(np.int64)[by_time]})
         if max_user is None:
             max_user = int(train["user"].max())
         train = train[train["user"] <= max_user]
