@@ -150,11 +150,13 @@ def check_checkpoint_dir(checkpoint_dir: str, rank: int, device: torch.device) -
 
 def training_state(config: Dict[str, Any], model: nn.Module, optimizer, scaler, epoch: int, seed: int,
                    best: Dict[str, Any], elapsed: float, time_to_target: Optional[float]) -> Dict[str, Any]:
-    """What a checkpoint holds after ``epoch`` (see the module docstring); ``best``: ``hr``, ``ndcg``, ``epoch``."""
+    """What a checkpoint holds after ``epoch`` (see the module docstring); ``best``: ``hr``, ``ndcg``, ``epoch`` (and
+    ``valid_hr``, the chosen epoch's validation HR, when choosing on validation)."""
     return {"format": CHECKPOINT_FORMAT, "config": config, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None,
             "epoch": epoch, "seed": seed, "best_hr": best["hr"], "best_ndcg": best["ndcg"],
-            "best_epoch": best["epoch"], "elapsed": elapsed, "time_to_target": time_to_target}
+            "best_epoch": best["epoch"], "best_valid_hr": best.get("valid_hr", -1.0), "elapsed": elapsed,
+            "time_to_target": time_to_target}
 
 
 def save_checkpoint(path: str, payload: Dict) -> None:

@@ -101,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gmf_dot_product", action="store_true",
                    help="With --model gmf: fix the predictor weights h to ones, making GMF the plain dot product "
                         "p_u . q_i + b (matrix factorisation, as Rendle et al. train it with SGD)")
+    p.add_argument("--select_on", choices=("auto", "validation", "test"), default="auto",
+                   help="How the best epoch (model.pth, the summary's best_hr) is chosen. validation: each user's "
+                        "latest training interaction is held out with sampled negatives (the NCF paper's protocol), "
+                        "the epoch with the best validation HR is kept, its test HR reported, and training stops "
+                        "after --early_stop_patience epochs without improvement; test: the best test HR, trained on "
+                        "every training row (NVIDIA's, for comparisons with their figures); auto: validation on "
+                        "CPU, test on GPU")
+    p.add_argument("--early_stop_patience", type=int, default=5,
+                   help="With --select_on validation: stop after this many epochs without a better validation HR "
+                        "(0: never)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
     return p
@@ -151,6 +161,8 @@ class NcfConfig:
     learning_rate_decay: float
     embedding_init_std: float
     gmf_dot_product: bool
+    select_on: str               # "validation" or "test" once settled ("auto" resolved by the device)
+    early_stop_patience: int
     local_rank: Optional[int]
     given_flags: FrozenSet[str] = frozenset()   # the flags the user typed (the CPU defaults leave these alone)
     cpu_defaults: Optional[str] = None          # the line saying what the CPU defaults chose (None: nothing)
@@ -173,7 +185,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
               (all(s > 0 for s in args.layers), "--layers must be positive"),
               (args.negative_samples >= 0, "--negative_samples must be >= 0"), (args.topk > 0, "--topk must be > 0"),
               (0 <= args.dropout < 1, "--dropout must be in [0, 1)"),
-              (args.grads_accumulated > 0, "--grads_accumulated must be > 0")]
+              (args.grads_accumulated > 0, "--grads_accumulated must be > 0"),
+              (args.early_stop_patience >= 0, "--early_stop_patience must be >= 0")]
     for ok, message in checks:
         if not ok:
             p.error(message)
@@ -242,12 +255,21 @@ def cpu_default_values(args: argparse.Namespace, given: Optional[FrozenSet[str]]
     return {"batch_size": batch, "learning_rate": lr}, f"ncf.py: CPU defaults: {reason}. Pass -b (and -l) to choose."
 
 
+def selection_protocol(select_on: str, device: torch.device) -> str:
+    """``--select_on auto``: "validation" on CPU (the protocol a user's own data needs: no test peeking), "test" on
+    a GPU (NVIDIA's, whose published figures are best-of-test)."""
+    if select_on != "auto":
+        return select_on
+    return "validation" if device.type == "cpu" else "test"
+
+
 def settle(args: argparse.Namespace, given: Optional[FrozenSet[str]], device: torch.device, train_rows: int,
            seed: Optional[int] = None, memory_bytes: Optional[int] = None) -> NcfConfig:
     """The run's :class:`NcfConfig`: the flags, with the CPU defaults (:func:`cpu_default_values`) and ``seed`` (the
     resumed run's, when ``--seed`` was not given) in place."""
     chosen, line = cpu_default_values(args, given, device, train_rows, memory_bytes)
-    values = dict(vars(args), layers=tuple(args.layers), **chosen)
+    values = dict(vars(args), layers=tuple(args.layers), select_on=selection_protocol(args.select_on, device),
+                  **chosen)
     if seed is not None:
         values["seed"] = seed
     return NcfConfig(**values, given_flags=frozenset(given or ()), cpu_defaults=line)

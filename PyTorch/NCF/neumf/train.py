@@ -34,7 +34,7 @@ from recsys_common.machine import glibc_malloc_options
 from .checkpointing import (CheckpointError, Checkpoints, check_config, load_model_weights, model_config,
                             read_checkpoint, training_state)
 from .cli import ConfigurationError, NcfConfig, build_parser, given_flags, parse_args, settle
-from .data import DatasetError, EvalSet, NCFData, TrainEpochs, load_dataset
+from .data import DatasetError, EvalSet, NCFData, TrainEpochs, hold_out_validation, load_dataset
 from .distributed import agree_on_seed, all_reduce_sum, init_distributed, shutdown_distributed
 from .evaluation import check_topk, evaluate
 from .model import build_model, fix_gmf_predictor, neumf_state_from_pretrained
@@ -206,7 +206,8 @@ def train_epoch(model: nn.Module, optimizer, scaler, autocast, batches, grads_ac
 class Progress:
     """Where training stands after an epoch: what a checkpoint saves and a resume restores."""
     start_epoch: int = 0
-    best: Dict = dataclasses.field(default_factory=lambda: {"hr": -1.0, "ndcg": 0.0, "epoch": -1})
+    # the chosen epoch: its test HR/NDCG and, when choosing on validation, its validation HR (what is compared)
+    best: Dict = dataclasses.field(default_factory=lambda: {"hr": -1.0, "ndcg": 0.0, "epoch": -1, "valid_hr": -1.0})
     elapsed: float = 0.0
     time_to_target: Optional[float] = None
 
@@ -267,7 +268,8 @@ def restore(resume_state: Dict, path: str, architecture: Dict, model: nn.Module,
         scaler.load_state_dict(resume_state["scaler"])
     return Progress(start_epoch=int(resume_state["epoch"]) + 1,
                     best={"hr": float(resume_state["best_hr"]), "ndcg": float(resume_state["best_ndcg"]),
-                          "epoch": int(resume_state["best_epoch"])},
+                          "epoch": int(resume_state["best_epoch"]),
+                          "valid_hr": float(resume_state.get("best_valid_hr", -1.0))},
                     elapsed=float(resume_state["elapsed"]), time_to_target=resume_state.get("time_to_target"))
 
 
@@ -317,6 +319,7 @@ class Trainer:
     rank: int
     world_size: int
     device: torch.device
+    valid: Optional[EvalSet] = None   # the held-out validation series (--select_on validation), else None
 
 
 def train_one_epoch(t: Trainer, train: TrainEpochs, test: EvalSet, batch_loss, epoch: int, progress: Progress,
@@ -337,12 +340,15 @@ def train_one_epoch(t: Trainer, train: TrainEpochs, test: EvalSet, batch_loss, e
         raise TrainingDivergedError(message) from None
     synchronize(t.device); train_time = time.perf_counter() - t0
     metrics = evaluate(t.model, test, config.topk, config.valid_batch_size, t.autocast)  # the module: no DDP hooks
+    validation = evaluate(t.model, t.valid, config.topk, config.valid_batch_size, t.autocast) if t.valid else None
     synchronize(t.device); eval_time = time.perf_counter() - t0 - train_time
     loss = all_reduce_sum([loss], t.device)[0] / t.world_size
     record = {"epoch": epoch, f"hr@{config.topk}": metrics["hr"], f"ndcg@{config.topk}": metrics["ndcg"],
               "loss": loss, "val_loss": metrics["val_loss"], "train_throughput": train.rows_per_epoch / train_time,
               "eval_throughput": metrics["eval_rows"] / eval_time, "epoch_time": train_time + eval_time,
               "train_epoch_time": train_time, "validation_epoch_time": eval_time}
+    if validation is not None:
+        record.update({f"valid_hr@{config.topk}": validation["hr"], f"valid_ndcg@{config.topk}": validation["ndcg"]})
     if metrics["nan_users"]:  # counted as misses; said out loud, since a finite loss rarely gives NaN scores
         record["eval_nan_users"] = metrics["nan_users"]
     t.logger.log(step=(epoch,), data=record)
@@ -356,25 +362,52 @@ def train_epochs(t: Trainer, train: TrainEpochs, test: EvalSet, progress: Progre
                                                                            config.l2_embedding)
     steps_per_epoch = -(-train.steps_per_epoch // config.grads_accumulated)  # optimizer steps
     best_train_tp, best_eval_tp, last = 0.0, 0.0, {}
+    patience = config.early_stop_patience if t.valid is not None else 0
     for epoch in range(progress.start_epoch, config.epochs):
+        if patience and progress.best["epoch"] >= 0 and epoch - progress.best["epoch"] > patience:
+            break   # from the best epoch alone, so a resumed run stops where the uninterrupted one would
         last = train_one_epoch(t, train, test, batch_loss, epoch, progress, steps_per_epoch)
         hr = last[f"hr@{config.topk}"]
         best_train_tp = max(best_train_tp, last["train_throughput"])
         best_eval_tp = max(best_eval_tp, last["eval_throughput"])
         progress.elapsed += last["epoch_time"]
-        improved = hr > progress.best["hr"]
+        improved = chosen_improves(t, last, progress.best)
         if improved:
-            progress.best = {"hr": hr, "ndcg": last[f"ndcg@{config.topk}"], "epoch": epoch}
+            progress.best = {"hr": hr, "ndcg": last[f"ndcg@{config.topk}"], "epoch": epoch,
+                             "valid_hr": last.get(f"valid_hr@{config.topk}", -1.0)}
         if progress.time_to_target is None and hr >= config.threshold:
             progress.time_to_target = progress.elapsed
         t.checkpoints.save(training_state(t.architecture, t.model, t.optimizer, t.scaler, epoch, t.seed,
                                           progress.best, progress.elapsed, progress.time_to_target), improved)
         if hr >= config.threshold:
             break
-    return {f"best_hr@{config.topk}": progress.best["hr"], f"best_ndcg@{config.topk}": progress.best["ndcg"],
-            "best_epoch": progress.best["epoch"], "time_to_target": progress.time_to_target,
-            "total_time": progress.elapsed, "best_train_throughput": best_train_tp,
-            "best_eval_throughput": best_eval_tp, "last": last, "seed": t.seed}
+    summary = {f"best_hr@{config.topk}": progress.best["hr"], f"best_ndcg@{config.topk}": progress.best["ndcg"],
+               "best_epoch": progress.best["epoch"], "selected_on": "validation" if t.valid else "test",
+               "time_to_target": progress.time_to_target, "total_time": progress.elapsed,
+               "best_train_throughput": best_train_tp, "best_eval_throughput": best_eval_tp, "last": last,
+               "seed": t.seed}
+    if t.valid is not None:
+        summary[f"best_valid_hr@{config.topk}"] = progress.best["valid_hr"]
+    return summary
+
+
+def chosen_improves(t: Trainer, record: Dict, best: Dict) -> bool:
+    """Whether this epoch beats the chosen one: on validation HR (``t.valid``), else on test HR (NVIDIA's)."""
+    if t.valid is not None:
+        return record[f"valid_hr@{t.config.topk}"] > best["valid_hr"]
+    return record[f"hr@{t.config.topk}"] > best["hr"]
+
+
+def validation_split(config: NcfConfig, data: NCFData, rank: int, world_size: int, device: torch.device):
+    """``(data to train on, validation EvalSet or None)``: with ``--select_on validation`` (training only), each
+    user's latest training row held out (:func:`neumf.data.hold_out_validation`); else the data as it is."""
+    if config.select_on != "validation" or config.mode != "train":
+        return data, None
+    training, validation = hold_out_validation(data)
+    if len(validation.test_users) == 0:
+        raise ConfigurationError(f"{config.data}: --select_on validation: no user has two training rows to hold one "
+                                 f"out; pass --select_on test")
+    return training, EvalSet(validation, rank, world_size, device)
 
 
 def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
@@ -396,6 +429,7 @@ def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
                       num_users=data.num_users, num_items=data.num_items, train_positives=len(data.train_users),
                       test_samples_per_series=data.samples_per_series)
     test = EvalSet(data, rank, world_size, device)
+    data, valid = validation_split(config, data, rank, world_size, device)
     try:
         if config.mode == "test":
             return test_only(config, model, test, autocast, device, logger)
@@ -404,7 +438,7 @@ def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
         train = TrainEpochs(data.train_users, data.train_items, data.num_items, config.negative_samples,
                             config.batch_size, rank, world_size, device, exclude_positives=config.exclude_positives)
         trainer = Trainer(config, model, ddp_model, optimizer, scaler, autocast, architecture, checkpoints, logger,
-                          seed, rank, world_size, device)
+                          seed, rank, world_size, device, valid)
         summary = train_epochs(trainer, train, test, progress)
         logger.log_summary(summary)
     finally:

@@ -16,6 +16,7 @@ The whole dataset lives on the training device (GPU memory, or host memory on CP
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Dict, Iterator, Tuple
@@ -141,6 +142,50 @@ def load_dataset(data_dir: str, feature_spec_file: str = "feature_spec.yaml") ->
                            f"mixes users: each series must be one user's candidates")
     return NCFData(train[user].astype(np.int64), train[item].astype(np.int64), test[user].astype(np.int64),
                    test[item].astype(np.int64), test[label].astype(np.float32), num_users, num_items, samples)
+
+
+VALIDATION_SEED = 20170403   # fixed: the validation split is a property of the dataset, the same for every run
+
+
+def hold_out_validation(data: NCFData, seed: int = VALIDATION_SEED) -> Tuple[NCFData, NCFData]:
+    """The NCF paper's protocol on any converted dataset: ``(training view, validation view)``.
+
+    Each user's last training row (file order: ``convert.py`` writes the training rows in time order, so it is the
+    user's latest training interaction when the raw data had timestamps; for files without them, such as three-field
+    paper splits, file order stands for time) leaves the training rows and becomes the user's validation positive,
+    with ``samples_per_series - 1`` negatives drawn uniformly, with replacement, among the items the user has
+    neither a training interaction with nor as its test positive (the same shape as the test series). Users with a
+    single training row keep it for training and have no validation series. The split depends on ``seed`` only (a
+    constant by default), so every run, and every rank, sees the same one. Both views share the item and user
+    counts; the validation view holds the validation series in its ``test_*`` arrays.
+    """
+    users, items = data.train_users, data.train_items
+    n = len(users)
+    last_seen, reversed_first = np.unique(users[::-1], return_index=True)
+    last_row = n - 1 - reversed_first                        # each user's last training row, by user
+    counts = np.bincount(users, minlength=data.num_users)[last_seen]
+    known = np.unique(np.concatenate([users * data.num_items + items,
+                                      data.test_users[data.test_labels == 1] * data.num_items
+                                      + data.test_items[data.test_labels == 1]]))
+    per_user_known = np.bincount(known // data.num_items, minlength=data.num_users)[last_seen]
+    negatives = data.samples_per_series - 1
+    eligible = (counts >= 2) & (per_user_known < data.num_items)   # something left to train on and to draw
+    held_rows, valid_users = last_row[eligible], last_seen[eligible]
+    keep = np.ones(n, dtype=bool)
+    keep[held_rows] = False
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, data.num_items, size=(len(valid_users), negatives), dtype=np.int64)
+    todo = np.isin(valid_users[:, None] * data.num_items + drawn, known)
+    while todo.any():   # rejection: redraw the draws that hit a known positive (rare on sparse data)
+        drawn[todo] = rng.integers(0, data.num_items, size=int(todo.sum()), dtype=np.int64)
+        todo[todo] = np.isin(valid_users[np.nonzero(todo)[0]] * data.num_items + drawn[todo], known)
+    candidates = np.concatenate([items[held_rows][:, None], drawn], axis=1)
+    labels = np.zeros(candidates.shape, dtype=np.float32)
+    labels[:, 0] = 1.0
+    training = dataclasses.replace(data, train_users=users[keep], train_items=items[keep])
+    validation = dataclasses.replace(training, test_users=np.repeat(valid_users, data.samples_per_series),
+                                     test_items=candidates.reshape(-1), test_labels=labels.reshape(-1))
+    return training, validation
 
 
 def shard_bounds(total: int, rank: int, world_size: int) -> Tuple[int, int]:
