@@ -20,6 +20,9 @@
 #      ncf.py keep working from each recipe directory without it);
 #   7b. Triton's perf_analyzer into <venv>/opt/perf_analyzer (ci/install_perf_analyzer.sh: the binary from the
 #      tritonclient 2.35.0 wheel, libcudart from nvidia-cuda-runtime-cu12; libb64-0d comes from step 0);
+#   7c. a real Triton server (2.51, Python backend) into <venv>/opt/tritonserver (ci/install_tritonserver.sh: the
+#      tritonserver binary of the nvidia-pytriton 0.7.0 wheel, and a numpy 1.26 environment for its Python stub);
+#      recsys_common.serving.triton_server starts it;
 #   8. an import check of the whole stack, then a stamp file.
 # NVTabular is not in this environment: ci/setup_nvtabular_env.sh (make setup-nvtabular) builds its own.
 #
@@ -57,7 +60,7 @@ done
 
 stamp_hash() {
   cat "${BASH_SOURCE[0]}" "$CONSTRAINTS" "$REQS" "$REQS_NODEPS" "${PYPROJECTS[@]}" \
-      "$REPO/ci/install_perf_analyzer.sh" \
+      "$REPO/ci/install_perf_analyzer.sh" "$REPO/ci/install_tritonserver.sh" \
     | sha256sum | cut -d' ' -f1
 }
 WANT_STAMP="$(stamp_hash)"
@@ -134,6 +137,10 @@ pip_install --no-deps --no-build-isolation "${EDITABLE[@]}"
 # --- 7b. perf_analyzer (never fails the setup; it says what is missing) ------------------------
 step "Triton perf_analyzer (tritonclient 2.35.0 wheel) into $VENV/opt/perf_analyzer"
 bash "$REPO/ci/install_perf_analyzer.sh" "$PY"
+
+# --- 7c. tritonserver (never fails the setup; it says what is missing) ---------------------------------
+step "Triton Inference Server (nvidia-pytriton 0.7.0 wheel) into $VENV/opt/tritonserver"
+bash "$REPO/ci/install_tritonserver.sh" "$PY"
 
 # --- 8. check -------------------------------------------------------------------------------
 step "checking the stack imports with the pinned versions"

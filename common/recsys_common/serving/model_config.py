@@ -36,6 +36,8 @@ PLATFORM_MODEL_FILES = {
     "tensorflow_savedmodel": "model.savedmodel",
     "ensemble": None,   # an ensemble's version directory exists but holds no model file
 }
+#: The file a version directory holds for a model with ``backend`` set (and no platform).
+BACKEND_MODEL_FILES = {"python": "model.py"}
 
 CONFIG_NAME = "config.pbtxt"
 
@@ -101,12 +103,13 @@ def model_config_text(name: str, platform: str, inputs: Sequence[TensorSpec], ou
                       max_batch_size: int, *, dynamic_batching_delay_us: Optional[int] = None,
                       preferred_batch_sizes: Optional[Sequence[int]] = None, instance_count: int = 1,
                       instance_kind: str = "KIND_CPU", ensemble_steps: Optional[Sequence[EnsembleStep]] = None,
-                      parameters: Optional[Mapping[str, str]] = None) -> str:
+                      parameters: Optional[Mapping[str, str]] = None, backend: Optional[str] = None) -> str:
     """The text of a ``config.pbtxt`` (a ``inference.ModelConfig`` in protobuf text format).
 
     Args:
         name: the model name (must equal its directory name in the repository).
-        platform: "onnxruntime_onnx", "pytorch_libtorch", "tensorflow_savedmodel" or "ensemble".
+        platform: "onnxruntime_onnx", "pytorch_libtorch", "tensorflow_savedmodel" or "ensemble"; "" with ``backend``.
+        backend: "python" (Triton's Python backend: ``<version>/model.py``) instead of a platform.
         inputs, outputs: ``TensorSpec``s, dims without the batch dimension.
         max_batch_size: > 0 (the batch dimension is implicit), or 0 for a model without batching.
         dynamic_batching_delay_us: ``None``: no dynamic batching; otherwise Triton's ``max_queue_delay_microseconds``.
@@ -117,13 +120,16 @@ def model_config_text(name: str, platform: str, inputs: Sequence[TensorSpec], ou
     Returns: the text, ending with a newline.
     """
     pb2 = _pb2()
-    if platform not in PLATFORM_MODEL_FILES:
+    if backend is not None and (platform or backend not in BACKEND_MODEL_FILES):
+        raise ModelConfigError(f"model {name!r}: backend {backend!r} with platform {platform!r}: give a backend of "
+                               f"{sorted(BACKEND_MODEL_FILES)} and no platform")
+    if backend is None and platform not in PLATFORM_MODEL_FILES:
         raise ModelConfigError(f"model {name!r}: platform {platform!r} is not one of {sorted(PLATFORM_MODEL_FILES)}")
     if max_batch_size < 0:
         raise ModelConfigError(f"model {name!r}: max_batch_size must be >= 0, got {max_batch_size}")
     if not inputs or not outputs:
         raise ModelConfigError(f"model {name!r}: a model needs at least one input and one output")
-    config = pb2.ModelConfig(name=name, platform=platform, max_batch_size=int(max_batch_size))
+    config = pb2.ModelConfig(name=name, platform=platform, backend=backend or "", max_batch_size=int(max_batch_size))
     for spec in inputs:
         _tensor(config.input.add(), spec, pb2)
     for spec in outputs:
@@ -189,7 +195,12 @@ def version_directories(model_dir: str) -> List[int]:
 
 def model_file_name(config) -> Optional[str]:
     """The file the version directories of ``config``'s model must hold (``default_model_filename`` or Triton's
-    default for the platform; None for an ensemble)."""
+    default for the platform or backend; None for an ensemble)."""
+    if config.backend and not config.platform:
+        if config.backend not in BACKEND_MODEL_FILES:
+            raise ModelConfigError(f"model {config.name!r}: backend {config.backend!r} is not one of "
+                                   f"{sorted(BACKEND_MODEL_FILES)}")
+        return config.default_model_filename or BACKEND_MODEL_FILES[config.backend]
     if config.platform not in PLATFORM_MODEL_FILES:
         raise ModelConfigError(f"model {config.name!r}: platform {config.platform!r} is not one of "
                                f"{sorted(PLATFORM_MODEL_FILES)}")
@@ -236,7 +247,7 @@ def check_model_directory(model_dir: str):
                 raise ModelConfigError(f"{path}: missing SavedModel (no saved_model.pb) for platform "
                                        f"'tensorflow_savedmodel'")
         elif not os.path.isfile(path) or os.path.getsize(path) == 0:
-            raise ModelConfigError(f"{path}: missing or empty model file for platform {config.platform!r}")
+            raise ModelConfigError(f"{path}: missing or empty model file for {config.platform or config.backend!r}")
     if config.platform == "ensemble":
         _check_ensemble(config, where)
     return config
