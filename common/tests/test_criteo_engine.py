@@ -80,6 +80,15 @@ def tree_bytes(root):
     return out
 
 
+def saved_dictionaries(root):
+    """A dataset's saved dictionaries: {file: rows} for each ``dictionaries/<i>.parquet``, and the rule's text."""
+    directory = os.path.join(root, "dictionaries")
+    out = {name: pl.read_parquet(os.path.join(directory, name)).rows()
+           for name in sorted(os.listdir(directory)) if name.endswith(".parquet")}
+    out["criteo.json"] = open(os.path.join(directory, "criteo.json"), encoding="utf-8").read()
+    return out
+
+
 # ------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def spark():
@@ -129,6 +138,10 @@ def test_engine_output_is_byte_identical_to_the_spark_path(spark, tmp_path, case
     assert sum(sum(m.values()) for m in ours["rows_malformed"].values()) >= 8   # the injected rows were seen
     expected, got = tree_bytes(spark_binary), tree_bytes(tmp_path / "ours")
     assert len(expected) == 3 * 28 + 1 and got == expected
+    # Both engines save the same dictionaries (content and layout), one table per column, ids dense from 2.
+    ours_dictionaries = saved_dictionaries(tmp_path / "ours")
+    assert ours_dictionaries == saved_dictionaries(spark_binary) and len(ours_dictionaries) == 27
+    assert [len(ours_dictionaries[f"{i}.parquet"]) + 2 for i in range(26)] == ours["cardinalities"]
     assert {(e["file"], e["line"], e["reason"]) for e in ours["malformed_examples"]} >= {
         (e["file"], e["line"], e["reason"]) for e in spark_report["malformed_examples"]} - set() or True
 

@@ -214,6 +214,29 @@ def test_kaggle_dictionaries_and_train_rows(kaggle_1999):
     np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], expected[np.lexsort(expected.T[::-1])])
 
 
+def test_both_engines_save_equal_dictionaries_of_the_real_sample(kaggle_1999, tmp_path):
+    """The single-machine engine on the same 1999 real rows and flags saves the Spark path's dictionaries, and they
+    are the independent reading's (train rows, frequency limit 2)."""
+    import polars as pl
+    from recsys_common.criteo import polars_preprocess
+    from recsys_common.criteo.dictionaries import load_criteo_rule, load_dictionaries
+    raw, report, spec, out = kaggle_1999
+    spark_dataset = spec.base_directory
+    polars_preprocess.main(["--input_path", os.path.join(os.path.dirname(out), "in"),
+                            "--output_path", str(tmp_path / "ours"), "--frequency_limit", "2",
+                            "--dictionary_source", "train"])
+    for i in range(N_CAT):
+        name = os.path.join("dictionaries", f"{i}.parquet")
+        ours = pl.read_parquet(tmp_path / "ours" / name)
+        assert ours.equals(pl.read_parquet(os.path.join(spark_dataset, name))), name
+        assert ours.schema == {"value": pl.Utf8, "count": pl.UInt64, "id": pl.Int64}
+    assert load_criteo_rule(str(tmp_path / "ours")) == load_criteo_rule(spark_dataset)
+    assert load_criteo_rule(spark_dataset)["frequency_limit"] == 2
+    expected = expected_dictionaries(raw[:1714], 2)
+    saved = load_dictionaries(spark_dataset, N_CAT)
+    assert [dict(zip(d["value"].to_list(), d["id"].to_list())) for d in saved] == expected
+
+
 # ------------------------------------------------------------------------------------------- stripped trailing tabs
 def test_stripped_rows_are_padded_and_agree_with_full_rows(terabyte_stripped):
     report, spec, _ = terabyte_stripped

@@ -9,15 +9,33 @@ both give byte-identical output): per column, values seen at least ``max(frequen
     counts = merge_counts([pl.DataFrame({"value": ["a", "b", "a"], "count": [1, 1, 1]})])
     dictionary = build_dictionary(counts, frequency_limit=2)    # value "a" -> id 2
     ids = DictionaryLookup(dictionary).ids(pl.Series(["a", "b", "zz"]))   # [2, 1, 1]
+
+Saved with a prepared dataset (``save_dictionaries``; both Criteo engines and ``recsys_common.prepare_clicks``), so
+that raw values met later (a served request, ``recsys_common.serving.raw_features``) map exactly as in training::
+
+    dictionaries/<i>.parquet      value (string), count (uint64), id (int64) of categorical feature i, by id
+    dictionaries/criteo.json      (Criteo datasets) the rule: frequency limit, ids, raw columns, integer transform
 """
 from __future__ import annotations
 
-from typing import Iterable
+import json
+import os
+from typing import Any, Dict, Iterable, List
 
 import numpy as np
 import polars as pl
 
-from . import FIRST_FREQUENT_ID, RARE_ID
+from . import (CATEGORICAL_COLUMNS, FIRST_FREQUENT_ID, MISSING_ID, NUM_CATEGORICAL, NUM_NUMERICAL, NUMERICAL_COLUMNS,
+               RARE_ID)
+from .layout import CriteoInputError
+from ..io import atomic_write_text
+
+DICTIONARY_DIRECTORY = "dictionaries"
+CRITEO_RULE_FILE = "criteo.json"
+_RULE_FORMAT = "recsys_common.criteo.dictionaries/1"
+# The integer features' transform, as both engines compute it (``polars_preprocess.log_numerical``): the raw
+# request path reads this text back and refuses a dataset that says something else.
+NUMERICAL_TRANSFORM = "log(double(x) + 3) -> float32 -> float16 for x > -3, else 0; missing -> 0"
 
 # Polars' hash is deterministic for a given seed within one Polars version; it is only used inside one process.
 _HASH_SEED = 0x5EED
@@ -80,3 +98,76 @@ class DictionaryLookup:
             joined = frame.join(self._dictionary, on="value", how="inner")
             out[joined["_i"].to_numpy()] = joined["id"].to_numpy()
         return out
+
+
+def dictionary_path(dataset: str, index: int) -> str:
+    """``dataset/dictionaries/<index>.parquet``: categorical feature ``index``'s value -> id table."""
+    return os.path.join(dataset, DICTIONARY_DIRECTORY, f"{int(index)}.parquet")
+
+
+def save_dictionary(dictionary: pl.DataFrame, path: str) -> None:
+    """One dictionary (``value, count, id``, any integer types) as ``value`` Utf8, ``count`` UInt64, ``id`` Int64,
+    rows by id: the one layout every engine writes, so two engines' files compare equal as tables."""
+    frame = dictionary.select(pl.col("value").cast(pl.Utf8), pl.col("count").cast(pl.UInt64),
+                              pl.col("id").cast(pl.Int64)).sort("id")
+    frame.write_parquet(path)
+
+
+def criteo_rule(frequency_limit: int, dictionary_source: str) -> Dict[str, Any]:
+    """What ``dictionaries/criteo.json`` says: everything besides the tables that maps a raw Criteo row to ids.
+    Both engines write exactly this (no engine name, no time), so their files are equal."""
+    return {
+        "format": _RULE_FORMAT,
+        "frequency_limit": int(frequency_limit), "dictionary_source": dictionary_source,
+        "ids": {"missing": MISSING_ID, "rare_or_unseen": RARE_ID, "first_frequent": FIRST_FREQUENT_ID},
+        "numerical": {"raw_columns": [f"I{i + 1}" for i in range(NUM_NUMERICAL)], "features": NUMERICAL_COLUMNS,
+                      "transform": NUMERICAL_TRANSFORM},
+        "categorical": {"raw_columns": [f"C{i + 1}" for i in range(NUM_CATEGORICAL)], "features": CATEGORICAL_COLUMNS,
+                        "files": [f"{i}.parquet" for i in range(NUM_CATEGORICAL)]},
+    }
+
+
+def save_criteo_rule(directory: str, frequency_limit: int, dictionary_source: str) -> None:
+    """``directory/criteo.json`` (``directory`` is a dataset's ``dictionaries/``), written atomically."""
+    atomic_write_text(os.path.join(directory, CRITEO_RULE_FILE),
+                      json.dumps(criteo_rule(frequency_limit, dictionary_source), indent=1) + "\n")
+
+
+def load_criteo_rule(dataset: str) -> Dict[str, Any]:
+    """A Criteo dataset's ``dictionaries/criteo.json``, checked: a clear error naming the file when it is missing
+    (a dataset written before the engines saved their dictionaries) or describes another rule."""
+    path = os.path.join(dataset, DICTIONARY_DIRECTORY, CRITEO_RULE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            rule = json.load(f)
+    except FileNotFoundError:
+        raise CriteoInputError(f"{path}: not found; {dataset} has no saved dictionaries (prepare it again with "
+                                    f"recsys_common.criteo.polars_preprocess, or spark_preprocess + "
+                                    f"to_split_binary, of this version)") from None
+    except (OSError, ValueError) as e:
+        raise CriteoInputError(f"{path}: cannot read: {e}") from None
+    expected = criteo_rule(rule.get("frequency_limit", 0) if isinstance(rule, dict) else 0,
+                           rule.get("dictionary_source", "") if isinstance(rule, dict) else "")
+    if rule != expected:
+        raise CriteoInputError(f"{path}: not the rule this version maps raw values with ({_RULE_FORMAT}, "
+                                    f"transform {NUMERICAL_TRANSFORM!r}); prepare the dataset again")
+    return rule
+
+
+def load_dictionaries(dataset: str, count: int) -> List[pl.DataFrame]:
+    """The ``count`` saved dictionaries of ``dataset`` (``value, count, id``), each checked to number its values
+    ``FIRST_FREQUENT_ID, ...`` densely (a file that does not is refused, naming it)."""
+    out = []
+    for i in range(count):
+        path = dictionary_path(dataset, i)
+        try:
+            frame = pl.read_parquet(path, columns=["value", "id"])
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise CriteoInputError(f"{path}: cannot read dictionary {i}: {e}") from None
+        ids = frame["id"].to_numpy()
+        if not np.array_equal(ids, np.arange(FIRST_FREQUENT_ID, FIRST_FREQUENT_ID + len(ids))) \
+                or frame["value"].null_count() or frame["value"].n_unique() != frame.height:
+            raise CriteoInputError(f"{path}: not a dictionary (ids must be {FIRST_FREQUENT_ID}, "
+                                        f"{FIRST_FREQUENT_ID + 1}, ... in order; values distinct, none missing)")
+        out.append(frame)
+    return out

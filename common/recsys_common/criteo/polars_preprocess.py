@@ -20,7 +20,9 @@ per core); the train shuffle holds at most ``--shuffle_memory_mb``. Peak memory 
    else in ``<work>/files/<n>/chunk_<k>.*``; sum the value counts per file (``counts.parquet``). Pass 2 never reads
    the text again.
 2. *Dictionaries*: sum the files' counts per column (Polars lazy scan + group-by), keep values seen at least
-   ``--frequency_limit`` times (``dictionaries.build_dictionary``).
+   ``--frequency_limit`` times (``dictionaries.build_dictionary``). They are saved with the dataset
+   (``dictionaries/<i>.parquet`` and ``dictionaries/criteo.json``, as the Spark path's ``to_split_binary`` saves
+   them), so that raw values sent later map as in training (``recsys_common.serving.raw_features``).
 3. *Map and write*: per chunk, look up its distinct values (not its rows) in the dictionaries and write each split's
    ``label.bin``, ``numerical.bin``, ``cat_<i>.bin``. Train rows with ``--train_ordering random``: when they fit
    ``--shuffle_memory_mb``, they are held in memory and written once, permuted; otherwise they go to bucket files
@@ -1315,12 +1317,30 @@ def _finish_train(r: _Run, out: _Outputs, info: Dict[str, Any], report: Dict[str
             raise CriteoPreprocessError(f"internal: wrote {rows} {s} rows, expected {report['rows_written'][s]}")
 
 
+def _save_dictionaries(work: str, dictionaries) -> None:
+    """The dictionaries, already built and held, written to ``<work>/dictionaries/<i>.parquet`` (moved into the
+    output by ``_publish``), so that raw values can be mapped later as in training. Written again on a resumed run
+    (the dictionaries are rebuilt from the saved counts each time)."""
+    from .dictionaries import DICTIONARY_DIRECTORY, save_dictionary
+    directory = os.path.join(work, DICTIONARY_DIRECTORY)
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)
+    os.makedirs(directory)
+    for i, dictionary in enumerate(dictionaries):
+        save_dictionary(dictionary, os.path.join(directory, f"{i}.parquet"))
+
+
 def _publish(r: _Run, out: _Outputs, report: Dict[str, Any], cardinalities: List[int]) -> None:
-    """Everything lands in --output_path at once; feature_spec.yaml (the marker) last. The work directory goes."""
+    """Everything lands in --output_path at once (the splits, the saved dictionaries and their rule, the report);
+    feature_spec.yaml (the marker) last. The work directory goes."""
+    from .dictionaries import DICTIONARY_DIRECTORY, save_criteo_rule
     args = r.args
     with atomic_directory(args.output_path, overwrite=args.overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         for s in SPLITS:
             os.replace(os.path.join(out.directory, s), os.path.join(tmp, s))
+        saved = os.path.join(tmp, DICTIONARY_DIRECTORY)
+        os.replace(os.path.join(r.work, DICTIONARY_DIRECTORY), saved)
+        save_criteo_rule(saved, args.frequency_limit, args.dictionary_source)
         final = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, cardinalities, mappings=SPLITS,
                                                      base_directory=tmp)
         final.metadata = dataset_metadata(report, {s: report["rows_written"][s] for s in SPLITS})
@@ -1340,6 +1360,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     report["cardinalities"] = cardinalities
     print(f"[criteo] {time.time() - r.started:7.1f} s  dictionaries: cardinalities {cardinalities}; "
           f"{_peak_rss_note()}", flush=True)
+    _save_dictionaries(r.work, dictionaries)
     lookups = [ColumnLookup(d) for d in dictionaries]
     del dictionaries
     out = _open_outputs(r, report, cardinalities)

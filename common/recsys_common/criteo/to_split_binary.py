@@ -9,6 +9,8 @@ Reads ``INPUT/{train,test,validation}/part-*.parquet`` (in file-name order, whic
     OUTPUT/<split>/label.bin                     bool, 1 byte per row
     OUTPUT/<split>/numerical.bin                 float16, 13 per row, row-major
     OUTPUT/<split>/cat_<i>.bin                   int8/int16/int32, the smallest that holds cardinality i
+    OUTPUT/dictionaries/<i>.parquet, criteo.json  the Spark job's dictionaries (``INPUT/models``) in the layout the
+                                                 single-machine engine saves them (``dictionaries.save_dictionary``)
 
 through ``recsys_common.datasets.DatasetWriter`` (files renamed into place only when complete) and
 ``recsys_common.io.atomic_directory`` (a non-empty ``--output`` is refused unless ``--overwrite``, which replaces only
@@ -132,6 +134,25 @@ def dataset_metadata(report: dict, rows: Dict[str, int]) -> dict:
     }
 
 
+def copy_dictionaries(input_dir: str, output_dir: str, report: dict) -> bool:
+    """``INPUT/models`` (the Spark job's ``column, value, count, id``) -> ``OUTPUT/dictionaries/<i>.parquet`` and
+    ``criteo.json``, the content and layout ``polars_preprocess`` saves, one column in memory at a time. Returns
+    False (nothing written) for a Spark output without dictionaries (one written before the job kept them)."""
+    import polars as pl
+    from .dictionaries import DICTIONARY_DIRECTORY, save_criteo_rule, save_dictionary
+    files = sorted(glob.glob(os.path.join(input_dir, "models", "*.parquet")))
+    if not files or "frequency_limit" not in report:
+        return False
+    target = os.path.join(output_dir, DICTIONARY_DIRECTORY)
+    os.makedirs(target)
+    scan = pl.scan_parquet(files)
+    for i in range(NUM_CATEGORICAL):
+        dictionary = scan.filter(pl.col("column") == i).select("value", "count", "id").collect()
+        save_dictionary(dictionary, os.path.join(target, f"{i}.parquet"))
+    save_criteo_rule(target, report["frequency_limit"], report["dictionary_source"])
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recsys_common.criteo.to_split_binary",
                                      description="Spark parquet output -> split-binary dataset with feature_spec.yaml",
@@ -174,6 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> FeatureSpec:
                                       f"report says {expected}")
             print(f"[criteo] {split}: {rows[split]} rows", flush=True)
         spec.metadata = dataset_metadata(report, rows)
+        if not copy_dictionaries(args.input, tmp, report):
+            print(f"[criteo] {args.input} has no dictionaries (models/ and preprocess_report.json): the dataset "
+                  f"trains, but raw feature values cannot be mapped for serving", flush=True)
         spec.to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     print(f"[criteo] wrote {args.output} in {time.time() - started:.1f} s", flush=True)
     return FeatureSpec.from_yaml(os.path.join(args.output, "feature_spec.yaml"))
