@@ -64,7 +64,12 @@ def test_written_dataset_round_trips_through_the_feature_spec(udata, tmp_path):
     np.testing.assert_array_equal(data.test_items.reshape(-1, 5), split.test_candidates)
     assert data.test_labels.reshape(-1, 5)[:, 0].tolist() == [1, 1, 1]
     visible = sorted(f for f in os.listdir(out) if not f.startswith("."))  # .recsys_outputs.json: who wrote what
-    assert visible == ["feature_spec.yaml", "test.parquet", "train.parquet"]
+    assert visible == ["feature_spec.yaml", "item_ids.parquet", "test.parquet", "train.parquet", "user_ids.parquet"]
+    # the raw -> code mappings serving maps requests with: users 10,20,30 -> 0,1,2; items 5,6,7,8,9 -> 0..4
+    users = pd.read_parquet(os.path.join(out, "user_ids.parquet"))
+    items = pd.read_parquet(os.path.join(out, "item_ids.parquet"))
+    assert dict(zip(users["raw"], users["id"])) == {10: 0, 20: 1, 30: 2}
+    assert dict(zip(items["raw"], items["id"])) == {5: 0, 6: 1, 7: 2, 8: 3, 9: 4}
 
 
 def test_byo_csv_and_ml20m_layouts(tmp_path):
@@ -235,7 +240,8 @@ def test_overwrite_replaces_only_the_tools_own_outputs(tmp_path, capsys):
     # again, with another seed: the dataset is replaced, the user's files still stay
     assert cli(argv + ["--seed", "7"]) == 0
     visible = sorted(f for f in os.listdir(d) if not f.startswith("."))
-    assert visible == ["feature_spec.yaml", "notes.txt", "ratings.csv", "test.parquet", "train.parquet"]
+    assert visible == ["feature_spec.yaml", "item_ids.parquet", "notes.txt", "ratings.csv", "test.parquet",
+                       "train.parquet", "user_ids.parquet"]
     assert (d / "ratings.csv").read_bytes() == ratings_before and (d / "notes.txt").read_text() == "my notes\n"
     assert load_dataset(str(d)).num_users == 5
 

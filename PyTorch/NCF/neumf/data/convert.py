@@ -32,6 +32,9 @@ Output (all of it appears at once, or not at all):
     OUTPUT/train.parquet       user, item (int32), label (float32, all 1): training positives
     OUTPUT/test.parquet        per user ``test_samples_per_series`` consecutive rows: the positive (label 1) first,
                                then its negatives (label 0)
+    OUTPUT/user_ids.parquet    raw, id: each user's id in the input and its code (the paper's split: identity);
+    OUTPUT/item_ids.parquet    the same for items. Serving maps raw ids in requests through them
+                               (``recsys_common.serving.raw_features``)
 
 ``--min_interactions N`` (default 0: no filter, NVIDIA's current converter) first drops the users with fewer than
 N distinct (user, item) interactions and reports how many users and raw rows it dropped; ``2`` is the least that
@@ -67,6 +70,7 @@ from recsys_common.movielens_ctr import check_rating_range, iter_delimited_colum
 
 USER, ITEM, LABEL = "user", "item", "label"
 TRAIN_FILE, TEST_FILE = "train.parquet", "test.parquet"
+USER_IDS_FILE, ITEM_IDS_FILE = "user_ids.parquet", "item_ids.parquet"   # raw id -> code (id_mapping_table)
 TOOL = "PyTorch/NCF/convert.py"  # its name in the output directory's record of who wrote what
 
 
@@ -250,6 +254,10 @@ class Split:
     num_users: int
     num_items: int
     dropped: Optional["FilterReport"] = None  # users/rows removed by --min_interactions, if it was given
+    # The raw id of each code (raw_user_ids[u] is user u's id in the input file); None: the ids are the codes
+    # (the paper's split). write_split saves them as the raw -> code mapping that serving maps requests with.
+    raw_user_ids: Optional[np.ndarray] = None
+    raw_item_ids: Optional[np.ndarray] = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +299,8 @@ class LeaveOneOut:
     num_users: int
     num_items: int
     train_keys: Optional[np.ndarray] = None   # sorted distinct user * num_items + item of the training rows
+    raw_user_ids: Optional[np.ndarray] = None  # the input's id of each user code, item code
+    raw_item_ids: Optional[np.ndarray] = None
 
 
 def _first_occurrences(keys: np.ndarray) -> np.ndarray:
@@ -397,11 +407,15 @@ def leave_one_out(ratings, path: str = "<ratings>", consume: bool = False) -> Le
     num_users, num_items = len(raw_users), len(raw_items)
     row_bits, pair_bits = _bits(n - 1), _bits(num_users * num_items - 1)
     if row_bits + pair_bits > 63 or not _time_packs(timestamps):   # too wide to pack: the argsort path
-        return _leave_one_out_general({"user": users, "item": items, "timestamp": timestamps}, path, raw_users)
-    encoded = {"user": users, "item": items, "timestamp": timestamps}
-    del users, items, timestamps   # the dict holds the only references: freed inside, step by step
-    kept = _earliest_row_of_each_pair(encoded, num_items, row_bits)
-    return _hold_out_latest(kept, n, num_users, num_items, row_bits, pair_bits, raw_users, path)
+        # (re-factorising codes numbered in order of first appearance keeps them: raw_items stays their map)
+        split = _leave_one_out_general({"user": users, "item": items, "timestamp": timestamps}, path, raw_users)
+    else:
+        encoded = {"user": users, "item": items, "timestamp": timestamps}
+        del users, items, timestamps   # the dict holds the only references: freed inside, step by step
+        kept = _earliest_row_of_each_pair(encoded, num_items, row_bits)
+        split = _hold_out_latest(kept, n, num_users, num_items, row_bits, pair_bits, raw_users, path)
+    split.raw_user_ids, split.raw_item_ids = np.asarray(raw_users), np.asarray(raw_items)
+    return split
 
 
 def _earliest_row_of_each_pair(encoded: dict, num_items: int, row_bits: int) -> np.ndarray:
@@ -595,7 +609,7 @@ def convert_ratings(path: str, valid_negative: int = 100, seed: int = 1, fmt: Op
     candidates[:, 1:] = negatives
     del negatives
     return Split(split.train_users, split.train_items, split.test_users, candidates, split.num_users,
-                 split.num_items, dropped)
+                 split.num_items, dropped, split.raw_user_ids, split.raw_item_ids)
 
 
 def read_paper_negatives(path: str) -> tuple:
@@ -688,7 +702,7 @@ def feature_spec_for(split: Split) -> FeatureSpec:
     )
 
 
-OUTPUT_FILES = ("feature_spec.yaml", TRAIN_FILE, TEST_FILE)
+OUTPUT_FILES = ("feature_spec.yaml", TRAIN_FILE, TEST_FILE, USER_IDS_FILE, ITEM_IDS_FILE)
 
 
 def check_output(output: str, inputs: Sequence[str], overwrite: bool) -> None:
@@ -702,6 +716,16 @@ def check_output(output: str, inputs: Sequence[str], overwrite: bool) -> None:
         check_output_directory(out, overwrite)
     except OutputDirectoryError as err:
         raise ConversionError(f"--output: {err}") from err
+
+
+def id_mapping_table(raw_ids: Optional[np.ndarray], count: int) -> pa.Table:
+    """``raw, id``: each code's id in the input (int64 for numeric ids, else string) and the code (int32), by code.
+    Without raw ids (the paper's split, whose files hold the codes) the mapping is the identity over ``count``."""
+    if raw_ids is None:
+        raw_ids = np.arange(count, dtype=np.int64)
+    raw = np.asarray(raw_ids)
+    raw = raw.astype(np.int64) if raw.dtype.kind in "iu" else raw.astype(str)
+    return pa.table({"raw": raw, "id": np.arange(len(raw), dtype=np.int32)})
 
 
 def write_split(split: Split, output: str, overwrite: bool = False) -> str:
@@ -725,7 +749,9 @@ def write_split(split: Split, output: str, overwrite: bool = False) -> str:
                          LABEL: labels.reshape(-1)})
 
     # built one at a time, each freed once written: at ML-20m size the two tables hold ~400 MB together
-    tables = {TRAIN_FILE: train_table, TEST_FILE: test_table}
+    tables = {TRAIN_FILE: train_table, TEST_FILE: test_table,
+              USER_IDS_FILE: lambda: id_mapping_table(split.raw_user_ids, split.num_users),
+              ITEM_IDS_FILE: lambda: id_mapping_table(split.raw_item_ids, split.num_items)}
     with atomic_directory(output, overwrite=overwrite, tool=TOOL, marker="feature_spec.yaml") as tmp:
         for name, make_table in tables.items():
             pq.write_table(make_table(), os.path.join(tmp, name))
