@@ -73,7 +73,7 @@ def scale_learning_rate(gpu_learning_rate: float, batch: int, gpu_batch: int, lr
 def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_rate: float, bytes_per_row: float,
                      memory_bytes: Optional[int] = None, lr_scaling: str = "sqrt", batch_flag: str = "-b",
                      lr_flag: str = "-l", given_learning_rate: Optional[float] = None, steps_per_batch: int = 1,
-                     multiple_of: int = 1) -> CpuBatch:
+                     multiple_of: int = 1, reference: str = "NVIDIA") -> CpuBatch:
     """The CPU default batch and learning rate (see the module docstring for the rule).
 
     Args:
@@ -89,6 +89,7 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
         steps_per_batch: micro-batches accumulated into one optimizer step (NCF's ``--grads_accumulated``): an
             optimizer step sees ``batch * steps_per_batch`` rows, so the step count and the rate use that.
         multiple_of: the batch is a multiple of this (global batches split evenly over ``world_size`` ranks).
+        reference: whose GPU values ``gpu_batch`` and ``gpu_learning_rate`` are, for the printed reason.
     """
     if gpu_batch < 1 or bytes_per_row <= 0 or steps_per_batch < 1 or multiple_of < 1:
         raise ValueError("gpu_batch, bytes_per_row, steps_per_batch and multiple_of must be positive")
@@ -99,7 +100,7 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
     limit = min(gpu_batch, by_data, by_memory)
     batch = 1 << (limit.bit_length() - 1)
     binding = "nvidia" if limit == gpu_batch else "steps" if limit == by_data else "memory"
-    why = {"nvidia": "NVIDIA's value",
+    why = {"nvidia": f"{reference}'s value",
            "steps": f"at least {MIN_STEPS_PER_EPOCH} steps over {train_rows} training rows per epoch",
            "memory": f"about {MEMORY_FRACTION:.3g} of {memory_bytes / 2 ** 30:.1f} GiB RAM at "
                      f"{bytes_per_row / 1024:.1f} KiB per row"}[binding]
@@ -114,9 +115,9 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
     lr = scale_learning_rate(gpu_learning_rate, batch * steps_per_batch, gpu_batch, lr_scaling)
     rule = (f"sqrt({batch * steps_per_batch}/{gpu_batch})" if lr_scaling == "sqrt"
             else f"{batch * steps_per_batch}/{gpu_batch}")
-    reason = f"{batch_flag} {batch} ({why}; NVIDIA's GPU default is {gpu_batch})"
+    reason = f"{batch_flag} {batch} ({why}; {reference}'s GPU default is {gpu_batch})"
     if given_learning_rate is None:
-        reason += f" and {lr_flag} {lr:g} (NVIDIA's {gpu_learning_rate:g} x {rule})"
+        reason += f" and {lr_flag} {lr:g} ({reference}'s {gpu_learning_rate:g} x {rule})"
     else:
         lr = float(given_learning_rate)
         reason += f"; {lr_flag} {lr:g} as given"
@@ -147,6 +148,7 @@ class RecipeBatch:
     batch_dest: str             # e.g. "batch_size"
     lr_dest: str                # e.g. "lr"
     eval_batch_dest: str        # e.g. "test_batch_size"
+    reference: str = "NVIDIA"   # whose GPU values these are (MLPerf's for PyTorch DLRM's --mlperf_dcnv2)
 
 
 def training_batch_wanted(given_flags: AbstractSet[str], recipe: RecipeBatch, training: bool) -> bool:
@@ -186,7 +188,7 @@ def choose_batch_defaults(given_flags: AbstractSet[str], recipe: RecipeBatch, *,
         bytes_per_row=bytes_per_row, memory_bytes=memory_bytes, lr_scaling=recipe.lr_scaling,
         batch_flag=f"--{recipe.batch_dest}", lr_flag=f"--{recipe.lr_dest}",
         given_learning_rate=given_learning_rate if recipe.lr_dest in given_flags else None,
-        multiple_of=world_size)
+        multiple_of=world_size, reference=recipe.reference)
     values[recipe.batch_dest] = choice.batch
     values[recipe.lr_dest] = choice.learning_rate
     return BatchDefaults(values, (choice.reason, *parts), choice)

@@ -53,7 +53,8 @@ FORMAT_VERSION = 2
 MARKER = "meta.json"  # the manifest, written last: a step_<N> holding it is complete (recsys_common.checkpoints)
 # Model configuration fields that must match to load a checkpoint (a mismatch is refused, naming every field).
 CONFIG_FIELDS = ("num_numerical_features", "table_sizes", "embedding_dim", "bottom_mlp_sizes", "top_mlp_sizes",
-                 "interaction_op", "self_interaction", "hash_indices", "hotness")
+                 "interaction_op", "self_interaction", "hash_indices", "hotness", "dcn_num_layers",
+                 "dcn_low_rank_dim")
 CONFIG_FLAGS = {"table_sizes": "table sizes (dataset cardinalities or --max_table_size)",
                 "num_numerical_features": "number of numerical features", "hotness": "the feature spec's hotness"}
 # Training settings that may change on resume, with a warning (the run then no longer equals an uninterrupted one).

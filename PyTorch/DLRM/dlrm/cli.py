@@ -41,6 +41,18 @@ NVIDIA_RUN_STEPS = CRITEO_1TB_TRAIN_ROWS // NVIDIA_BATCH_SIZE   # 128027: NVIDIA
 BYTES_PER_ROW_NVIDIA_DLRM = 1.63e9 / NVIDIA_BATCH_SIZE
 NVIDIA_DLRM_WIDTH = 26 * 128 + (512 + 256 + 128) + (1024 + 1024 + 512 + 256 + 1)
 SCHEDULE_FLAGS = ("warmup_steps", "decay_start_step", "decay_steps")
+# MLPerf Training's DLRM-DCNv2 (mlcommons/training recommendation_v2/torchrec_dlrm, README "Running the MLPerf DLRM v2
+# benchmark"): what --mlperf_dcnv2 sets, except where the command line sets the flag itself. The per-table hotness
+# (3,2,1,2,6,...) is the dataset's (its FeatureSpec's max_hotness), as MLPerf's materialized multi-hot data has it.
+MLPERF_BATCH_SIZE = 65536
+MLPERF_LR = 0.005
+MLPERF_TABLE_CAP = 40_000_000
+MLPERF_DCNV2: Mapping[str, Any] = MappingProxyType({
+    "interaction_op": "dcn", "dcn_num_layers": 3, "dcn_low_rank_dim": 512, "embedding_dim": 128,
+    "bottom_mlp_sizes": ("512", "256", "128"), "top_mlp_sizes": ("1024", "1024", "512", "256", "1"),
+    "adagrad": True, "lr": MLPERF_LR, "batch_size": MLPERF_BATCH_SIZE, "test_batch_size": MLPERF_BATCH_SIZE,
+    "warmup_steps": 0, "decay_steps": 0, "decay_start_step": 0,
+    "max_table_size": MLPERF_TABLE_CAP, "hash_indices": True})
 
 
 def build_parser() -> flags.FlagValues:
@@ -75,8 +87,13 @@ def build_parser() -> flags.FlagValues:
     d.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Linear layer sizes for the top MLP",
                   flag_values=f)
     d.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Linear layer sizes for the bottom MLP", flag_values=f)
-    d.DEFINE_enum("interaction_op", "dot", ["dot", "cat"],
-                  "Type of interaction operation to perform. Supported choices: 'dot' or 'cat'", flag_values=f)
+    d.DEFINE_enum("interaction_op", "dot", ["dot", "cat", "dcn"],
+                  "Type of interaction operation to perform. Supported choices: 'dot', 'cat' or 'dcn' (DCN V2's "
+                  "low-rank cross network, as MLPerf's DLRM-DCNv2)", flag_values=f)
+    d.DEFINE_integer("dcn_num_layers", 3, "Number of DCN layers in the interaction (only with --interaction_op dcn)",
+                     lower_bound=1, flag_values=f)
+    d.DEFINE_integer("dcn_low_rank_dim", 512, "Low rank dimension of each DCN layer (only with --interaction_op "
+                     "dcn)", lower_bound=1, flag_values=f)
     d.DEFINE_boolean("self_interaction", False, "Set to True to use self-interaction", flag_values=f)
     d.DEFINE_string("dataset", None, "Full path to the dataset directory (with its feature_spec.yaml)", flag_values=f)
     d.DEFINE_string("feature_spec", "feature_spec.yaml", "Name of the FeatureSpec file in the dataset directory",
@@ -159,7 +176,15 @@ def build_parser() -> flags.FlagValues:
     d.DEFINE_integer("seed", 12345, "Random seed", flag_values=f)
     d.DEFINE_boolean("Adam_embedding_optimizer", False, "Use Adam for the embeddings (default SGD)", flag_values=f)
     d.DEFINE_boolean("Adam_MLP_optimizer", False, "Use Adam for the MLPs (default SGD)", flag_values=f)
+    d.DEFINE_boolean("adagrad", False, "Use Adagrad for the MLPs and the embeddings (MLPerf DLRM-DCNv2's optimizer: "
+                     "eps 1e-10, no decay)", flag_values=f)
+    d.DEFINE_boolean("mlperf_dcnv2", False, "MLPerf's DLRM-DCNv2 configuration, each part overridable by its own flag: "
+                     + ", ".join(f"--{k} {_flag_text(v)}" for k, v in MLPERF_DCNV2.items()), flag_values=f)
     return f
+
+
+def _flag_text(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 FLAGS = build_parser()  # the registry read_flags parses into (and --help and the README's table read)
@@ -232,13 +257,21 @@ def read_flags(argv: Optional[Sequence[str]] = None) -> Tuple[Mapping[str, Any],
     names = flag_names()
     values = {name: tuple(FLAGS[name].value) if isinstance(FLAGS[name].value, list) else FLAGS[name].value
               for name in names}
-    return MappingProxyType(values), frozenset(name for name in names if FLAGS[name].present)
+    given = frozenset(name for name in names if FLAGS[name].present)
+    if values["mlperf_dcnv2"]:
+        values.update({name: value for name, value in MLPERF_DCNV2.items() if name not in given})
+    return MappingProxyType(values), given
 
 
 def model_width(flag_values: Mapping[str, Any], num_tables: int) -> int:
-    return (num_tables * int(flag_values["embedding_dim"]) + sum(ints(flag_values["bottom_mlp_sizes"],
-                                                                      "bottom_mlp_sizes"))
-            + sum(ints(flag_values["top_mlp_sizes"], "top_mlp_sizes")))
+    """Activation values per row (the memory rule's unit): embeddings, MLP layers, and the DCN's layers."""
+    bottom = ints(flag_values["bottom_mlp_sizes"], "bottom_mlp_sizes")
+    width = num_tables * int(flag_values["embedding_dim"]) + sum(bottom) + sum(ints(flag_values["top_mlp_sizes"],
+                                                                                      "top_mlp_sizes"))
+    if flag_values["interaction_op"] == "dcn":   # each cross layer holds x_l, U V x_l and the rank-r projection
+        cross = num_tables * int(flag_values["embedding_dim"]) + bottom[-1]
+        width += int(flag_values["dcn_num_layers"]) * (2 * cross + int(flag_values["dcn_low_rank_dim"]))
+    return width
 
 
 def train_rows(flag_values: Mapping[str, Any], info) -> Optional[int]:
@@ -258,9 +291,11 @@ def choose_cpu_defaults(flag_values: Mapping[str, Any], given_flags: AbstractSet
     Returns its choices; writes nothing."""
     if device_type != "cpu":
         return {}, None
-    adam = flag_values["Adam_MLP_optimizer"] or flag_values["Adam_embedding_optimizer"]
-    recipe = cpu_defaults.RecipeBatch(NVIDIA_BATCH_SIZE, NVIDIA_LR, "sqrt" if adam else "linear", "batch_size", "lr",
-                                      "test_batch_size")
+    adaptive = flag_values["Adam_MLP_optimizer"] or flag_values["Adam_embedding_optimizer"] or flag_values["adagrad"]
+    mlperf = flag_values["mlperf_dcnv2"]   # the reference batch and rate are MLPerf's, its schedule flat
+    recipe = cpu_defaults.RecipeBatch(MLPERF_BATCH_SIZE if mlperf else NVIDIA_BATCH_SIZE,
+                                      MLPERF_LR if mlperf else NVIDIA_LR, "sqrt" if adaptive else "linear",
+                                      "batch_size", "lr", "test_batch_size", "MLPerf" if mlperf else "NVIDIA")
     training = flag_values["mode"] == "train"
     rows = (train_rows(flag_values, info) if cpu_defaults.training_batch_wanted(given_flags, recipe, training)
             else None)
@@ -274,7 +309,7 @@ def choose_cpu_defaults(flag_values: Mapping[str, Any], given_flags: AbstractSet
         if flag_values["max_steps"]:
             run_steps = min(run_steps, flag_values["max_steps"])
         moved, part = cpu_defaults.choose_schedule_defaults(
-            given_flags, {dest: flag_values[dest] for dest in SCHEDULE_FLAGS}, batch.choice.batch, NVIDIA_BATCH_SIZE,
+            given_flags | (set(SCHEDULE_FLAGS) if mlperf else set()), {dest: flag_values[dest] for dest in SCHEDULE_FLAGS}, batch.choice.batch, NVIDIA_BATCH_SIZE,
             NVIDIA_RUN_STEPS, run_steps)
         chosen.update(moved)
         if part:

@@ -159,7 +159,8 @@ def config_from_meta(meta: Dict[str, Any], where: str) -> ModelConfig:
     saved = dict(meta.get("config") or {})
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     # ``hotness`` came with multi-hot support: checkpoints written before it are single-hot (its default).
-    missing = sorted(fields - set(saved) - {"hotness"})
+    # The DCN sizes came with --interaction_op dcn: checkpoints written before it have no cross layers.
+    missing = sorted(fields - set(saved) - {"hotness", "dcn_num_layers", "dcn_low_rank_dim"})
     if missing:
         raise ModelMismatchError(f"{where}/meta.json: model configuration lacks {missing}")
     return ModelConfig(**{k: saved[k] for k in fields if k in saved})

@@ -224,7 +224,8 @@ def build_model(config: DlrmConfig, ctx, info, embedding_type: str):
                                info.categorical_features, config.embedding_dim,
                                cli.ints(config.bottom_mlp_sizes, "bottom_mlp_sizes"),
                                cli.ints(config.top_mlp_sizes, "top_mlp_sizes"), config.interaction_op,
-                               config.self_interaction, config.hash_indices, list(info.hotness))
+                               config.self_interaction, config.hash_indices, list(info.hotness),
+                               config.dcn_num_layers, config.dcn_low_rank_dim)
     # --fp16 (default on, as NVIDIA's) turns AMP on where it is native: CUDA, and CPUs with bfloat16 instructions,
     # where bfloat16 autocast measured faster than float32 at the same AUC (RESULTS.md, "bf16 against float32 on a
     # CPU"). Elsewhere a CPU emulates bfloat16, so there it takes an explicit --amp.
@@ -232,7 +233,8 @@ def build_model(config: DlrmConfig, ctx, info, embedding_type: str):
     amp = Amp(amp_on, ctx.device, config.amp_dtype, config.loss_scale)
     trainable = parallel.build_trainable_model(model_config, embedding_type, ctx.device, ctx.world_size, config.lr,
                                                config.Adam_MLP_optimizer, config.Adam_embedding_optimizer,
-                                               config.sharding_type, config.local_batch_size(ctx.world_size))
+                                               config.sharding_type, config.local_batch_size(ctx.world_size),
+                                               adagrad=config.adagrad)
     if ctx.device.type == "cuda":  # TF32 for float32 matmuls and convolutions (Ampere and newer)
         torch.backends.cuda.matmul.allow_tf32 = config.tf32
         torch.backends.cudnn.allow_tf32 = config.tf32

@@ -2,7 +2,8 @@
 
     x      = BottomMLP(numerical)                         [B, d]
     e_t    = Embedding_t(categorical[:, t])   t = 1..T    [B, T, d]
-    z      = Interaction(x, e)                            [B, w]   (dot: [x, <z_i, z_j>_{i>j}]; cat: [x, e])
+    z      = Interaction(x, e)                            [B, w]   (dot: [x, <z_i, z_j>_{i>j}]; cat: [x, e];
+                                                                    dcn: L low-rank cross layers over [x, e])
     logit  = TopMLP(z)                                    [B]
     loss   = BCEWithLogits(logit, label)
 
@@ -37,7 +38,8 @@ class DLRM(nn.Module):
         embedding_dim: embedding width ``d``.
         bottom_mlp_sizes / top_mlp_sizes: layer widths (the top MLP ends with 1).
         embeddings: a module mapping ``[B, T]`` ids to ``[B, T, d]`` (see :mod:`dlrm.model.embeddings`).
-        interaction_op: ``"dot"`` or ``"cat"``; ``self_interaction`` keeps ``<z_i, z_i>`` in the dot products.
+        interaction_op: ``"dot"``, ``"cat"`` or ``"dcn"``; ``self_interaction`` keeps ``<z_i, z_i>`` in the dot
+            products; ``dcn_num_layers`` / ``dcn_low_rank_dim``: the cross layers and their rank (``"dcn"``).
         hash_indices: apply ``id % table_size`` before the lookup (padding -1 of multi-hot columns is kept).
         hotness: ids per row of each table (default 1 each: single-hot).
     """
@@ -45,7 +47,7 @@ class DLRM(nn.Module):
     def __init__(self, num_numerical_features: int, table_sizes: Sequence[int], embedding_dim: int,
                  bottom_mlp_sizes: Sequence[int], top_mlp_sizes: Sequence[int], embeddings: nn.Module,
                  interaction_op: str = "dot", self_interaction: bool = False, hash_indices: bool = False,
-                 hotness: Optional[Sequence[int]] = None):
+                 hotness: Optional[Sequence[int]] = None, dcn_num_layers: int = 3, dcn_low_rank_dim: int = 512):
         super().__init__()
         if num_numerical_features < 1:
             raise ValueError("DLRM needs at least one numerical feature for its bottom MLP")
@@ -54,7 +56,8 @@ class DLRM(nn.Module):
         self.bottom_mlp = BottomMLP(num_numerical_features, bottom_mlp_sizes)
         self.embeddings = embeddings
         self.interaction = make_interaction(interaction_op, len(self.table_sizes), embedding_dim,
-                                            self.bottom_mlp.out_features, self_interaction)
+                                            self.bottom_mlp.out_features, self_interaction, dcn_num_layers,
+                                            dcn_low_rank_dim)
         self.top_mlp = TopMLP(self.interaction.output_width, top_mlp_sizes)
         self.hotness = [1] * len(self.table_sizes) if hotness is None else [int(h) for h in hotness]
         self.multi_hot = any(h > 1 for h in self.hotness)

@@ -7,6 +7,11 @@ Let ``x`` be the bottom MLP output ``[B, d]`` and ``e_1..e_T`` the embeddings ``
   self-interaction the diagonal too, ``(T+1)(T+2)/2``) and concatenate with ``x``:
   ``out = [x, <z_i, z_j> for i > j]``, width ``d + (T+1)T/2``.
 * **cat**: ``out = [x, e_1, ..., e_T]`` flattened, width ``d (T+1)``; the bottom MLP output may then have any width.
+* **dcn** (DCN V2, Wang et al. 2021, eq. 2, low-rank form; the MLPerf DLRM-DCNv2 interaction): ``x_0 = [x, e_1, ...,
+  e_T]`` flattened (width ``w = d_x + T d``), then ``L`` cross layers, each crossing with the same ``x_0``:
+  ``x_{l+1} = x_0 * (U_l (V_l x_l) + b_l) + x_l`` (``*`` element-wise; ``V_l``: ``w -> r`` without bias, ``U_l``:
+  ``r -> w``, ``b_l``: ``[w]``); ``out = x_L``, width ``w``. The same layer as the TF2 recipe's
+  ``dlrm_dcnv2.model.dcn.CrossLayer`` (a test checks both on the same weights) and TorchRec's ``LowRankCrossNet``.
 
     >>> import torch
     >>> dot = DotInteraction(num_embeddings=26, embedding_dim=128)
@@ -64,8 +69,49 @@ class CatInteraction(nn.Module):
         return torch.cat([bottom, embeddings.flatten(1)], dim=1)
 
 
+class LowRankCrossInteraction(nn.Module):
+    """DCN V2's low-rank cross network over ``x_0 = [bottom, emb_1, ..., emb_T]`` flattened.
+
+    Args:
+        num_embeddings: ``T``, the number of embedding tables.
+        embedding_dim: ``d``, the width of each embedding.
+        bottom_width: ``d_x``, the width of the bottom MLP output (any).
+        num_layers: ``L``, the cross layers (MLPerf: 3).
+        low_rank: ``r``, the rank of each layer's ``U V`` (MLPerf: 512).
+
+    Shapes: ``bottom [B, d_x]``, ``embeddings [B, T, d]`` -> ``[B, d_x + T d]``.
+
+    Initialisation as TorchRec's ``LowRankCrossNet`` (which MLPerf's reference trains): Xavier-normal ``U`` and
+    ``V``, zero ``b``.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bottom_width: int, num_layers: int = 3,
+                 low_rank: int = 512):
+        super().__init__()
+        if num_layers < 1 or low_rank < 1:
+            raise ValueError(f"--dcn_num_layers and --dcn_low_rank_dim must be positive, got {num_layers} and "
+                             f"{low_rank}")
+        width = bottom_width + num_embeddings * embedding_dim
+        self.output_width = width
+        self.down = nn.ModuleList(nn.Linear(width, low_rank, bias=False) for _ in range(num_layers))   # V_l
+        self.up = nn.ModuleList(nn.Linear(low_rank, width) for _ in range(num_layers))                 # U_l, b_l
+        for v, u in zip(self.down, self.up):
+            nn.init.xavier_normal_(v.weight)
+            nn.init.xavier_normal_(u.weight)
+            nn.init.zeros_(u.bias)
+
+    def forward(self, bottom: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        embeddings = embeddings.to(bottom.dtype)
+        x0 = torch.cat([bottom, embeddings.flatten(1)], dim=1)             # [B, w]
+        x = x0
+        for v, u in zip(self.down, self.up):
+            x = x0 * u(v(x)) + x                                            # x_{l+1} = x_0 * (U (V x_l) + b) + x_l
+        return x
+
+
 def make_interaction(op: str, num_embeddings: int, embedding_dim: int, bottom_width: int,
-                     self_interaction: bool = False) -> nn.Module:
+                     self_interaction: bool = False, dcn_num_layers: int = 3, dcn_low_rank_dim: int = 512
+                     ) -> nn.Module:
     if op == "dot":
         if bottom_width != embedding_dim:
             raise ValueError(f"--interaction_op dot needs the last --bottom_mlp_sizes value ({bottom_width}) to equal "
@@ -73,4 +119,6 @@ def make_interaction(op: str, num_embeddings: int, embedding_dim: int, bottom_wi
         return DotInteraction(num_embeddings, embedding_dim, self_interaction)
     if op == "cat":
         return CatInteraction(num_embeddings, embedding_dim, bottom_width)
-    raise ValueError(f"--interaction_op must be 'dot' or 'cat', got {op!r}")
+    if op == "dcn":
+        return LowRankCrossInteraction(num_embeddings, embedding_dim, bottom_width, dcn_num_layers, dcn_low_rank_dim)
+    raise ValueError(f"--interaction_op must be 'dot', 'cat' or 'dcn', got {op!r}")

@@ -35,6 +35,9 @@ from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRec
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
+# Adagrad's epsilon in MLPerf's DLRM-DCNv2 reference (mlcommons/training recommendation_v2/torchrec_dlrm: ADAGRAD_EPS;
+# also no lr decay, no weight decay, zero initial accumulator: torch's defaults).
+ADAGRAD_EPS = 1e-10
 
 
 @dataclasses.dataclass
@@ -49,6 +52,8 @@ class ModelConfig:
     self_interaction: bool = False
     hash_indices: bool = False
     hotness: Optional[List[int]] = None     # ids per row of each table; None: all 1 (single-hot)
+    dcn_num_layers: int = 3                 # interaction_op "dcn": cross layers ...
+    dcn_low_rank_dim: int = 512             # ... and the rank of each (MLPerf DLRM-DCNv2: 3 and 512)
 
     def __post_init__(self):
         # stored as the full list, so checkpoints and serving see one form (all ones for single-hot data)
@@ -184,12 +189,16 @@ def _canonical(key: str) -> str:
 def build_trainable_model(config: ModelConfig, embedding_type: str, device: torch.device, world_size: int,
                           lr: float, adam_mlp: bool = False, adam_embeddings: bool = False,
                           sharding_type: str = "auto", local_batch_size: int = 512,
-                          grad_multiplier: float = 1.0, fused_sgd: Optional[bool] = None) -> TrainableModel:
+                          grad_multiplier: float = 1.0, fused_sgd: Optional[bool] = None,
+                          adagrad: bool = False) -> TrainableModel:
     """Create the DLRM for ``embedding_type`` (already resolved) and wrap it for ``world_size`` processes.
 
     ``fused_sgd`` (``multi_table`` only; default: on with one process and SGD embeddings): the tables share one
     buffer and take their SGD step inside the backward pass (:class:`FusedSGDTableEmbeddings`); False keeps one
     ``nn.EmbeddingBag`` per table with sparse gradients stepped by ``torch.optim.SGD``.
+
+    ``adagrad``: Adagrad for the MLPs and the tables, as MLPerf's DLRM-DCNv2 reference trains (``torch.optim.Adagrad``
+    with ``eps`` :data:`ADAGRAD_EPS`, no decay, zero initial accumulator; FBGEMM's exact Adagrad for fused tables).
 
     A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
     """
@@ -197,13 +206,13 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
         embedding_type = "multi_table"   # numerical features only: no table to shard
     if embedding_type == "torchrec_fused":
         return _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, sharding_type,
-                               local_batch_size, grad_multiplier)
+                               local_batch_size, grad_multiplier, adagrad)
     if embedding_type != "multi_table":
         raise ValueError(f"unresolved embedding type {embedding_type!r}")
     sparse = world_size == 1
     if fused_sgd is None:
-        fused_sgd = sparse and not adam_embeddings and bool(config.table_sizes)
-    if fused_sgd and not (sparse and not adam_embeddings):
+        fused_sgd = sparse and not (adam_embeddings or adagrad) and bool(config.table_sizes)
+    if fused_sgd and not (sparse and not (adam_embeddings or adagrad)):
         raise ValueError("fused_sgd needs one process and SGD for the embeddings")
     if fused_sgd:  # one gather for all tables, SGD applied inside the backward pass (same update as sparse SGD)
         embeddings = FusedSGDTableEmbeddings(config.table_sizes, config.embedding_dim, device=device,
@@ -215,10 +224,12 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
     if device.type == "cuda" and hasattr(core.interaction, "pad_multiple"):
         core.interaction.pad_multiple = 8  # tensor-core friendly batched matmul in the dot interaction
     dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
-    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
+    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device, adagrad)
     table_params = list(embeddings.parameters())
     if not table_params:   # numerical features only: no table, no table optimizer
         embedding_optimizer = None
+    elif adagrad:   # torch's Adagrad takes the sparse gradients of one process as they are
+        embedding_optimizer = torch.optim.Adagrad(table_params, lr=lr, eps=ADAGRAD_EPS)
     elif adam_embeddings:
         embedding_optimizer = torch.optim.SparseAdam(table_params, lr=lr) if sparse else torch.optim.Adam(table_params, lr=lr)
     else:
@@ -234,17 +245,20 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
 def _dlrm(config: ModelConfig, embeddings: nn.Module) -> DLRM:
     return DLRM(config.num_numerical_features, config.table_sizes, config.embedding_dim, config.bottom_mlp_sizes,
                 config.top_mlp_sizes, embeddings, config.interaction_op, config.self_interaction,
-                config.hash_indices, config.hotness)
+                config.hash_indices, config.hotness, config.dcn_num_layers, config.dcn_low_rank_dim)
 
 
-def _dense_optimizer(params: Sequence[nn.Parameter], lr: float, adam: bool, device: torch.device):
+def _dense_optimizer(params: Sequence[nn.Parameter], lr: float, adam: bool, device: torch.device,
+                     adagrad: bool = False):
+    if adagrad:
+        return torch.optim.Adagrad(params, lr=lr, eps=ADAGRAD_EPS)
     if adam:
         return torch.optim.Adam(params, lr=lr, fused=device.type == "cuda")
     return torch.optim.SGD(params, lr=lr)
 
 
 def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, sharding_type, local_batch_size,
-                    grad_multiplier) -> TrainableModel:
+                    grad_multiplier, adagrad=False) -> TrainableModel:
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -260,8 +274,11 @@ def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, s
         if name != "embeddings":
             module.to(device)
     core._sizes = core._sizes.to(device)
-    embedding_optimizer_class = torch.optim.Adam if adam_embeddings else torch.optim.SGD
-    apply_optimizer_in_backward(embedding_optimizer_class, embeddings.ebc.parameters(), {"lr": lr})
+    if adagrad:   # FBGEMM's EXACT_ADAGRAD, fused into the backward pass
+        embedding_optimizer_class, options = torch.optim.Adagrad, {"lr": lr, "eps": ADAGRAD_EPS}
+    else:
+        embedding_optimizer_class, options = (torch.optim.Adam if adam_embeddings else torch.optim.SGD), {"lr": lr}
+    apply_optimizer_in_backward(embedding_optimizer_class, embeddings.ebc.parameters(), options)
 
     allowed = ["table_wise", "row_wise"] if sharding_type == "auto" else [sharding_type]
     constraints = {f"t_{table_key(f)}": ParameterConstraints(sharding_types=allowed, compute_kernels=["fused"])
@@ -275,7 +292,7 @@ def _build_torchrec(config, device, world_size, lr, adam_mlp, adam_embeddings, s
         plan = planner.collective_plan(core, [sharder], dist.GroupMember.WORLD)
     model = DistributedModelParallel(core, device=device, plan=plan, sharders=[sharder])
     dense_params = [p for n, p in core.named_parameters() if "embeddings." not in n]
-    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device)
+    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device, adagrad)
     keys = [f"embeddings.ebc.embedding_bags.t_{table_key(f)}.weight" for f in config.feature_names]
     return TrainableModel(model, core, "torchrec_fused", dense_optimizer, model.fused_optimizer, keys, plan)
 
