@@ -31,7 +31,7 @@ def test_models_learn_the_hidden_taste(tiny_data, tmp_path, model, min_hr):
 
 def test_log_has_the_dllogger_records(tiny_data, tmp_path):
     started = time.perf_counter()
-    summary = run(tiny_data, tmp_path, "-e", "2", "-n", "1")
+    summary = run(tiny_data, tmp_path, "-e", "2", "-n", "1", "--select_on", "test")  # NVIDIA's rows and records
     wall = time.perf_counter() - started
     records = read_log(str(tmp_path / "log.json"))
     steps = [r["step"] for r in records]
@@ -114,9 +114,10 @@ def test_gradient_accumulation_steps_once_per_n_batches_as_nvidia(tiny_data, tmp
     The epoch is one permutation sliced into batches, so 4 batches of 512 rows are exactly the rows of one batch of
     2048, and the step's gradient is the mean over all of them: the two runs train the same model.
     """
-    one = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--checkpoint_dir", str(tmp_path / "one"))
+    one = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--checkpoint_dir", str(tmp_path / "one"),
+              "--select_on", "test")   # every training row: the step count below
     acc = run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "512", "--grads_accumulated", "4",
-              "--checkpoint_dir", str(tmp_path / "acc"), log="acc.json")
+              "--checkpoint_dir", str(tmp_path / "acc"), "--select_on", "test", log="acc.json")
     rows = len(load_dataset(tiny_data).train_users) * 5  # positives + 4 negatives each
     assert _adam_steps(tmp_path / "one" / "last.pth") == _adam_steps(tmp_path / "acc" / "last.pth") == \
         {math.ceil(rows / 2048)}
@@ -127,7 +128,7 @@ def test_gradient_accumulation_steps_once_per_n_batches_as_nvidia(tiny_data, tmp
     assert one["best_hr@10"] == pytest.approx(acc["best_hr@10"], abs=0.01)
     # the same -b with N = 4 takes 4 times fewer steps (the old micro-batch split kept the step count)
     run(tiny_data, tmp_path, "-e", "1", "--dropout", "0", "-b", "2048", "--grads_accumulated", "4",
-        "--checkpoint_dir", str(tmp_path / "big"), log="big.json")
+        "--checkpoint_dir", str(tmp_path / "big"), "--select_on", "test", log="big.json")
     assert _adam_steps(tmp_path / "big" / "last.pth") == {math.ceil(math.ceil(rows / 2048) / 4)}
 
 

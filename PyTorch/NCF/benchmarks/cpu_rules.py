@@ -1,0 +1,138 @@
+"""Candidate CPU rules for ncf.py's defaults (batch, learning rate), measured on datasets of different density.
+
+    python benchmarks/cpu_rules.py --data_dir $RECSYS_DATA_DIR --work /tmp/ncf-cpu-rules --jobs 2
+
+Datasets (built under ``--work``, never in the repository: MovieLens may not be redistributed):
+
+* ``ml1m-paper``: the NCF paper's ML-1M split, users 0..2997 (train rows rebuilt from the partial ratings file);
+* ``ml100k``: ML-100K, leave-one-out with 100 sampled negatives (``convert.py``'s default protocol);
+* ``sparse-30`` / ``sparse-8`` / ``sparse-3``: ML-1M's users 1..2998 with 30 / 8 / 3 % of their ratings kept
+  (``benchmarks/sparse_movielens.py``: three-field paper files, 99 negatives), densities about 1.4 / 0.5 / 0.2 %.
+
+Each candidate is one ``python ncf.py --data D -e E --seed S -b B -l L`` (the rest ncf.py's defaults, so the best
+epoch is chosen on the validation item and the test HR@10 is the one at that epoch) in its own process, ``--jobs`` at
+a time, one thread each. ``B`` is the batch of the CPU batch rule (at least 100 steps per epoch, a power of two);
+``L`` is the candidate's learning rate at that batch. ``defaults`` runs ncf.py with no -b / -l at all: what a user
+gets. Also reported: popularity's HR@10 on the same test candidates (:func:`neumf.evaluation.popularity_metrics`).
+Prints a markdown table (HR@10 per dataset and candidate; best epoch in brackets) and writes ``WORK/results.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = os.path.dirname(HERE)
+sys.path.insert(0, RECIPE)
+sys.path.insert(0, HERE)
+
+from neumf import cli  # noqa: E402
+from neumf.data import convert, load_dataset  # noqa: E402
+from neumf.evaluation import popularity_metrics  # noqa: E402
+from recsys_common.logger import read_log  # noqa: E402
+import sparse_movielens  # noqa: E402
+
+ML1M_RATINGS = ("movielens", "ml-1m", "ratings.users-1-2999.dat.gz")
+SPARSE_KEEP = {"sparse-30": 0.30, "sparse-8": 0.08, "sparse-3": 0.03}
+# name -> learning rate at the rule's batch (None: NVIDIA's 0.0045 x sqrt(batch / 2**20), the rule before issue 35)
+CANDIDATES = {"nvidia-sqrt": None, "lr-0.001": 0.001, "lr-0.002": 0.002, "lr-0.004": 0.004}
+
+
+def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]:
+    """Convert (once) each dataset of ``names`` under ``work``; returns name -> converted directory."""
+    out = {}
+    ratings = os.path.join(data_dir, *ML1M_RATINGS)
+    for name in names:
+        target = os.path.join(work, name, "converted")
+        out[name] = target
+        if os.path.isfile(os.path.join(target, "feature_spec.yaml")):
+            continue
+        if name == "ml1m-paper":
+            split = convert.convert_paper_split(os.path.join(data_dir, "ncf-ml-1m", "ml-1m"), ratings, max_user=2997)
+        elif name == "ml100k":
+            split = convert.convert_ratings(os.path.join(data_dir, "movielens", "ml-100k", "u.data"))
+        else:
+            prefix = sparse_movielens.build(ratings, os.path.join(work, name), SPARSE_KEEP[name], max_user=2998)
+            split = convert.convert_paper_split(prefix)
+        convert.write_split(split, target, overwrite=True)
+    return out
+
+
+def rule_batch(train_positives: int, negatives: int = 4) -> Tuple[int, float]:
+    """The CPU batch rule's batch and NVIDIA's rate scaled to it, for NVIDIA's model (``cli.choose_cpu_batch``)."""
+    batch, lr, _ = cli.choose_cpu_batch(train_positives * (1 + negatives), 64, [256, 256, 128, 64],
+                                        cli.machine_memory_bytes())
+    return batch, lr
+
+
+def run_one(dataset: str, candidate: str, epochs: int, seed: int, log_dir: str) -> Dict:
+    """One ncf.py run in a child process (one thread); returns its summary, command and wall time."""
+    data = load_dataset(dataset)
+    argv = [sys.executable, os.path.join(RECIPE, "ncf.py"), "--data", dataset, "-e", str(epochs), "--seed", str(seed),
+            "--log_path", os.path.join(log_dir, f"{os.path.basename(os.path.dirname(dataset))}-{candidate}.json")]
+    if candidate != "defaults":
+        batch, sqrt_lr = rule_batch(len(data.train_users))
+        lr = CANDIDATES[candidate] if CANDIDATES[candidate] is not None else sqrt_lr
+        argv += ["-b", str(batch), "-l", str(lr)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary = read_log(argv[argv.index("--log_path") + 1])[-1]["data"]
+    return {"command": " ".join(argv[1:]), "wall_s": round(wall, 1), "hr": summary["best_hr@10"],
+            "ndcg": summary["best_ndcg@10"], "best_epoch": summary["best_epoch"],
+            "valid_hr": summary.get("best_valid_hr@10")}
+
+
+def table(results: Dict, datasets: List[str], candidates: List[str], popularity: Dict) -> str:
+    lines = ["| candidate | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
+    for c in candidates:
+        cells = []
+        for d in datasets:
+            r = results.get(d, {}).get(c)
+            cells.append(f"{r['hr']:.3f} ({r['best_epoch']})" if r else "")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines.append("| popularity | " + " | ".join(f"{popularity[d]:.3f}" for d in datasets) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", default=os.environ.get("RECSYS_DATA_DIR", "../shared/data"))
+    p.add_argument("--work", default="/tmp/ncf-cpu-rules")
+    p.add_argument("--datasets", nargs="+", default=["ml1m-paper", "ml100k", *SPARSE_KEEP])
+    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=[*CANDIDATES, "defaults"])
+    p.add_argument("--epochs", type=int, default=20, help="-e of every run (early stopping may end it sooner)")
+    p.add_argument("--ml1m_epochs", type=int, default=8, help="-e on ml1m-paper (5x the rows of the others)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    args = p.parse_args(argv)
+    os.makedirs(args.work, exist_ok=True)
+    paths = build_datasets(args.data_dir, args.work, args.datasets)
+    popularity = {d: popularity_metrics(load_dataset(paths[d]), 10)["hr"] for d in args.datasets}
+    jobs = [(d, c) for d in args.datasets for c in args.candidates]
+    results: Dict[str, Dict] = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_one, paths[d], c, args.ml1m_epochs if d == "ml1m-paper" else args.epochs,
+                               args.seed, args.work): (d, c) for d, c in jobs}
+        for future, (d, c) in futures.items():
+            results.setdefault(d, {})[c] = r = future.result()
+            print(f"{d} {c}: HR@10 {r['hr']:.4f} (epoch {r['best_epoch']}, valid {r['valid_hr']}) "
+                  f"in {r['wall_s']} s: {r['command']}", flush=True)
+    report = {"results": results, "popularity": popularity, "seed": args.seed}
+    with open(os.path.join(args.work, "results.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(table(results, args.datasets, args.candidates, popularity))
+    return report
+
+
+if __name__ == "__main__":
+    main()
