@@ -15,7 +15,10 @@ Values:
     >>> sorted(cols), cols["cat_0.bin"].max() < 100, cols["label"].dtype
     (['cat_0.bin', 'cat_1.bin', 'label', 'num_0', 'num_1'], True, dtype('bool'))
 
-Command line: ``python -m recsys_common.synthetic --help``.
+Command line: ``python -m recsys_common.synthetic --help``. ``--mlperf_dcnv2`` writes MLPerf DLRM-DCNv2-shaped data:
+Criteo 1TB's 26 cardinalities capped at 40M (:data:`MLPERF_CARDINALITIES`, capped further by ``--max_table_size`` to
+fit a disk) with MLPerf's per-table hotness (:data:`MLPERF_HOTNESS`, every row holding all its ids, as MLPerf's
+materialized multi-hot dataset does), in NVIDIA's split-binary layout, block by block (memory: one block).
 """
 from __future__ import annotations
 
@@ -33,6 +36,11 @@ from .io import atomic_directory
 from .datasets import read_columns
 
 _WEIGHT_TABLE = 4096  # hidden per-id weights are looked up modulo this, so huge tables cost nothing
+# MLPerf Training DLRM-DCNv2 (mlcommons/training recommendation_v2/torchrec_dlrm README): --num_embeddings_per_feature
+# (Criteo 1TB's cardinalities, capped at 40M) and --multi_hot_sizes, in Criteo's categorical order.
+MLPERF_CARDINALITIES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+                        11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)
+MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 
 
 def _label_features(spec: FeatureSpec) -> List[str]:
@@ -90,11 +98,12 @@ class HiddenModel:
 
 
 def generate_columns(spec: FeatureSpec, num_rows: int, seed: int = 12345, mapping: Optional[str] = None,
-                     stream: int = 0, alpha: float = 1.05) -> Dict[str, np.ndarray]:
+                     stream: int = 0, alpha: float = 1.05, fixed_hotness: bool = False) -> Dict[str, np.ndarray]:
     """One block of rows for every feature (or the features of ``mapping``), labels from the hidden model.
 
     ``seed`` fixes the hidden model; ``stream`` selects an independent block of rows under that model (use different
-    streams for train/test and for consecutive blocks).
+    streams for train/test and for consecutive blocks). ``fixed_hotness``: every row of a multi-hot feature holds
+    ``max_hotness`` ids (MLPerf's static hotness) instead of 1..max_hotness.
     """
     rng = np.random.default_rng([seed, stream, 7])
     labels = _label_features(spec)
@@ -113,8 +122,9 @@ def generate_columns(spec: FeatureSpec, num_rows: int, seed: int = 12345, mappin
             hot = spec.max_hotness(f)
             if hot > 1:
                 values = power_law_ids(rng, int(card), (num_rows, hot), alpha)
-                counts = rng.integers(1, hot + 1, num_rows)
-                values[np.arange(hot)[None, :] >= counts[:, None]] = PAD
+                if not fixed_hotness:
+                    counts = rng.integers(1, hot + 1, num_rows)
+                    values[np.arange(hot)[None, :] >= counts[:, None]] = PAD
                 columns[f] = values
             else:
                 columns[f] = power_law_ids(rng, int(card), num_rows, alpha).astype(dtype)
@@ -137,7 +147,7 @@ def generate_columns(spec: FeatureSpec, num_rows: int, seed: int = 12345, mappin
 def generate_dataset(spec: FeatureSpec, output_dir: str, num_rows: Dict[str, int], seed: int = 12345,
                      block_rows: int = 1 << 20, spec_filename: str = "feature_spec.yaml", overwrite: bool = False,
                      saved_spec: Optional[FeatureSpec] = None,
-                     tool: str = "recsys_common.synthetic") -> FeatureSpec:
+                     tool: str = "recsys_common.synthetic", fixed_hotness: bool = False) -> FeatureSpec:
     """Write every mapping in ``num_rows`` under ``output_dir`` in the spec's own chunk types; returns the new spec.
 
     Written through ``recsys_common.io.atomic_directory``: a non-empty ``output_dir`` is refused unless ``overwrite``,
@@ -155,7 +165,8 @@ def generate_dataset(spec: FeatureSpec, output_dir: str, num_rows: Dict[str, int
             with DatasetWriter(out, mapping) as writer:
                 for b_index, start in enumerate(range(0, rows, block_rows)):
                     n = min(block_rows, rows - start)
-                    writer.write(generate_columns(out, n, seed, mapping, stream=1000 * (m_index + 1) + b_index))
+                    writer.write(generate_columns(out, n, seed, mapping, stream=1000 * (m_index + 1) + b_index,
+                                                  fixed_hotness=fixed_hotness))
         (saved_spec or out).to_yaml(os.path.join(tmp, spec_filename))
     out.base_directory = os.path.abspath(output_dir)
     out.origin = os.path.join(out.base_directory, spec_filename)
@@ -182,6 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numerical features of the default spec (default 13)")
     p.add_argument("--table_sizes", type=_parse_sizes, default=[100000] * 26,
                    help="comma-separated cardinalities of the default spec's categoricals (default 26 x 100000)")
+    p.add_argument("--hotness", type=_parse_sizes, default=None,
+                   help="comma-separated ids per row of each categorical of the default spec (default all 1)")
+    p.add_argument("--fixed_hotness", action="store_true",
+                   help="every row of a multi-hot feature holds all its ids (default: 1..hotness ids, -1 padded)")
+    p.add_argument("--mlperf_dcnv2", action="store_true",
+                   help="MLPerf DLRM-DCNv2's shape: its 26 cardinalities (capped by --max_table_size when given), "
+                        "its per-table hotness, fixed; replaces --table_sizes, --hotness, --fixed_hotness")
+    p.add_argument("--max_table_size", type=int, default=None,
+                   help="cap every cardinality at this (e.g. to fit MLPerf's tables on a disk)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the hidden model and of the rows (default 12345)")
     p.add_argument("--block_rows", type=int, default=1 << 20, help="rows generated and written per block")
     p.add_argument("--overwrite", action="store_true",
@@ -206,19 +226,38 @@ def summarize(spec: FeatureSpec) -> str:
     return "\n".join(lines)
 
 
+def default_spec(table_sizes: List[int], hotness: Optional[List[int]], num_numerical: int,
+                 max_table_size: Optional[int] = None) -> FeatureSpec:
+    """NVIDIA's Criteo split-binary spec with ``hotness`` ids per row of each table (``max_hotness`` where > 1)."""
+    if max_table_size is not None:
+        if max_table_size < 1:
+            raise ValueError(f"--max_table_size must be positive, got {max_table_size}")
+        table_sizes = [min(int(n), max_table_size) for n in table_sizes]
+    spec = FeatureSpec.get_default_feature_spec(num_numerical, table_sizes)
+    if hotness is not None:
+        if len(hotness) != len(table_sizes) or min(hotness) < 1:
+            raise ValueError(f"--hotness needs {len(table_sizes)} positive values (one per table), got {hotness}")
+        for name, hot in zip(spec.channel_spec["categorical"], hotness):
+            if hot > 1:
+                spec.feature_spec[name]["max_hotness"] = int(hot)
+    return spec
+
+
 def main(argv: Optional[Iterable[str]] = None) -> FeatureSpec:
     args = build_parser().parse_args(None if argv is None else list(argv))
+    if args.mlperf_dcnv2:
+        args.table_sizes, args.hotness, args.fixed_hotness = list(MLPERF_CARDINALITIES), list(MLPERF_HOTNESS), True
     if args.feature_spec:
         spec = FeatureSpec.from_yaml(args.feature_spec)
     else:
-        spec = FeatureSpec.get_default_feature_spec(args.num_numerical_features, args.table_sizes)
+        spec = default_spec(args.table_sizes, args.hotness, args.num_numerical_features, args.max_table_size)
     other = args.test_size if args.test_size is not None else max(1, args.size // 10)
     sizes = {m: (args.size if i == 0 or m == "train" else other) for i, m in enumerate(spec.source_spec)}
     if "train" in sizes:
         sizes = {m: (args.size if m == "train" else other) for m in spec.source_spec}
     start = time.perf_counter()
     out = generate_dataset(spec, args.output, sizes, seed=args.seed, block_rows=args.block_rows,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, fixed_hotness=args.fixed_hotness)
     elapsed = time.perf_counter() - start
     total = sum(sizes.values())
     print(summarize(out))

@@ -99,6 +99,21 @@ def test_cli_default_criteo_spec(tmp_path, capsys):
                                                             "numerical.bin"]
 
 
+def test_cli_mlperf_shape_has_mlperfs_hotness_in_every_row_and_capped_tables(tmp_path):
+    out = synthetic.main(["--output", str(tmp_path / "d"), "--size", "300", "--mlperf_dcnv2",
+                          "--max_table_size", "5000"])
+    assert [out.feature_spec[f]["cardinality"] for f in out.channel_spec["categorical"]] == \
+        [min(n, 5000) for n in synthetic.MLPERF_CARDINALITIES]
+    assert [out.max_hotness(f) for f in out.channel_spec["categorical"]] == list(synthetic.MLPERF_HOTNESS)
+    cols = read_columns(out, "train")
+    wide = cols["cat_20.bin"]                                   # MLPerf's 100-hot table
+    assert wide.shape == (300, 100) and wide.min() >= 0 and wide.max() < 5000   # every row full: no -1 padding
+    assert len(np.unique(wide)) > 1000                          # ids spread over the table (power law, not one id)
+    assert cols["cat_5.bin"].shape == (300,) and cols["cat_5.bin"].max() < 3
+    with pytest.raises(ValueError, match="--hotness needs 2"):
+        synthetic.default_spec([10, 20], [1], 1)
+
+
 def test_cli_refuses_non_empty_output(tmp_path):
     (tmp_path / "x").write_text("keep me")
     with pytest.raises(OutputDirectoryError, match="not empty"):
