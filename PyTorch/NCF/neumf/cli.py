@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early_stop_patience", type=int, default=5,
                    help="With --select_on validation: stop after this many epochs without a better validation HR "
                         "(0: never)")
+    p.add_argument("--tune", action="store_true",
+                   help="Before training, try a few learning rates (then negatives and factors) for --tune_epochs "
+                        "epochs each on the validation split within --tune_budget_s, print the table, and train the "
+                        "best for -e epochs (one process)")
+    p.add_argument("--tune_budget_s", type=float, default=600.0,
+                   help="With --tune: seconds the search may take (a trial starts only if it fits)")
+    p.add_argument("--tune_epochs", type=int, default=3, help="With --tune: epochs of each trial")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by torch.distributed.launch; LOCAL_RANK from the environment is used otherwise")
     return p
@@ -163,6 +170,9 @@ class NcfConfig:
     gmf_dot_product: bool
     select_on: str               # "validation" or "test" once settled ("auto" resolved by the device)
     early_stop_patience: int
+    tune: bool
+    tune_budget_s: float
+    tune_epochs: int
     local_rank: Optional[int]
     given_flags: FrozenSet[str] = frozenset()   # the flags the user typed (the CPU defaults leave these alone)
     cpu_defaults: Optional[str] = None          # the line saying what the CPU defaults chose (None: nothing)
@@ -186,10 +196,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
               (args.negative_samples >= 0, "--negative_samples must be >= 0"), (args.topk > 0, "--topk must be > 0"),
               (0 <= args.dropout < 1, "--dropout must be in [0, 1)"),
               (args.grads_accumulated > 0, "--grads_accumulated must be > 0"),
-              (args.early_stop_patience >= 0, "--early_stop_patience must be >= 0")]
+              (args.early_stop_patience >= 0, "--early_stop_patience must be >= 0"),
+              (args.tune_budget_s > 0, "--tune_budget_s must be > 0"),
+              (args.tune_epochs > 0, "--tune_epochs must be > 0")]
     for ok, message in checks:
         if not ok:
             p.error(message)
+    if args.tune and args.select_on == "test":
+        p.error("--tune chooses on the validation split: it cannot be combined with --select_on test")
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint_dir")
     if bool(args.pretrained_gmf) != bool(args.pretrained_mlp):

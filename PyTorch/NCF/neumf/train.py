@@ -37,6 +37,7 @@ from .cli import ConfigurationError, NcfConfig, build_parser, given_flags, parse
 from .data import DatasetError, EvalSet, NCFData, TrainEpochs, hold_out_validation, load_dataset
 from .distributed import agree_on_seed, all_reduce_sum, init_distributed, shutdown_distributed
 from .evaluation import check_topk, evaluate
+from .tune import tuned_run
 from .model import build_model, fix_gmf_predictor, neumf_state_from_pretrained
 
 
@@ -457,7 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     keep_freed_memory()  # before the first big allocation: see its docstring (page faults at -b 1048576)
     succeeded = False
     try:
-        summary = run(args, given)
+        summary = tuned_run(run, args, given) if args.tune else run(args, given)
         succeeded = True
         return summary
     finally:
