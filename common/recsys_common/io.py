@@ -377,7 +377,10 @@ def _commit(staging: str, path: str, tool: str, marker: Optional[str]) -> None:
     for d in sorted(touched):
         if os.path.isdir(d):
             _fsync_directory(d)
-    # 4. The new files, the marker last.
+    # 4. The new directories (an empty one too: a Triton ensemble's version directory holds no file), the new
+    #    files, the marker last.
+    for rel in sorted(created_dirs):
+        os.makedirs(os.path.join(path, rel), exist_ok=True)
     touched = {path}
     for rel in [f for f in new_files if f != marker]:
         target = os.path.join(path, rel)

@@ -195,19 +195,21 @@ class IdRawMapper:
     kind = "ids"
 
     def __init__(self, directory: str):
-        import pyarrow.parquet as pq
+        # Polars, not pyarrow: Triton's Python stub runs numpy 1.x, which this pyarrow refuses.
+        import polars as pl
         self.directory = directory
         self.tables: Dict[str, Dict[str, np.ndarray]] = {}
         for name, file in NCF_ID_FILES.items():
             path = os.path.join(directory, file)
             try:
-                table = pq.read_table(path, columns=["raw", "id"])
-            except (OSError, ValueError, KeyError) as e:
+                table = pl.read_parquet(path, columns=["raw", "id"])
+            except (OSError, pl.exceptions.PolarsError) as e:
                 raise RawFeatureError(f"{path}: cannot read the raw {name} id mapping ({e}); write the dataset with "
                                       f"PyTorch/NCF convert.py of this version") from None
-            raw = table.column("raw").to_numpy(zero_copy_only=False)
+            raw = table["raw"].to_numpy()
+            raw = raw if raw.dtype.kind in "iu" else raw.astype(str)
             order = np.argsort(raw, kind="stable")
-            self.tables[name] = {"raw": raw[order], "id": table.column("id").to_numpy()[order].astype(np.int64)}
+            self.tables[name] = {"raw": raw[order], "id": table["id"].to_numpy()[order].astype(np.int64)}
 
     def raw_inputs(self) -> List[TensorSpec]:
         return [TensorSpec(name, "int64" if t["raw"].dtype.kind in "iu" else "object", [1])
