@@ -314,6 +314,26 @@ def read_columns(spec: FeatureSpec, mapping: str, features: Optional[Sequence[st
     return out
 
 
+def iter_column_blocks(spec: FeatureSpec, mapping: str, block_rows: int,
+                       check_values: bool = True) -> Iterator[Dict[str, np.ndarray]]:
+    """The mapping's rows in order, ``block_rows`` at a time, as feature -> array in the stored dtype (multi-hot:
+    padded int64 2-D): a whole mapping through bounded memory (split-binary files are memory-mapped; CSV and
+    parquet chunks are read whole, as ``read_columns`` does)."""
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+    sources = _open_sources(spec, mapping)
+    total = sources[0].num_rows if sources else 0
+    for start in range(0, total, block_rows):
+        stop = min(start + block_rows, total)
+        block: Dict[str, np.ndarray] = {}
+        for source in sources:
+            for name, values in source.read(start, stop).items():
+                if check_values and "cardinality" in spec.feature_spec[name]:
+                    _check_categorical(spec, name, values, source.files[0], start)
+                block[name] = np.array(values)
+        yield block
+
+
 class BatchReader:
     """Iterates batches of one mapping; see module docstring for the batch layout.
 
