@@ -1,6 +1,6 @@
 """A small KServe-v2 client over tritonclient (gRPC or HTTP) with a timeout on every call and one error type.
 
-The same code talks to Triton and to MLServer (``mlserver_launcher``): users point it at Triton, tests at MLServer.
+Tests point it at the real Triton server ``triton_server`` starts; users at theirs.
 
     with InferenceClient("127.0.0.1:8001", protocol="grpc", timeout_s=10) as client:
         client.wait_until_ready("dlrm-onnx", timeout_s=60)
@@ -11,9 +11,8 @@ Errors raise ``ServingError`` naming the url, protocol, model and cause: "server
 after ... s", or the server's own message for a bad request (wrong shape, dtype, id out of range).
 
 The HTTP path sends and reads tensors with Triton's binary tensor extension (``binary_data=True``, tritonclient's
-default and what perf_analyzer sends; MLServer accepts it through ``triton_extensions.BinaryTensorMiddleware``, which
-our launcher installs): JSON tensors cost a Python-side encode and parse per value, about 3x the client time at
-batch 512. Never import mlserver in a process that uses this client (protobuf clash).
+default and what perf_analyzer sends): JSON tensors cost a Python-side encode and parse per value, about 3x the
+client time at batch 512. Never import mlserver in a process that uses this client (protobuf clash).
 """
 from __future__ import annotations
 
@@ -107,6 +106,10 @@ class InferenceClient:
         requests = []
         for name, array in inputs.items():
             array = np.ascontiguousarray(array)
+            if array.ndim and array.shape[0] == 0:
+                # Triton answers an empty batch with a byte-size mismatch of some other input; say what it is
+                raise ServingError(f"{self.url} ({self.protocol}), model {model!r}: input {name!r} is an empty batch "
+                                   f"(shape {list(array.shape)}); send at least one row")
             try:
                 datatype = np_to_triton_dtype(array.dtype)
             except Exception:

@@ -248,6 +248,11 @@ def check_model_directory(model_dir: str):
                                        f"'tensorflow_savedmodel'")
         elif not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise ModelConfigError(f"{path}: missing or empty model file for {config.platform or config.backend!r}")
+        artifact = config.parameters["artifact"].string_value if "artifact" in config.parameters else ""
+        if config.backend == "python" and artifact and not os.path.exists(os.path.join(model_dir, str(version),
+                                                                                       artifact)):
+            raise ModelConfigError(f"{os.path.join(model_dir, str(version), artifact)}: missing; config.pbtxt's "
+                                   f"parameter 'artifact' names it for the Python backend's model.py")
     if config.platform == "ensemble":
         _check_ensemble(config, where)
     return config

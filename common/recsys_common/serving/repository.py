@@ -14,7 +14,8 @@ The sidecar ``recsys_serving.json`` (Triton ignores it) records what a client ne
     {"recipe": "dlrm", "format": "onnx",
      "inputs": {"numerical": {"dtype": "float32", "dims": [13], "max_id": null},
                 "cat_0": {"dtype": "int64", "dims": [1], "max_id": 1000},      # ids must be in [0, max_id)
-                "categorical": {"dtype": "int64", "dims": [3], "max_id": [10, 20, 5]}},  # one bound per column
+                "categorical": {"dtype": "int64", "dims": [3], "max_id": [10, 20, 5]},  # one bound per column
+                "raw": {"dtype": "bytes", "dims": [26], "max_id": null, "max_length": 8}},  # bytes per string
      "outputs": ["probability"], "feature_spec": {...} or null, "created_by": "dlrm.deploy"}
 
 This module must stay importable in the MLServer process (``read_sidecar`` is used there): it imports
@@ -57,6 +58,11 @@ def validate_sidecar(sidecar: Dict[str, Any], source: str = "sidecar") -> Dict[s
                                                      for b in bounds)):
             raise SidecarError(f"{source}: inputs.{name}.max_id must be a positive integer, a list of them (one per "
                                f"column of the last dimension) or null, got {max_id!r}")
+        max_length = entry.get("max_length")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length <= 0):
+            raise SidecarError(f"{source}: inputs.{name}.max_length (bytes per string) must be a positive integer "
+                               f"or absent, got {max_length!r}")
         if isinstance(max_id, list) and (not entry["dims"] or entry["dims"][-1] != len(max_id)):
             raise SidecarError(f"{source}: inputs.{name}.max_id has {len(max_id)} bounds but dims {entry['dims']} "
                                f"end in {entry['dims'][-1] if entry['dims'] else 'nothing'} columns")
@@ -124,8 +130,8 @@ class RepositoryWriter:
 
 
 @contextlib.contextmanager
-def model_repository(repo_dir: str, *, overwrite: bool = False,
-                     tool: str = "recsys_common.serving") -> Iterator[RepositoryWriter]:
+def model_repository(repo_dir: str, *, overwrite: bool = False, tool: str = "recsys_common.serving",
+                     backend: str = "native") -> Iterator[RepositoryWriter]:
     """Stage a Triton model repository and move it into ``repo_dir`` when the block succeeds.
 
     Args:
@@ -134,9 +140,14 @@ def model_repository(repo_dir: str, *, overwrite: bool = False,
             without it a non-empty ``repo_dir`` raises ``recsys_common.io.OutputDirectoryError`` before any work.
         tool: who writes (e.g. "dlrm.deploy"); a later run of the same tool with ``overwrite`` replaces exactly the
             files this one wrote (all its models), never another tool's.
+        backend: "native" (each model on its platform's backend, as written) or "python": every model rewritten
+            as its Python-backend variant when the block ends (``python_backend``: the CPU repository).
     Yields: a ``RepositoryWriter``. When the block ends every added model is checked (``check_model_directory``:
     e.g. the exporter forgot ``model.onnx``) before anything is moved; any error leaves ``repo_dir`` as it was.
     """
+    from .python_backend import BACKENDS, convert_to_python_backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
     with atomic_directory(repo_dir, overwrite, tool=tool) as staging:
         writer = RepositoryWriter(staging, tool)
         yield writer
@@ -144,3 +155,6 @@ def model_repository(repo_dir: str, *, overwrite: bool = False,
             raise ValueError(f"{repo_dir}: no model was added to the repository")
         for name in writer.models:
             check_model_directory(os.path.join(staging, name))
+            if backend == "python":
+                convert_to_python_backend(os.path.join(staging, name))
+                check_model_directory(os.path.join(staging, name))

@@ -128,7 +128,8 @@ def write_repository(module: nn.Module, sidecar: Mapping, formats: Sequence[str]
     sample = dict(sample) if sample is not None else random_rows(sidecar["inputs"], SAMPLE_ROWS)
     names = model_names(options.model_name, formats)
     written = []
-    with model_repository(options.repository, overwrite=options.overwrite, tool=tool) as repo:
+    with model_repository(options.repository, overwrite=options.overwrite, tool=tool,
+                          backend=options.backend) as repo:
         for fmt in formats:
             text = model_config_text(names[fmt], PLATFORMS[fmt], inputs, outputs, options.max_batch_size,
                                      dynamic_batching_delay_us=options.dynamic_batching_delay_us,

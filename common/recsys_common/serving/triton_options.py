@@ -28,6 +28,9 @@ from recsys_common.cli import InputError
 
 MICROSECONDS_PER_MILLISECOND = 1000
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU")
+#: How the models run in Triton: "native" (each format on its platform's backend: onnxruntime, libtorch, TensorFlow;
+#: NVIDIA's containers) or "python" (Triton's Python backend running the same file on the CPU: ``python_backend``).
+BACKENDS = ("native", "python")
 
 
 class TritonOptionsError(InputError):
@@ -71,6 +74,7 @@ class TritonOptions:
         instance_kind: ``KIND_CPU`` or ``KIND_GPU``.
         repository: the model repository directory to write.
         overwrite: replace this tool's earlier models in a non-empty ``repository`` (other files stay).
+        backend: "native" or "python" (``BACKENDS``; python: the CPU repository, every instance ``KIND_CPU``).
     """
     model_name: str
     version: int = 1
@@ -80,6 +84,7 @@ class TritonOptions:
     instance_kind: str = "KIND_CPU"
     repository: str = "./triton_models"
     overwrite: bool = False
+    backend: str = "native"
 
     def __post_init__(self):
         if not self.model_name:
@@ -91,6 +96,8 @@ class TritonOptions:
         check_delay_us(self.dynamic_batching_delay_us)
         if self.instance_kind not in INSTANCE_KINDS:
             raise TritonOptionsError(f"instance kind {self.instance_kind!r} is not one of {INSTANCE_KINDS}")
+        if self.backend not in BACKENDS:
+            raise TritonOptionsError(f"--triton-backend must be one of {BACKENDS}, got {self.backend!r}")
 
     @property
     def preferred_batch_sizes(self) -> Optional[List[int]]:
@@ -134,11 +141,20 @@ def add_batching_delay_arguments(parser, *, default_us: Optional[int] = None) ->
                              "batching without waiting")
 
 
+def add_backend_argument(parser) -> None:
+    """``--triton-backend native|python`` into ``triton_backend`` (see ``BACKENDS``)."""
+    parser.add_argument("--triton-backend", choices=BACKENDS, default="native",
+                        help="native: each model on its format's Triton backend (onnxruntime, libtorch, TensorFlow; "
+                             "NVIDIA's containers); python: the CPU repository, the same files run by Triton's "
+                             "Python backend (what `python -m recsys_common.serving.triton_server` serves)")
+
+
 def add_triton_arguments(parser, *, default_model_name: str, default_max_batch_size: int = 65536,
                          max_batch_size_help: str = "max_batch_size in config.pbtxt (rows per request)"):
     """NVIDIA's ``--triton-*`` group of the PyTorch deployers (``--triton-model-name``, ``--triton-model-version``,
     ``--triton-max-batch-size``, the batching delay, ``--triton-engine-count``, ``--save-dir``, ``--deploy_cpu``,
-    ``--overwrite``); :func:`triton_options` builds the options object from the parsed flags. Returns the group."""
+    ``--overwrite``, ``--triton-backend``); :func:`triton_options` builds the options object from the parsed flags.
+    Returns the group."""
     triton = parser.add_argument_group("triton related flags (NVIDIA's names)")
     triton.add_argument("--triton-model-name", default=default_model_name,
                         help="model name prefix: <name>-onnx and <name>-ts")
@@ -152,6 +168,7 @@ def add_triton_arguments(parser, *, default_model_name: str, default_max_batch_s
                         help="instance_group kind KIND_CPU (default KIND_GPU, as NVIDIA's deployer)")
     triton.add_argument("--overwrite", action="store_true",
                         help="replace this tool's earlier models in a non-empty --save-dir (other files stay)")
+    add_backend_argument(triton)
     return triton
 
 
@@ -163,4 +180,4 @@ def triton_options(args: argparse.Namespace) -> TritonOptions:
                          dynamic_batching_delay_us=args.dynamic_batching_delay_us,
                          instance_count=args.triton_engine_count,
                          instance_kind="KIND_CPU" if args.deploy_cpu else "KIND_GPU",
-                         repository=args.save_dir, overwrite=args.overwrite)
+                         repository=args.save_dir, overwrite=args.overwrite, backend=args.triton_backend)

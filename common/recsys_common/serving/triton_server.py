@@ -147,14 +147,22 @@ class ServerHandle:
     pid: int
 
 
-def log_tail(path: str, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log file (Triton's NVML / DCGM notices on a machine without GPUs dropped)."""
+#: Log lines that say nothing on a machine without GPUs.
+_LOG_NOISE = ("NVML", "DCGM", "CudaDriverHelper", "CUDA memory pool", "Pinned memory pool")
+
+
+def log_tail(path: str, lines: int = 30) -> str:
+    """The server log's error lines (Triton's ``E...`` lines, which a model's refusal is) and its last ``lines``
+    lines, without the option tables and the GPU notices of a machine without GPUs."""
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
-            kept = [line for line in f if "NVML" not in line and "DCGM" not in line]
-        return "".join(kept[-lines:])
+            kept = [line for line in f if not line.startswith(("|", "+-")) and line.strip()
+                    and not any(noise in line for noise in _LOG_NOISE)]
     except OSError:
         return "(no log)"
+    tail = kept[-lines:]
+    errors = [line for line in kept[:-lines] if line.startswith("E") or "error" in line.lower()][-10:]
+    return "".join(errors + (["...\n"] if errors else []) + tail)
 
 
 def _http_ok(url: str) -> bool:
