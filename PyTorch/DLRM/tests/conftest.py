@@ -53,3 +53,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def train_steps(trainable, batches):
+    """Train ``trainable`` (``dlrm.model.parallel.TrainableModel``) on ``(numerical, categorical, label)`` batches as
+    the training loop does (zero_grad, forward, BCE-with-logits backward, step); returns it."""
+    import torch
+    for numerical, categorical, label in batches:
+        trainable.zero_grad()
+        logits = trainable.module(numerical, categorical)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, label).backward()
+        trainable.step()
+    return trainable

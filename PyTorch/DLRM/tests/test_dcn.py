@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from conftest import train_steps
 from dlrm import cli
 from dlrm.data import default_synthetic_info
 from dlrm.model import DLRM, LowRankCrossInteraction, MultiTableEmbeddings, torchrec_available
@@ -55,15 +56,6 @@ def _batches(count, batch=32):
              torch.randint(0, 2, (batch,), generator=generator).float()) for _ in range(count)]
 
 
-def _train(trainable, batches):
-    for numerical, categorical, label in batches:
-        trainable.zero_grad()
-        logits = trainable.module(numerical, categorical)
-        torch.nn.functional.binary_cross_entropy_with_logits(logits, label).backward()
-        trainable.step()
-    return trainable
-
-
 def test_adagrad_updates_the_mlps_and_the_tables_as_torch_adagrad_does():
     """The recipe's Adagrad (sparse table gradients) equals dense ``torch.optim.Adagrad`` over every parameter."""
     batches = _batches(4)
@@ -75,7 +67,7 @@ def test_adagrad_updates_the_mlps_and_the_tables_as_torch_adagrad_does():
     reference.load_state_dict(ours.core.state_dict())
     initial = {k: v.clone() for k, v in reference.state_dict().items()}
     optimizer = torch.optim.Adagrad(reference.parameters(), lr=0.05, eps=1e-10)
-    _train(ours, batches)
+    train_steps(ours, batches)
     for numerical, categorical, label in batches:
         optimizer.zero_grad()
         torch.nn.functional.binary_cross_entropy_with_logits(reference(numerical, categorical), label).backward()
@@ -106,8 +98,8 @@ def test_fused_torchrec_adagrad_tables_match_the_plain_ones(monkeypatch):
         for i, table in enumerate(tables):
             plain.core.embeddings.tables[i].weight.data.copy_(table)
         batches = _batches(3)
-        _train(fused, batches)
-        _train(plain, batches)
+        train_steps(fused, batches)
+        train_steps(plain, batches)
         state = fused.state_dict()
         for i, key in enumerate(fused.table_state_keys):
             table = state[key].local_shards()[0].tensor if hasattr(state[key], "local_shards") else state[key]

@@ -6,6 +6,7 @@ same tables."""
 import pytest
 import torch
 
+from conftest import train_steps
 from dlrm.model import MultiTableEmbeddings, torchrec_available
 from dlrm.model.embeddings import FusedSGDTableEmbeddings
 from dlrm.model.parallel import ModelConfig, build_trainable_model
@@ -53,13 +54,8 @@ def test_bags_sum_the_rows_of_their_ids_and_empty_bags_are_zero():
 
 def _train(embedding_type, batches, fused_sgd=None):
     torch.manual_seed(0)
-    trainable = build_trainable_model(CONFIG, embedding_type, torch.device("cpu"), 1, lr=0.5, fused_sgd=fused_sgd)
-    for numerical, categorical, label in batches:
-        trainable.zero_grad()
-        logits = trainable.module(numerical, categorical)
-        torch.nn.functional.binary_cross_entropy_with_logits(logits, label).backward()
-        trainable.step()
-    return trainable
+    return train_steps(build_trainable_model(CONFIG, embedding_type, torch.device("cpu"), 1, lr=0.5,
+                                             fused_sgd=fused_sgd), batches)
 
 
 def test_fused_and_plain_multi_hot_tables_train_the_same():
