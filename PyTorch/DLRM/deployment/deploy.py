@@ -40,6 +40,7 @@ from dlrm.data import DataError, dataset_info
 from recsys_common.cli import InputError, exit_status
 from recsys_common.feature_spec import FeatureSpec, negative_downsampling_rate
 from recsys_common.serving import torch_export
+from recsys_common.serving.raw_ensemble import add_raw_ensembles, add_raw_features_argument
 from recsys_common.serving.torch_export import add_format_arguments
 from recsys_common.serving.triton_options import add_triton_arguments, triton_options
 
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rows of the exported-vs-eager check after export (0: skip)")
     model.add_argument("--check_tolerance", type=float, default=1e-4,
                        help="largest |exported - eager| probability accepted by that check")
+    add_raw_features_argument(model)
     return p
 
 
@@ -143,8 +145,9 @@ def deploy(argv: Optional[Sequence[str]] = None) -> Dict:
         if worst > args.check_tolerance:
             raise DeployError(f"exported model differs from the eager model by {worst:.3g} (> --check_tolerance "
                               f"{args.check_tolerance}): {diffs}")
-    return {"models": model_dirs, "max_abs_diff": diffs, "config": config.to_dict(), "checkpoint": path,
-            "negative_downsampling_rate": rate}
+    raw_models = add_raw_ensembles(model_dirs, args.raw_features_from)
+    return {"models": model_dirs, "raw_models": raw_models, "max_abs_diff": diffs, "config": config.to_dict(),
+            "checkpoint": path, "negative_downsampling_rate": rate}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

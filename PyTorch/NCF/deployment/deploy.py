@@ -45,6 +45,7 @@ from neumf.recommend import DEFAULT_DROPOUT, DEFAULT_FACTORS, DEFAULT_LAYERS, lo
 from recsys_common.cli import run_main  # noqa: E402
 from recsys_common.serving import torch_export  # noqa: E402
 from recsys_common.serving.torch_export import add_format_arguments  # noqa: E402
+from recsys_common.serving.raw_ensemble import add_raw_ensembles, add_raw_features_argument  # noqa: E402
 from recsys_common.serving.triton_options import add_triton_arguments, triton_options  # noqa: E402
 
 TOOL_PATH = "PyTorch/NCF/deployment/deployer.py"   # the owner recorded in the repository (--overwrite replaces its files)
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     model.add_argument("--load_checkpoint_path", "--model_checkpoint", dest="load_checkpoint_path", default=None,
                        help="checkpoint written by ncf.py (model.pth / last.pth) or a bare state dict")
+    add_raw_features_argument(model)
     model.add_argument("--random_weights", action="store_true",
                        help="no checkpoint: a randomly initialised model from the flags (speed tests)")
     given = "; checked against the checkpoint when given"
@@ -123,7 +125,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             module, model_dirs, options.version,
             serving.example_inputs(config["num_users"], config["num_items"], args.check_rows, seed=1),
             serving.OUTPUT_NAME)
-    return {"models": model_dirs, "max_abs_diff": diffs, "config": config}
+    raw_models = add_raw_ensembles(model_dirs, args.raw_features_from)
+    return {"models": model_dirs, "raw_models": raw_models, "max_abs_diff": diffs, "config": config}
 
 
 INPUT_ERRORS = (DeployError, CheckpointError, ValueError, FileExistsError)

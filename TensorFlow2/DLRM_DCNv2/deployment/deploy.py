@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Dict, Optional, Sequence
 
 # DeployError is this command's bad-input error (defined with the library it checks for)
 from dlrm_dcnv2.serving import FORMATS, LAYOUTS, DeployError, check_downsampling_rate, write_repository
 from recsys_common.cli import exit_status
+from recsys_common.serving.raw_ensemble import add_raw_ensembles, add_raw_features_argument
 from recsys_common.serving.triton_options import add_batching_delay_arguments
 
 UNAVAILABLE_FORMATS = {
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="w in (0, 1]: the training data kept each negative with probability w (as "
                         "recsys_common.prepare_clicks'); the served probability is sigmoid(logit + log w), the full "
                         "data's. Default: the rate recorded in --dataset_path's feature spec (1.0 without one)")
+    add_raw_features_argument(p)
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing repository's models written by this tool (other files are kept)")
     return p
@@ -114,15 +117,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Parse ``argv`` and write the repository; returns ``dlrm_dcnv2.serving.write_repository``'s result."""
     args = parse_args(argv)
-    return write_repository(args.checkpoint_dir, args.model_repository_path, model_name=args.model_name,
-                            sparse_model_name=args.sparse_model_name, dense_model_name=args.dense_model_name,
-                            version=args.model_version, layout=args.layout, formats=args.format_list,
-                            sparse_format=args.sparse_format, dense_format=args.dense_format,
-                            max_batch_size=args.max_batch_size,
-                            dynamic_batching_delay_us=args.dynamic_batching_delay_us,
-                            instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
-                            dataset_path=args.dataset_path, feature_spec=args.feature_spec,
-                            overwrite=args.overwrite, negative_downsampling_rate=args.negative_downsampling_rate)
+    result = write_repository(args.checkpoint_dir, args.model_repository_path, model_name=args.model_name,
+                              sparse_model_name=args.sparse_model_name, dense_model_name=args.dense_model_name,
+                              version=args.model_version, layout=args.layout, formats=args.format_list,
+                              sparse_format=args.sparse_format, dense_format=args.dense_format,
+                              max_batch_size=args.max_batch_size,
+                              dynamic_batching_delay_us=args.dynamic_batching_delay_us,
+                              instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
+                              dataset_path=args.dataset_path, feature_spec=args.feature_spec,
+                              overwrite=args.overwrite, negative_downsampling_rate=args.negative_downsampling_rate)
+    result["raw_models"] = add_raw_ensembles([os.path.join(args.model_repository_path, m) for m in result["models"]],
+                                             args.raw_features_from)
+    return result
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,94 @@
+"""Raw Criteo rows served: the real Criteo sample prepared by the default engine, a DCNv2 of its shape (weights from
+a fixed seed, saved as ``dcnv2.py`` saves them) deployed with its raw ensemble (``deploy.py --raw_features_from``),
+its models run by Triton's Python backend on one real Triton for the module. The raw test-split lines give Keras'
+probabilities on the preprocessed test rows."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from recsys_testing import shared_data_path
+
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient talks to Triton (requirements.txt)")
+
+TRAIN_END, TEST_END = 1714, 1857   # the Kaggle split of the 1999 sample lines (layout.split_boundaries)
+# Measured (2026-11-28): onnxruntime in the Python backend vs eager Keras, about 1e-7 in probability.
+TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def criteo(tmp_path_factory):
+    """The 1999 real rows -> the default engine's dataset (frequency limit 3: rare values in every split)."""
+    from recsys_common.criteo import polars_preprocess
+    work = tmp_path_factory.mktemp("raw_criteo")
+    (work / "in").mkdir()
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), work / "in" / "train.txt")
+    polars_preprocess.main(["--input_path", str(work / "in"), "--output_path", str(work / "data"),
+                            "--frequency_limit", "3", "--train_ordering", "input"])
+    return str(work / "data")
+
+
+def write_checkpoint(root, table_sizes, seed=3):
+    """A DCNv2 for the dataset's 26 tables and 13 numericals, saved with the recipe's own ``save_checkpoint``."""
+    import tensorflow as tf
+    from dlrm_dcnv2.checkpointing import save_checkpoint
+    from dlrm_dcnv2.distributed.hvd_utils import Context
+    from dlrm_dcnv2.model.model import build_model
+    shape = dict(table_sizes=table_sizes, hotness=[1] * 26, embedding_dims=[4] * 26, bottom_mlp_dims=[16, 4],
+                 top_mlp_dims=[16, 8, 1], interaction="cross", num_numerical_features=13, num_cross_layers=2,
+                 cross_layer_projection_dim=4)
+    tf.keras.utils.set_random_seed(seed)
+    model = build_model(table_sizes=table_sizes, embedding_dims=shape["embedding_dims"],
+                        bottom_mlp_dims=shape["bottom_mlp_dims"], top_mlp_dims=shape["top_mlp_dims"],
+                        interaction="cross", num_numerical_features=13, hotness=shape["hotness"],
+                        num_cross_layers=2, cross_layer_projection_dim=4, seed=seed)
+    return save_checkpoint(str(root), 1, model, None, Context(), dict(shape, model="dcnv2"))
+
+
+@pytest.fixture(scope="module")
+def served(criteo, tmp_path_factory):
+    from deployment import deploy
+    from recsys_common.serving.python_backend import convert_to_python_backend
+    from recsys_common.serving.triton_server import serve_repository
+    out = tmp_path_factory.mktemp("raw_dcnv2")
+    with open(os.path.join(criteo, "preprocess_report.json"), encoding="utf-8") as f:
+        checkpoint = write_checkpoint(out / "ckpt", json.load(f)["cardinalities"])
+    repo = str(out / "repo")
+    result = deploy.main(["--checkpoint-dir", os.path.dirname(checkpoint), "--model-repository-path", repo,
+                          "--model-name", "dcnv2", "--formats", "onnx", "--cpu", "--dataset_path", criteo,
+                          "--max-batch-size", "512", "--raw_features_from", criteo])
+    assert result["raw_models"] == ["dcnv2-onnx-raw"]
+    convert_to_python_backend(os.path.join(repo, "dcnv2-onnx"))   # the CPU repository's model
+    with serve_repository(repo, ["dcnv2-onnx-raw"], startup_timeout_s=180) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            yield client, checkpoint
+        finally:
+            client.close()
+
+
+def raw_test_rows():
+    with open(shared_data_path("criteo", "kaggle-train-head1999.tsv"), encoding="utf-8") as f:
+        fields = [(line.split("\t") + [""] * 40)[:40] for line in f.read().split("\n")[TRAIN_END:TEST_END]]
+    return (np.array([[v.encode() for v in f[1:14]] for f in fields], dtype=object),
+            np.array([[v.encode() for v in f[14:]] for f in fields], dtype=object))
+
+
+def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served, criteo):
+    from dlrm_dcnv2.serving import keras_probabilities, load_checkpoint_model
+    from recsys_common.datasets import read_columns
+    from recsys_common.feature_spec import FeatureSpec
+    client, checkpoint = served
+    inputs = []
+    for name, array in zip(("raw_integer", "raw_categorical"), raw_test_rows()):
+        tensor = httpclient.InferInput(name, list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    got = client.infer("dcnv2-onnx-raw", inputs).as_numpy("probability")
+    columns = read_columns(FeatureSpec.from_yaml(os.path.join(criteo, "feature_spec.yaml")), "test")
+    batch = {"numerical": np.stack([columns[f"num_{i}"] for i in range(13)], axis=1).astype(np.float32)}
+    batch.update({f"cat_{t}": columns[f"cat_{t}.bin"].astype(np.int64)[:, None] for t in range(26)})
+    expected = keras_probabilities(load_checkpoint_model(checkpoint), batch)
+    assert got.shape == (TEST_END - TRAIN_END, 1) and expected.std() > 1e-4   # not a constant model
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE)
