@@ -1,5 +1,5 @@
-"""Served DLRM: the deployer's repository served by MLServer (KServe-v2, the protocol Triton speaks; one server for the
-module), queried with tritonclient over HTTP and gRPC. Parity eager vs TorchScript vs onnxruntime vs served on one
+"""Served DLRM: the deployer's CPU repository (``--triton-backend python``) served by a real Triton server (one for the
+module, ``recsys_common.serving.triton_server``), queried with tritonclient over HTTP and gRPC. Parity eager vs TorchScript vs onnxruntime vs served on one
 batch, evaluate_accuracy and evaluate_latency against the server, bad requests and an unreachable server."""
 import json
 import os
@@ -10,8 +10,8 @@ import torch
 
 from test_serving_export import checkpoint  # noqa: F401  (module-scoped fixture: a briefly trained checkpoint)
 
-# Measured (2026-11-24): served (onnxruntime in MLServer) vs eager differs by 1.2e-7 at most in probability, HTTP
-# (JSON) and gRPC alike; both equal local onnxruntime exactly.
+# Measured (2026-11-24): served (onnxruntime) vs eager differs by 1.2e-7 at most in probability, HTTP and gRPC alike;
+# both equal local onnxruntime exactly (2026-11-28: also inside Triton's Python backend).
 SERVED_TOLERANCE = 1e-6
 
 
@@ -20,13 +20,14 @@ def repository(checkpoint, small_dataset, tmp_path_factory):
     from deployment import deploy as deployer
     repo = str(tmp_path_factory.mktemp("dlrm_triton") / "repo")
     deployer.deploy(["--onnx", "--ts-script", "--deploy_cpu", "--triton-max-batch-size", "4096", "--save-dir", repo,
-                     "--model_checkpoint", checkpoint, "--dataset", small_dataset, "--check_rows", "0"])
+                     "--model_checkpoint", checkpoint, "--dataset", small_dataset, "--check_rows", "0",
+                     "--triton-backend", "python"])
     return repo
 
 
 @pytest.fixture(scope="module")
 def server(repository):
-    from recsys_common.serving.mlserver_launcher import serve_repository
+    from recsys_common.serving.triton_server import serve_repository
     with serve_repository(repository, startup_timeout_s=180, intra_op_threads=1) as handle:
         yield handle
 
@@ -71,14 +72,15 @@ def test_eager_torchscript_onnxruntime_served_agree(server, repository, model):
 
 def test_generated_configs_are_valid_triton_configs(repository):
     from recsys_common.serving.model_config import check_model_directory
-    for name, platform, file in (("dlrm-onnx", "onnxruntime_onnx", "model.onnx"),
-                                 ("dlrm-ts", "pytorch_libtorch", "model.pt")):
+    for name, file in (("dlrm-onnx", "model.onnx"), ("dlrm-ts", "model.pt")):
         config = check_model_directory(os.path.join(repository, name))
-        assert (config.name, config.platform, config.max_batch_size) == (name, platform, 4096)
+        assert (config.name, config.backend, config.max_batch_size) == (name, "python", 4096)
+        assert config.parameters["artifact"].string_value == file
         assert [(i.name, list(i.dims)) for i in config.input] == [("numerical", [13]), ("categorical", [8])]
         assert [(o.name, list(o.dims)) for o in config.output] == [("probability", [1])]
         assert config.instance_group[0].kind == config.instance_group[0].KIND_CPU
         assert os.path.isfile(os.path.join(repository, name, "1", file))
+        assert os.path.isfile(os.path.join(repository, name, "1", "model.py"))
 
 
 def test_evaluate_accuracy_through_http_and_grpc(server, checkpoint, small_dataset, tmp_path):

@@ -1,7 +1,8 @@
-"""Serving end to end: checkpoint -> deployer.py -> Triton repository -> MLServer (KServe v2) -> tritonclient.
+"""Serving end to end: checkpoint -> deployer.py -> the CPU repository (``--triton-backend python``) -> a real Triton
+server (``recsys_common.serving.triton_server``) -> tritonclient.
 
-One MLServer for the module (it serves the repository's ONNX model with onnxruntime; no Triton server can run
-here). Checked: every generated config.pbtxt parses with Triton's protobuf and matches the flags; eager vs
+One server for the module (Triton 2.51, both models through its Python backend). Checked: Triton loads every
+generated config.pbtxt as written and they match the flags; eager vs
 TorchScript vs onnxruntime vs served (HTTP and gRPC) predictions on one batch (measured: TorchScript identical,
 onnxruntime and served within 6e-8; allowed 1e-6); evaluate_accuracy over the server equals the recipe's own
 ``ncf.py --mode test`` HR@10 / NDCG@10; evaluate_latency writes its JSON and PNG; bad input is a clear error.
@@ -28,21 +29,22 @@ from conftest import train_tiny_neumf  # noqa: E402
 from neumf.recommend import load_model  # noqa: E402
 from recsys_common.cli import CheckFailedError  # noqa: E402
 from recsys_common.serving.client import InferenceClient, ServingError  # noqa: E402
-from recsys_common.serving.mlserver_launcher import serve_repository  # noqa: E402
+from recsys_common.serving.triton_server import serve_repository  # noqa: E402
 from recsys_common.serving.model_config import check_model_directory  # noqa: E402
 from recsys_testing import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    """Tiny dataset, a 4-epoch NeuMF checkpoint (HR@10 0.46), its repository (ncf-onnx + ncf-ts), and MLServer serving it."""
+    """Tiny dataset, a 4-epoch NeuMF checkpoint (HR@10 0.46), its CPU repository (ncf-onnx + ncf-ts), and Triton
+    serving it."""
     root = tmp_path_factory.mktemp("serving")
     data, checkpoint = train_tiny_neumf(str(root))
     repo = str(root / "repo")
     result = deployer.main(["--load_checkpoint_path", checkpoint, "--save-dir", repo, "--deploy_cpu",
                             "--triton-max-batch-size", "8192", "--triton-dyn-batching-delay", "0.5",
-                            "--triton-engine-count", "2", "--check_rows", "512"])
-    with serve_repository(repo, log_path=str(root / "mlserver.log")) as server:
+                            "--triton-engine-count", "2", "--check_rows", "512", "--triton-backend", "python"])
+    with serve_repository(repo, log_path=str(root / "tritonserver.log")) as server:
         yield {"root": root, "data": data, "checkpoint": checkpoint, "repo": repo, "server": server,
                "deploy": result}
 
@@ -50,7 +52,9 @@ def deployed(tmp_path_factory):
 def test_repository_configs_are_valid_triton_configs(deployed):
     onnx = check_model_directory(os.path.join(deployed["repo"], "ncf-onnx"))
     ts = check_model_directory(os.path.join(deployed["repo"], "ncf-ts"))
-    assert (onnx.platform, ts.platform) == ("onnxruntime_onnx", "pytorch_libtorch")
+    assert (onnx.backend, ts.backend) == ("python", "python")
+    assert (onnx.parameters["artifact"].string_value, ts.parameters["artifact"].string_value) == ("model.onnx",
+                                                                                                  "model.pt")
     for config in (onnx, ts):
         assert config.max_batch_size == 8192
         assert config.dynamic_batching.max_queue_delay_microseconds == 500
@@ -59,6 +63,7 @@ def test_repository_configs_are_valid_triton_configs(deployed):
         assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("probability", 11, [1])]
     assert os.path.isfile(os.path.join(deployed["repo"], "ncf-onnx", "1", "model.onnx"))
     assert os.path.isfile(os.path.join(deployed["repo"], "ncf-ts", "1", "model.pt"))
+    assert os.path.isfile(os.path.join(deployed["repo"], "ncf-ts", "1", "model.py"))
     # the deployer's own check after export, on 512 random rows
     assert deployed["deploy"]["max_abs_diff"]["ncf-ts"] == 0.0
     assert deployed["deploy"]["max_abs_diff"]["ncf-onnx"] <= 1e-6

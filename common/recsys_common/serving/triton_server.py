@@ -47,6 +47,8 @@ from .model_config import ModelConfigError, check_model_directory
 INSTALL_SUBDIR = os.path.join("opt", "tritonserver")
 #: Set to another install directory (same layout) to use it instead.
 INSTALL_ENV = "RECSYS_TRITONSERVER_HOME"
+#: Read by the CPU repository's ``model.py`` (``triton_python_model.THREADS_ENV``; that file imports nothing of ours).
+THREADS_ENV = "RECSYS_SERVING_THREADS"
 #: The backend each platform needs (an ensemble is scheduled by Triton itself).
 PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch",
                      "tensorflow_savedmodel": "tensorflow", "ensemble": None}
@@ -205,7 +207,7 @@ def _wait_until_ready(proc: subprocess.Popen, repo_dir: str, url: str, models: S
 @contextlib.contextmanager
 def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, http_port: Optional[int] = None,
                      grpc_port: Optional[int] = None, startup_timeout_s: float = 120.0, log_path: Optional[str] = None,
-                     host: str = "127.0.0.1", stop_timeout_s: float = 10.0,
+                     host: str = "127.0.0.1", stop_timeout_s: float = 10.0, intra_op_threads: int = 0,
                      install: Optional[TritonInstall] = None) -> Iterator[ServerHandle]:
     """Serve a model repository with Triton; yield a ``ServerHandle`` once every served model is READY.
 
@@ -217,6 +219,8 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
         log_path: the server's stdout+stderr (default: a file in a temporary directory, removed on exit).
         host: the address to bind (loopback by default; the client connects to 127.0.0.1 when it is 0.0.0.0).
         stop_timeout_s: how long Triton may take to stop (its ``--exit-timeout-secs``) before SIGKILL.
+        intra_op_threads: framework threads per model instance (onnxruntime, torch, TensorFlow inside ``model.py``,
+            through ``RECSYS_SERVING_THREADS``); 0: each framework's default.
         install: the server to run (default ``find_tritonserver()``).
     Raises ``ServingError`` (with the end of the server log) if the server exits or misses the deadline (a model
     Triton refuses makes it exit); the server's process group is stopped on exit from the block, also when it raises.
@@ -231,6 +235,8 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
     client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     command = triton_command(install, repo_dir, models, host, http_port, grpc_port, max(1, int(stop_timeout_s)))
     env = dict(os.environ, PATH=os.pathsep.join([install.stub_bin, os.environ.get("PATH", "")]))
+    if intra_op_threads:
+        env[THREADS_ENV] = str(int(intra_op_threads))
     with tempfile.TemporaryDirectory(prefix="recsys_triton_") as workdir:
         log_path = os.path.abspath(log_path) if log_path else os.path.join(workdir, "tritonserver.log")
         watchdog = [sys.executable, "-m", "recsys_common.serving._process_watchdog", str(os.getpid()),
@@ -260,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (Triton's default 8001)")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for every model")
     parser.add_argument("--log-path", default=None, help="server log file (default: a temporary file)")
+    parser.add_argument("--intra-op-threads", type=int, default=0,
+                        help="framework threads per model instance (0: each framework's default)")
     return parser
 
 
@@ -270,7 +278,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # SIGTERM stops like Ctrl-C, so that the server group is always taken down with us
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     with serve_repository(args.model_repository, args.models, http_port=args.http_port, grpc_port=args.grpc_port,
-                          startup_timeout_s=args.startup_timeout, log_path=args.log_path, host=args.host) as server:
+                          startup_timeout_s=args.startup_timeout, log_path=args.log_path, host=args.host,
+                          intra_op_threads=args.intra_op_threads) as server:
         print(f"serving {', '.join(server.models)}: HTTP {server.http_url}, gRPC {server.grpc_url} "
               f"(log {server.log_path}); Ctrl-C stops", flush=True)
         try:
