@@ -19,6 +19,9 @@ NCF / MovieLens ids     ``user``, ``item`` INT64 [1] (BYTES when    ``user_ids.p
 (``convert.py``)        the input's ids were text)                  the training data never had is an error naming
                                                                     the row (NeuMF has no embedding for it, and
                                                                     training had no rule for one)
+Wide & Deep MovieLens   ``userId``, ``movieId`` INT64 [1]           the ETL's fitted workflow (``workflow/``): ids by
+(its ETL: ``workflow/``)                                            its vocabularies (2 unseen), the movie's genres
+                                                                    joined and encoded, -1 padded
 ======================  =========================================  ====================================================
 
 Why integers travel as text: a raw row's fields are text (the engines parse them), a missing integer is an empty
@@ -242,6 +245,62 @@ class IdRawMapper:
         return out
 
 
+class MovieLensWorkflowRawMapper:
+    """Raw MovieLens ratings (``userId``, ``movieId`` INT64 [1]) -> the Wide & Deep MovieLens model's inputs,
+    through the fitted workflow its ETL saved (``workflow/``: ``workflow.json``, ``vocab.<column>.parquet``,
+    ``movies.parquet``; format ``wide_deep.movielens.workflow`` version 1): ids by the vocabularies (index 3 + k;
+    2 for a value training never saw), ``genres`` the movie's genres joined from the movies table, encoded the same
+    way and padded with -1 to the widest movie (``max_hotness``). Read here from the files (Polars and numpy): the
+    recipe's own ``MovieLensWorkflow`` needs pyarrow, which Triton's numpy-1.x stub cannot import."""
+
+    kind = "movielens_workflow"
+    FORMAT, VERSION, DIRECTORY = "wide_deep.movielens.workflow", 1, "workflow"
+    COLUMNS = ("userId", "movieId", "genres")
+
+    def __init__(self, directory: str):
+        import polars as pl
+        self.directory = directory
+        base = os.path.join(directory, self.DIRECTORY)
+        path = os.path.join(base, "workflow.json")
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        if spec.get("format") != self.FORMAT or spec.get("version") != self.VERSION:
+            raise RawFeatureError(f"{path}: format {spec.get('format')!r} version {spec.get('version')!r}, expected "
+                                  f"{self.FORMAT!r} version {self.VERSION}")
+        self.oov, self.first = int(spec["indices"]["oov"]), int(spec["indices"]["first"])
+        self.vocabularies = {}
+        for name in self.COLUMNS:
+            values = pl.read_parquet(os.path.join(base, f"vocab.{name}.parquet"), columns=[name])[name]
+            self.vocabularies[name] = {v: self.first + k for k, v in enumerate(values.to_list())}
+        movies = pl.read_parquet(os.path.join(base, "movies.parquet"), columns=["movieId", "genres"])
+        self.movie_genres = dict(zip(movies["movieId"].to_list(), movies["genres"].to_list()))
+        self.max_hotness = max([len(g or []) for g in self.movie_genres.values()] + [1])
+
+    def raw_inputs(self) -> List[TensorSpec]:
+        return [TensorSpec("userId", "int64", [1]), TensorSpec("movieId", "int64", [1])]
+
+    def files(self) -> List[str]:
+        return [os.path.join(self.DIRECTORY, name) for name in
+                ["workflow.json", "movies.parquet"] + [f"vocab.{c}.parquet" for c in self.COLUMNS]]
+
+    def map(self, inputs: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        _required(inputs, ["userId", "movieId"])
+        ids = {}
+        for name in ("userId", "movieId"):
+            raw = np.asarray(inputs[name])
+            if raw.dtype.kind not in "iu" or raw.ndim != 2 or raw.shape[1] != 1:
+                raise RawFeatureError(f"input {name!r}: expected integer ids (INT64) of shape [batch, 1], got "
+                                      f"{raw.dtype} {list(raw.shape)}")
+            vocabulary = self.vocabularies[name]
+            ids[name] = np.array([[vocabulary.get(int(v), self.oov)] for v in raw[:, 0]], dtype=np.int64)
+        genres = np.full((len(ids["movieId"]), self.max_hotness), -1, dtype=np.int64)
+        vocabulary = self.vocabularies["genres"]
+        for row, movie in enumerate(np.asarray(inputs["movieId"])[:, 0].tolist()):
+            names = self.movie_genres.get(movie) or []
+            genres[row, :len(names)] = [vocabulary.get(g, self.oov) for g in names]
+        return {"userId": ids["userId"], "movieId": ids["movieId"], "genres": genres}
+
+
 def load_raw_mapper(directory: str):
     """The mapper for the dataset (or the copy of its files) in ``directory``: Criteo when it has
     ``dictionaries/criteo.json``, a click log when it has ``prepare_clicks.json``, NCF ids when it has
@@ -253,8 +312,11 @@ def load_raw_mapper(directory: str):
         return ClickLogRawMapper(directory)
     if os.path.isfile(os.path.join(directory, NCF_ID_FILES["user"])):
         return IdRawMapper(directory)
+    if os.path.isfile(os.path.join(directory, MovieLensWorkflowRawMapper.DIRECTORY, "workflow.json")):
+        return MovieLensWorkflowRawMapper(directory)
     raise RawFeatureError(f"{directory}: no saved raw-value mapping (dictionaries/{CRITEO_RULE_FILE} of the Criteo "
-                          f"engines, {REPORT_NAME} of prepare_clicks, or {NCF_ID_FILES['user']} of NCF's convert.py)")
+                          f"engines, {REPORT_NAME} of prepare_clicks, {NCF_ID_FILES['user']} of NCF's convert.py, "
+                          f"or workflow/workflow.json of Wide & Deep's MovieLens ETL)")
 
 
 def copy_mapping_files(mapper, target: str) -> None:
