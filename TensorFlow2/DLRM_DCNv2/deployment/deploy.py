@@ -13,6 +13,9 @@ What it writes (``--model-name`` defaults to the checkpoint's model, ``dlrm`` or
         <repo>/<name>-dense/       MLPs + interaction/cross (numerical, embeddings -> probability), --dense-format
         <repo>/<name>/             platform "ensemble": sparse then dense, the monolithic model's inputs and output
     --layout both: all of the above
+    --triton-backend python: the same models as the CPU repository, each run by Triton's Python backend
+        (config.pbtxt backend "python", 1/model.py beside the model file; the ensemble stays Triton's own), what
+        ``python -m recsys_common.serving.triton_server`` serves on a machine without NVIDIA's container
 
 Every model directory also gets ``recsys_serving.json`` (inputs with their dims and id ranges, the checkpoint, the
 feature spec when ``--dataset_path`` is given, ``negative_downsampling_rate``). Inputs and output: see
@@ -42,7 +45,7 @@ from typing import Any, Dict, Optional, Sequence
 from dlrm_dcnv2.serving import FORMATS, LAYOUTS, DeployError, check_downsampling_rate, write_repository
 from recsys_common.cli import exit_status
 from recsys_common.serving.raw_ensemble import add_raw_ensembles, add_raw_features_argument
-from recsys_common.serving.triton_options import add_batching_delay_arguments
+from recsys_common.serving.triton_options import add_backend_argument, add_batching_delay_arguments
 
 UNAVAILABLE_FORMATS = {
     "hps": "Merlin HPS (the seed's sparse backend) needs NVIDIA's HugeCTR/HPS Triton backend, which is not on PyPI "
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_raw_features_argument(p)
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing repository's models written by this tool (other files are kept)")
+    add_backend_argument(p)
     return p
 
 
@@ -125,7 +129,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                               dynamic_batching_delay_us=args.dynamic_batching_delay_us,
                               instance_count=args.engine_count_per_device, cpu=args.cpu, opset=args.onnx_opset,
                               dataset_path=args.dataset_path, feature_spec=args.feature_spec,
-                              overwrite=args.overwrite, negative_downsampling_rate=args.negative_downsampling_rate)
+                              overwrite=args.overwrite, negative_downsampling_rate=args.negative_downsampling_rate,
+                              backend=args.triton_backend)
     result["raw_models"] = add_raw_ensembles([os.path.join(args.model_repository_path, m) for m in result["models"]],
                                              args.raw_features_from)
     return result

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make quickstart's checkpoints -> Triton repository -> MLServer -> AUC through the server and latency, then the
-# recipe's own --mode inference on the same batch sizes (the README's Deployment figures).
+# make quickstart's checkpoints -> the CPU Triton repository -> a real Triton server -> AUC through the server and
+# latency, then the recipe's own --mode inference on the same batch sizes (the README's Deployment figures).
 #   bash deployment/serve_quickstart.sh [quickstart_dir] [output_dir] [models...]
 # Defaults: /tmp/dlrm_dcnv2_quickstart, /tmp/dlrm_dcnv2_serving, "dlrm dcnv2". The server binds 127.0.0.1 on free
 # ports and is stopped on exit, also on failure.
@@ -26,9 +26,9 @@ trap stop_server EXIT
 for MODEL in "${MODELS[@]}"; do
   echo "== $MODEL: deploy"
   "$PY" -m deployment.deploy --checkpoint-dir "$QS/${MODEL}_checkpoint" --model-repository-path "$OUT/repo_$MODEL" \
-      --dataset_path "$QS/data" --cpu --overwrite
+      --dataset_path "$QS/data" --cpu --overwrite --triton-backend python
   read -r HTTP_PORT GRPC_PORT < <("$PY" -c "from recsys_common.machine import free_port as f; print(f(), f())")
-  "$PY" -m recsys_common.serving.mlserver_launcher --model-repository "$OUT/repo_$MODEL" \
+  "$PY" -m recsys_common.serving.triton_server --model-repository "$OUT/repo_$MODEL" --models "$MODEL-onnx" \
       --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" > "$OUT/server_$MODEL.log" 2>&1 &
   SERVER=$!
   echo "== $MODEL: accuracy through the server (waits for the model to be ready)"

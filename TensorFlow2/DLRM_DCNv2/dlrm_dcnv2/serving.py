@@ -518,11 +518,14 @@ def write_repository(checkpoint_dir: str, repository: str, *, model_name: Option
                      dynamic_batching_delay_us: Optional[int] = None, instance_count: int = 1, cpu: bool = False,
                      opset: int = DEFAULT_OPSET, dataset_path: Optional[str] = None,
                      feature_spec: str = "feature_spec.yaml", overwrite: bool = False,
-                     negative_downsampling_rate: Optional[float] = None) -> Dict[str, Any]:
+                     negative_downsampling_rate: Optional[float] = None, backend: str = "native") -> Dict[str, Any]:
     """Write the Triton repository of ``checkpoint_dir`` (see ``deployment/deploy.py``); returns ``{"repository",
     "models": {name: platform}, "checkpoint", "model", "negative_downsampling_rate"}``. Raises ``DeployError`` /
     ``CheckpointError`` / ``OutputDirectoryError``. ``negative_downsampling_rate``: w of the training data, whose
-    ``log w`` the served logits get (``None``: the feature spec's recorded rate, 1.0 without ``dataset_path``)."""
+    ``log w`` the served logits get (``None``: the feature spec's recorded rate, 1.0 without ``dataset_path``).
+    ``backend``: "native" (each format's Triton platform) or "python" (the CPU repository: every model through
+    Triton's Python backend, the ensemble still Triton's; ``recsys_common.serving.python_backend``); the returned
+    platforms are the formats' either way."""
     check_output_directory(repository, overwrite)  # before minutes of loading and exporting
     check_downsampling_rate(negative_downsampling_rate)
     loaded, feature_names, spec_dict = load_for_serving(checkpoint_dir, dataset_path, feature_spec,
@@ -531,7 +534,7 @@ def write_repository(checkpoint_dir: str, repository: str, *, model_name: Option
     models = TritonModels(loaded, max_batch_size, dynamic_batching_delay_us, instance_count,
                           "KIND_CPU" if cpu else "KIND_GPU", version, opset, feature_names, spec_dict)
     written: Dict[str, str] = {}
-    with model_repository(repository, overwrite=overwrite, tool=TOOL) as repo:
+    with model_repository(repository, overwrite=overwrite, tool=TOOL, backend=backend) as repo:
         if layout in ("monolithic", "both"):
             for fmt in formats:
                 written[f"{name}-{SUFFIX[fmt]}"] = models.add(repo, f"{name}-{SUFFIX[fmt]}", "monolithic", fmt)

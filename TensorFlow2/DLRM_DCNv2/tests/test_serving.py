@@ -1,9 +1,10 @@
-"""Served predictions: deploy.py's repository served by MLServer (KServe v2, the protocol Triton speaks; no Triton
-server runs here) and queried with tritonclient over HTTP and gRPC, for DLRM and DCNv2 (multi-hot tables).
+"""Served predictions: deploy.py's CPU repository (``--triton-backend python``) served by a real Triton server and
+queried with tritonclient over HTTP and gRPC, for DLRM and DCNv2 (multi-hot tables).
 
-One server for the whole module (``recsys_common.serving.mlserver_launcher.serve_repository``: loopback, free ports,
-always stopped). MLServer serves the ONNX models; the SavedModel and the ensemble's config are checked as files.
-Tolerances measured 2026-11-24 (TF 2.21 CPU, onnxruntime 1.32): served vs Keras at most ~1e-7, asserted 1e-6.
+One server for the whole module (``recsys_common.serving.triton_server.serve_repository``: loopback, free ports,
+always stopped) serving, through Triton's Python backend, both ONNX models, DCNv2's SavedModel (TensorFlow inside the
+stub), and both sparse/dense pairs chained by Triton's own ensemble scheduler. Tolerances measured 2026-11-24
+(TF 2.21 CPU, onnxruntime 1.32): served vs Keras at most ~1e-7, asserted 1e-6.
 """
 import json
 import os
@@ -19,10 +20,13 @@ from serving_fixtures import SHAPES, write_checkpoint, write_feature_spec
 
 TOLERANCE = 1e-6
 RECIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the server loads (explicit model control): each ensemble brings its -sparse and -dense steps. One SavedModel
+# only: every SavedModel instance is a stub importing TensorFlow (seconds and ~0.5 GB each).
+SERVED = ["dlrm-onnx", "dcnv2-onnx", "dcnv2-savedmodel", "dlrm", "dcnv2"]
 
 
 class Deployed:
-    """Checkpoints, datasets and repositories of both models, plus the combined repository MLServer serves."""
+    """Checkpoints, datasets and repositories of both models, plus the combined repository the server serves."""
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +41,24 @@ def deployed(tmp_path_factory):
         result = deploy.main(["--checkpoint-dir", os.path.dirname(d.checkpoints[m]), "--model-repository-path",
                               d.repos[m], "--layout", "both", "--sparse-format", "onnx", "--dense-format", "onnx",
                               "--cpu", "--dataset_path", d.data[m], "--max-batch-size", "4096",
-                              "--dynamic-batching-delay-us", "200", "--engine-count-per-device", "2"])
+                              "--dynamic-batching-delay-us", "200", "--engine-count-per-device", "2",
+                              "--triton-backend", "python"])
         assert result["models"] == {f"{m}-onnx": "onnxruntime_onnx", f"{m}-savedmodel": "tensorflow_savedmodel",
                                     f"{m}-sparse": "onnxruntime_onnx", f"{m}-dense": "onnxruntime_onnx",
                                     m: "ensemble"}
-    # One repository with both models' ONNX models, so one MLServer serves everything.
+    # One repository with both models' models, so one server serves everything.
     d.served = str(root / "served")
     os.makedirs(d.served)
     for m in SHAPES:
-        for suffix in ("-onnx", "-sparse", "-dense"):
+        for suffix in ("", "-onnx", "-savedmodel", "-sparse", "-dense"):
             shutil.copytree(os.path.join(d.repos[m], m + suffix), os.path.join(d.served, m + suffix))
     return d
 
 
 @pytest.fixture(scope="module")
 def server(deployed):
-    from recsys_common.serving.mlserver_launcher import serve_repository
-    with serve_repository(deployed.served, startup_timeout_s=240) as handle:
+    from recsys_common.serving.triton_server import serve_repository
+    with serve_repository(deployed.served, SERVED, startup_timeout_s=240, intra_op_threads=1) as handle:
         yield handle
 
 
@@ -81,7 +86,10 @@ def test_generated_model_directories(deployed):
     assert onnx.instance_group[0].count == 2 and onnx.instance_group[0].kind == 2  # KIND_CPU
     dims = {t.name: list(t.dims) for t in onnx.input}
     assert dims == {"numerical": [5], "cat_0": [1], "cat_1": [3], "cat_2": [1], "cat_3": [2]}
+    assert onnx.backend == "python" and onnx.parameters["artifact"].string_value == "model.onnx"
+    assert configs["dcnv2-savedmodel"].parameters["artifact"].string_value == "model.savedmodel"
     ensemble = configs["dcnv2"]
+    assert ensemble.platform == "ensemble"
     assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["dcnv2-sparse", "dcnv2-dense"]
     assert dict(ensemble.ensemble_scheduling.step[1].input_map) == {"numerical": "numerical",
                                                                    "embeddings": "embeddings"}
@@ -105,6 +113,9 @@ def test_keras_savedmodel_onnxruntime_and_served_agree(deployed, server, loaded,
     outputs["onnxruntime"] = session.run(["probability"], batch)[0]
     outputs["grpc"] = _infer(server.grpc_url, "grpc", f"{model}-onnx", batch, "probability")
     outputs["http"] = _infer(server.http_url, "http", f"{model}-onnx", batch, "probability")
+    outputs["ensemble"] = _infer(server.grpc_url, "grpc", model, batch, "probability")   # Triton's scheduler
+    if f"{model}-savedmodel" in SERVED:
+        outputs["served savedmodel"] = _infer(server.http_url, "http", f"{model}-savedmodel", batch, "probability")
     for name, value in outputs.items():
         assert value.shape == (29, 1), name
         assert np.abs(value - reference).max() <= TOLERANCE, name
@@ -125,12 +136,15 @@ def test_served_sparse_then_dense_equals_monolithic(server, loaded, model):
 
 def test_bad_requests_are_clear_errors(server, loaded):
     from recsys_common.serving.client import InferenceClient, ServingError
-    from recsys_common.serving.mlserver_launcher import free_port
+    from recsys_common.machine import free_port
     from dlrm_dcnv2.serving import random_inputs
     good = random_inputs(loaded["dcnv2"], 4, seed=6)
     cases = [
-        ("cat_0", good["cat_0"].reshape(2, 2), r"input 'cat_0': expected shape \[B, 1\]"),
-        ("cat_0", good["cat_0"].astype(np.int32), r"input 'cat_0': expected datatype INT64, got INT32"),
+        ("cat_0", np.zeros((4, 2), np.int64), r"unexpected shape for input 'cat_0' for model 'dcnv2-onnx'\. "
+                                               r"Expected \[-1,1\], got \[4,2\]"),   # Triton's own checks
+        ("cat_0", good["cat_0"].reshape(2, 2), r"input 'cat_0' batch size does not match other inputs"),
+        ("cat_0", good["cat_0"].astype(np.int32), r"input 'cat_0' data-type is 'INT32', but model 'dcnv2-onnx' "
+                                                  r"expects 'INT64'"),
         ("cat_2", np.full((4, 1), 10, np.int64), r"input 'cat_2': id 10 \(row 0\) is out of range; ids must be in "
                                                  r"\[0, 10\)"),
         ("cat_0", np.full((4, 1), -1, np.int64), r"input 'cat_0': id -1 \(row 0\) is out of range; ids must be in "
@@ -174,7 +188,7 @@ def test_evaluate_accuracy_matches_the_recipe_over_http_and_grpc(deployed, serve
     assert evaluate_accuracy.cli(bad + ["--protocols", "grpc"]) == 1
 
 
-def test_evaluate_latency_against_mlserver(deployed, server, tmp_path):
+def test_evaluate_latency_against_the_server(deployed, server, tmp_path):
     from deployment import evaluate_latency
     records = evaluate_latency.main(
         ["--server-url", server.grpc_url, "--model-name", "dlrm-onnx", "--dataset_path", deployed.data["dlrm"],

@@ -131,13 +131,13 @@ def test_readme_deployment_flags_exist():
     from deployment import deploy, evaluate_accuracy, evaluate_latency
     from dlrm_dcnv2.cli import build_parser as recipe_parser
     from dlrm_dcnv2 import predict
-    from recsys_common.serving import mlserver_launcher
+    from recsys_common.serving import triton_server
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     section = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", section))
     known = set()
     for parser in (deploy.build_parser(), evaluate_accuracy.build_parser(), evaluate_latency.build_parser(),
-                   predict.build_parser(), mlserver_launcher.build_parser(), recipe_parser("dlrm")):
+                   predict.build_parser(), triton_server.build_parser(), recipe_parser("dlrm")):
         known |= {s for action in parser._actions for s in action.option_strings}
     assert len(named) > 20 and named - known == set(), named - known
 
