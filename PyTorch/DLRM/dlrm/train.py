@@ -52,7 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(flag_values["base_device"], local_rank)
     embedding_type = resolve_embedding_type(flag_values["embedding_type"], device,
-                                            flag_values["Adam_embedding_optimizer"])
+                                            flag_values["Adam_embedding_optimizer"],
+                                            tables_in_files=flag_values["embedding_memory_budget_gb"] is not None)
     ctx = setup(flag_values["base_device"], flag_values["backend"], need_group=embedding_type == "torchrec_fused")
     try:
         torch.manual_seed(flag_values["seed"])
@@ -234,7 +235,8 @@ def build_model(config: DlrmConfig, ctx, info, embedding_type: str):
     trainable = parallel.build_trainable_model(model_config, embedding_type, ctx.device, ctx.world_size, config.lr,
                                                config.Adam_MLP_optimizer, config.Adam_embedding_optimizer,
                                                config.sharding_type, config.local_batch_size(ctx.world_size),
-                                               adagrad=config.adagrad)
+                                               adagrad=config.adagrad, table_budget_bytes=_budget_bytes(config),
+                                               table_storage_dir=config.embedding_storage_dir)
     if ctx.device.type == "cuda":  # TF32 for float32 matmuls and convolutions (Ampere and newer)
         torch.backends.cuda.matmul.allow_tf32 = config.tf32
         torch.backends.cudnn.allow_tf32 = config.tf32
@@ -243,6 +245,13 @@ def build_model(config: DlrmConfig, ctx, info, embedding_type: str):
     if config.compile and config.mode == "train":
         compile_dense(trainable.core)  # in place: the module classes and state_dict keys are unchanged
     return trainable, model_config, amp
+
+
+def _budget_bytes(config: DlrmConfig) -> Optional[float]:
+    budget = config.embedding_memory_budget_gb
+    if budget is not None and budget < 0:
+        raise ValueError(f"--embedding_memory_budget_gb must be >= 0, got {budget}")
+    return None if budget is None else budget * 2 ** 30
 
 
 def load_checkpoint(config: DlrmConfig, ctx, trainable, amp: Amp, model_config: ModelConfig,

@@ -32,6 +32,7 @@ from torch import nn
 from .dlrm import DLRM
 from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRecEmbeddings, table_key,
                          torchrec_available)
+from .table_files import TieredTableEmbeddings, plan_tables
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
@@ -67,9 +68,15 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-def resolve_embedding_type(requested: str, device: torch.device, adam_embeddings: bool) -> str:
+def resolve_embedding_type(requested: str, device: torch.device, adam_embeddings: bool,
+                           tables_in_files: bool = False) -> str:
     if requested not in EMBEDDING_TYPES:
         raise ValueError(f"--embedding_type must be one of {EMBEDDING_TYPES}, got {requested!r}")
+    if tables_in_files:   # --embedding_memory_budget_gb: our file-backed tables (dlrm.model.table_files)
+        if requested == "torchrec_fused":
+            raise ValueError("--embedding_memory_budget_gb keeps tables in files with --embedding_type multi_table "
+                             "(or auto), not torchrec_fused")
+        return "multi_table"
     fused_adam_ok = device.type == "cuda"  # FBGEMM's CPU kernels have fused SGD and Adagrad, not Adam
     if requested == "torchrec_fused":
         if not torchrec_available():
@@ -148,6 +155,8 @@ class TrainableModel:
         own ``step`` only pushes the learning rate into the kernel. On an fp16 overflow the MLP step is skipped and
         the scale halved, while the fused tables take the step with the non-finite gradient entries zeroed.
         """
+        if isinstance(self.core.embeddings, TieredTableEmbeddings):
+            self.core.embeddings.release_pages()   # the tables in files: keep the resident set bounded
         if scaler is None:
             for optimizer in self.optimizers:
                 optimizer.step()
@@ -166,8 +175,9 @@ class TrainableModel:
 
     @property
     def fused_sgd(self) -> bool:
-        """True when the tables take their SGD step inside the backward pass (:class:`FusedSGDTableEmbeddings`)."""
-        return isinstance(self.core.embeddings, FusedSGDTableEmbeddings)
+        """True when the tables take their step inside the backward pass (:class:`FusedSGDTableEmbeddings`, or
+        :class:`TieredTableEmbeddings` with SGD or Adagrad)."""
+        return isinstance(self.core.embeddings, (FusedSGDTableEmbeddings, TieredTableEmbeddings))
 
     def dense_named_parameters(self):
         return [(n, p) for n, p in self.core.named_parameters() if not n.startswith("embeddings.")]
@@ -190,7 +200,8 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
                           lr: float, adam_mlp: bool = False, adam_embeddings: bool = False,
                           sharding_type: str = "auto", local_batch_size: int = 512,
                           grad_multiplier: float = 1.0, fused_sgd: Optional[bool] = None,
-                          adagrad: bool = False) -> TrainableModel:
+                          adagrad: bool = False, table_budget_bytes: Optional[float] = None,
+                          table_storage_dir: Optional[str] = None) -> TrainableModel:
     """Create the DLRM for ``embedding_type`` (already resolved) and wrap it for ``world_size`` processes.
 
     ``fused_sgd`` (``multi_table`` only; default: on with one process and SGD embeddings): the tables share one
@@ -200,8 +211,14 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
     ``adagrad``: Adagrad for the MLPs and the tables, as MLPerf's DLRM-DCNv2 reference trains (``torch.optim.Adagrad``
     with ``eps`` :data:`ADAGRAD_EPS`, no decay, zero initial accumulator; FBGEMM's exact Adagrad for fused tables).
 
+    ``table_budget_bytes`` (``--embedding_memory_budget_gb``): tables beyond it live in files under
+    ``table_storage_dir`` (:mod:`dlrm.model.table_files`); one process, ``multi_table`` only.
+
     A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
     """
+    if table_budget_bytes is not None:
+        return _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam_embeddings, adagrad,
+                             table_budget_bytes, table_storage_dir)
     if embedding_type == "torchrec_fused" and not config.table_sizes:
         embedding_type = "multi_table"   # numerical features only: no table to shard
     if embedding_type == "torchrec_fused":
@@ -240,6 +257,27 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
             core, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
     keys = [f"embeddings.tables.{i}.weight" for i in range(len(config.table_sizes))]
     return TrainableModel(module, core, "multi_table", dense_optimizer, embedding_optimizer, keys)
+
+
+def _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam_embeddings, adagrad, budget_bytes,
+                  storage_dir) -> TrainableModel:
+    """The DLRM with :class:`TieredTableEmbeddings`: tables in RAM or in files by the budget, updated in backward."""
+    if world_size > 1 or embedding_type != "multi_table" or device.type != "cpu":
+        raise ValueError("--embedding_memory_budget_gb needs one CPU process and --embedding_type multi_table (or "
+                         f"auto); got {world_size} processes, {embedding_type}, {device.type}")
+    if adam_embeddings:
+        raise ValueError("--embedding_memory_budget_gb: the file-backed tables take SGD or --adagrad, not "
+                         "--Adam_embedding_optimizer")
+    in_files = plan_tables(config.table_sizes, config.embedding_dim, budget_bytes, adagrad)
+    embeddings = TieredTableEmbeddings(config.table_sizes, config.embedding_dim, in_files, storage_dir,
+                                       adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness)
+    core = _dlrm(config, embeddings)
+    dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
+    dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device, adagrad)
+    # holds the tables' learning rate for the schedule; the update itself runs in the backward pass
+    lr_holder = torch.optim.SGD(list(embeddings.parameters()), lr=lr)
+    keys = [f"embeddings.tables.{i}.weight" for i in range(len(config.table_sizes))]
+    return TrainableModel(core, core, "multi_table", dense_optimizer, lr_holder, keys)
 
 
 def _dlrm(config: ModelConfig, embeddings: nn.Module) -> DLRM:
