@@ -49,7 +49,6 @@ def write_checkpoint(root, table_sizes, seed=3):
 @pytest.fixture(scope="module")
 def served(criteo, tmp_path_factory):
     from deployment import deploy
-    from recsys_common.serving.python_backend import convert_to_python_backend
     from recsys_common.serving.triton_server import serve_repository
     out = tmp_path_factory.mktemp("raw_dcnv2")
     with open(os.path.join(criteo, "preprocess_report.json"), encoding="utf-8") as f:
@@ -57,9 +56,8 @@ def served(criteo, tmp_path_factory):
     repo = str(out / "repo")
     result = deploy.main(["--checkpoint-dir", os.path.dirname(checkpoint), "--model-repository-path", repo,
                           "--model-name", "dcnv2", "--formats", "onnx", "--cpu", "--dataset_path", criteo,
-                          "--max-batch-size", "512", "--raw_features_from", criteo])
+                          "--max-batch-size", "512", "--triton-backend", "python", "--raw_features_from", criteo])
     assert result["raw_models"] == ["dcnv2-onnx-raw"]
-    convert_to_python_backend(os.path.join(repo, "dcnv2-onnx"))   # the CPU repository's model
     with serve_repository(repo, ["dcnv2-onnx-raw"], startup_timeout_s=180) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         try:
