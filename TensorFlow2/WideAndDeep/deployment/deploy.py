@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence
 
 from recsys_common.cli import InputError, exit_status
 from recsys_common.io import OutputDirectoryError, check_output_directory
-from recsys_common.serving.triton_options import add_batching_delay_arguments
+from recsys_common.serving.triton_options import add_backend_argument, add_batching_delay_arguments
 from wide_deep.serving import FORMATS, MOVIELENS, export_repository, model_from_args, model_parser
 
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--onnx-opset", type=int, default=13, help="ONNX opset (NVIDIA's --onnx-opsets 13)")
     t.add_argument("--overwrite", action="store_true",
                    help="replace this tool's earlier models in a non-empty repository (other files are kept)")
+    add_backend_argument(t)
     return p
 
 
@@ -61,7 +62,7 @@ def export(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
         max_queue_delay_us=args.dynamic_batching_delay_us or 0,
         preferred_batch_sizes=args.preferred_batch_sizes, instance_count=args.engine_count_per_device,
         instance_kind="KIND_GPU" if args.device_kind == "gpu" else "KIND_CPU", opset=args.onnx_opset,
-        overwrite=args.overwrite)
+        overwrite=args.overwrite, backend=args.triton_backend)
     for fmt, path in written.items():
         print(f"[export_model] {fmt}: {path}")
     return written

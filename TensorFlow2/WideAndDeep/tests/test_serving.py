@@ -1,5 +1,6 @@
-"""Serving of the Wide & Deep (issue 10): a checkpoint trained on the tiny generated ETL output -> Triton repository
-(SavedModel + ONNX) -> MLServer (one per module) -> tritonclient over HTTP and gRPC.
+"""Serving of the Wide & Deep (issue 10): a checkpoint trained on the tiny generated ETL output -> the CPU Triton
+repository (SavedModel + ONNX, ``--triton-backend python``) -> a real Triton server (one per module, both models
+through its Python backend) -> tritonclient over HTTP and gRPC.
 
 Parity: Keras vs SavedModel vs onnxruntime vs served, on the same validation batch; measured differences on
 2026-11-24 (AMD EPYC): at most ~1e-7 (float32 rounding), asserted below 1e-5."""
@@ -36,14 +37,15 @@ def repo(trained):
     from deployment.deploy import main
     path = str(trained["root"] / "repo")
     assert main(trained["flags"] + ["--model-repository", path, "--max-batch-size", "4096",
-                                    "--max-queue-delay-us", "100", "--engine-count-per-device", "2"]) == 0
+                                    "--max-queue-delay-us", "100", "--engine-count-per-device", "2",
+                                    "--triton-backend", "python"]) == 0
     return path
 
 
 @pytest.fixture(scope="module")
 def server(repo):
-    from recsys_common.serving.mlserver_launcher import serve_repository
-    with serve_repository(repo, ["widedeep-onnx"], startup_timeout_s=180) as handle:
+    from recsys_common.serving.triton_server import serve_repository
+    with serve_repository(repo, startup_timeout_s=180, intra_op_threads=1) as handle:
         yield handle
 
 
@@ -66,7 +68,9 @@ def test_repository_layout_configs_and_sidecar(repo):
     from wide_deep.data.outbrain.features import FEATURES
     onnx_cfg = check_model_directory(os.path.join(repo, "widedeep-onnx"))
     tf_cfg = check_model_directory(os.path.join(repo, "widedeep-savedmodel"))
-    assert (onnx_cfg.platform, tf_cfg.platform) == ("onnxruntime_onnx", "tensorflow_savedmodel")
+    assert (onnx_cfg.backend, tf_cfg.backend) == ("python", "python")
+    assert (onnx_cfg.parameters["artifact"].string_value, tf_cfg.parameters["artifact"].string_value) == \
+        ("model.onnx", "model.savedmodel")
     for cfg in (onnx_cfg, tf_cfg):
         assert cfg.max_batch_size == 4096
         assert cfg.dynamic_batching.max_queue_delay_microseconds == 100
@@ -95,9 +99,11 @@ def test_parity_keras_savedmodel_onnxruntime_served(repo, server, model_and_batc
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with InferenceClient(url, protocol, timeout_s=60) as client:
             served[protocol] = client.infer("widedeep-onnx", request, ["probability"])["probability"].reshape(-1)
+            served[protocol, "savedmodel"] = client.infer("widedeep-savedmodel", request,
+                                                          ["probability"])["probability"].reshape(-1)
     assert keras.shape == (300,) and np.std(keras) > 1e-4  # a trained model, not a constant
     for name, other in (("savedmodel", savedmodel), ("onnxruntime", onnx), ("http", served["http"]),
-                        ("grpc", served["grpc"])):
+                        ("grpc", served["grpc"]), ("served savedmodel", served["grpc", "savedmodel"])):
         diff = float(np.max(np.abs(other - keras)))
         print(f"parity keras vs {name}: max |diff| {diff:.2e}")
         assert diff <= PARITY_ATOL, name

@@ -1,6 +1,6 @@
 """The MovieLens model of the HugeCTR notebook (our "graph exported for inference"): snapshot -> Triton repository
-(SavedModel + ONNX) -> parity Keras vs SavedModel vs onnxruntime vs MLServer (HTTP, gRPC), and the AUC through the
-server equal to the example's own evaluation. Real ml-100k (shared data); a short training run (40 steps)."""
+(SavedModel + ONNX) -> parity Keras vs SavedModel vs onnxruntime vs a real Triton server (its Python backend; HTTP,
+gRPC), and the AUC through the server equal to the example's own evaluation. Real ml-100k (shared data); a short training run (40 steps)."""
 import json
 import os
 
@@ -30,13 +30,14 @@ def snapshot(tmp_path_factory):
 def repo(snapshot):
     from deployment.deploy import main
     path = str(snapshot["root"] / "repo")
-    assert main(snapshot["flags"] + ["--model-repository", path, "--max-batch-size", "2048"]) == 0
+    assert main(snapshot["flags"] + ["--model-repository", path, "--max-batch-size", "2048",
+                                     "--triton-backend", "python"]) == 0
     return path
 
 
 @pytest.fixture(scope="module")
 def server(repo):
-    from recsys_common.serving.mlserver_launcher import serve_repository
+    from recsys_common.serving.triton_server import serve_repository
     with serve_repository(repo, ["movielens-onnx"], startup_timeout_s=180) as handle:
         yield handle
 
@@ -51,8 +52,9 @@ def test_movielens_export_parity(snapshot, repo, server):
     from wide_deep.data.movielens import load_split, model_feature_names
     from deployment.evaluate_accuracy import to_request_arrays
     from wide_deep.serving import load_model, serving_inputs
-    assert check_model_directory(os.path.join(repo, "movielens-onnx")).platform == "onnxruntime_onnx"
-    assert check_model_directory(os.path.join(repo, "movielens-savedmodel")).platform == "tensorflow_savedmodel"
+    for name, artifact in (("movielens-onnx", "model.onnx"), ("movielens-savedmodel", "model.savedmodel")):
+        config = check_model_directory(os.path.join(repo, name))
+        assert (config.backend, config.parameters["artifact"].string_value) == ("python", artifact)
     sidecar = read_sidecar(os.path.join(repo, "movielens-onnx"))
     assert sidecar["inputs"]["genres"]["dims"] == [6] and sidecar["inputs"]["genres"]["min_id"] == -1
     assert sidecar["inputs"]["userId"]["dtype"] == "int64"

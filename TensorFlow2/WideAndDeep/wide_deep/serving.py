@@ -216,14 +216,16 @@ def export_repository(model, config, spec, repo_dir: str, *, recipe: str = WIDE_
                       formats: Sequence[str] = ("onnx", "tf-savedmodel"), version: int = 1,
                       max_batch_size: int = 131072, dynamic_batching: bool = True, max_queue_delay_us: int = 0,
                       preferred_batch_sizes: Optional[Sequence[int]] = None, instance_count: int = 1,
-                      instance_kind: str = "KIND_CPU", opset: int = 13, overwrite: bool = False) -> Dict[str, str]:
+                      instance_kind: str = "KIND_CPU", opset: int = 13, overwrite: bool = False,
+                      backend: str = "native") -> Dict[str, str]:
     """Write a Triton model repository with one model per format (``<model_name>-onnx``, ``<model_name>-savedmodel``);
-    returns ``{format: model directory}``."""
+    returns ``{format: model directory}``. ``backend`` "python": the CPU repository (every model through Triton's
+    Python backend, ``recsys_common.serving.python_backend``)."""
     inputs = serving_inputs(config, spec)
     tensors = [TensorSpec(s.name, s.dtype, s.dims) for s in inputs]
     outputs = [TensorSpec(OUTPUT_NAME, "float32", [1])]
     written = {}
-    with model_repository(repo_dir, overwrite=overwrite, tool=TOOL) as repo:
+    with model_repository(repo_dir, overwrite=overwrite, tool=TOOL, backend=backend) as repo:
         for fmt in formats:
             platform, suffix = FORMATS[fmt]
             name = f"{model_name}-{suffix}"
