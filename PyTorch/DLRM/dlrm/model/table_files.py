@@ -77,6 +77,9 @@ class TableFile:
                 raise TableStorageError(f"{path}: cannot reserve {self.bytes:,} bytes for the table "
                                         f"({error.strerror})") from None
             self.map = mmap.mmap(fd, self.bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # Random access: without this a touched row maps its 64 KiB neighbourhood and reads ahead 128 KiB, so
+            # 16k random rows of a 1 GiB table mapped 0.64 GiB (measured); with it, about one page per row.
+            self.map.madvise(mmap.MADV_RANDOM)
         finally:
             os.close(fd)
         self.tensor = torch.frombuffer(self.map, dtype=torch.float32).view(rows, dim)
