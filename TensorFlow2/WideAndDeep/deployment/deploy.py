@@ -17,6 +17,7 @@ from typing import Dict, Optional, Sequence
 
 from recsys_common.cli import InputError, exit_status
 from recsys_common.io import OutputDirectoryError, check_output_directory
+from recsys_common.serving.raw_ensemble import add_raw_ensembles, add_raw_features_argument
 from recsys_common.serving.triton_options import add_backend_argument, add_batching_delay_arguments
 from wide_deep.serving import FORMATS, MOVIELENS, export_repository, model_from_args, model_parser
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="replace this tool's earlier models in a non-empty repository (other files are kept)")
     add_backend_argument(t)
+    add_raw_features_argument(t)   # --model movielens: the ETL's output directory (its workflow/)
     return p
 
 
@@ -65,6 +67,8 @@ def export(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
         overwrite=args.overwrite, backend=args.triton_backend)
     for fmt, path in written.items():
         print(f"[export_model] {fmt}: {path}")
+    for name in add_raw_ensembles(list(written.values()), args.raw_features_from):
+        print(f"[export_model] raw-request ensemble: {name}")
     return written
 
 
