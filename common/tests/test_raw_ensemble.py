@@ -2,8 +2,8 @@
 as the served model on the preprocessed rows; bad raw values answered with a clear error.
 
 Tiny ONNX models shaped as the recipes' served models (PyTorch DLRM's ``numerical`` + ``categorical``, TensorFlow2
-DLRM/DCNv2's ``numerical`` + one ``cat_<t>`` per feature, NCF's ``user`` + ``item``), run by the Python backend;
-one server for the module.
+DLRM/DCNv2's ``numerical`` + one ``cat_<t>`` per feature, NCF's ``user`` + ``item``, a prepare_clicks model),
+run by the Python backend; one server for the module.
 """
 import json
 import os
@@ -11,11 +11,13 @@ import os
 import numpy as np
 import pytest
 
+from recsys_common import prepare_clicks
 from recsys_common.criteo import polars_preprocess
 from recsys_common.serving.raw_ensemble import add_raw_ensemble, main as raw_ensemble_main
-from recsys_common.serving.raw_features import RAW_CATEGORICAL, RAW_INTEGER
+from recsys_common.serving.raw_features import RAW_CATEGORICAL, RAW_INTEGER, RAW_NUMERICAL
 from recsys_testing import shared_data_path
-from test_raw_features import TEST_END, TRAIN_END, raw_fields, split_rows, write_id_mappings
+from test_raw_features import (AVAZU_CATEGORICAL, AVAZU_NUMERICAL, TEST_END, TRAIN_END, raw_fields, split_rows,
+                               write_id_mappings)
 
 pytest.importorskip("onnx", reason="onnx builds the tiny served models (ci/requirements.txt)")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient talks to Triton (ci/requirements.txt)")
@@ -80,6 +82,9 @@ def served(tmp_path_factory):
     with open(os.path.join(criteo, "preprocess_report.json"), encoding="utf-8") as f:
         cardinalities = json.load(f)["cardinalities"]
     ids_dir = write_id_mappings(work / "ncf", np.array([10, 30, 20], np.int64), np.array([5, 9, 6, 7], np.int64))
+    clicks = str(work / "clicks")
+    prepare_clicks.prepare([shared_data_path("avazu", "avazu-train-head999.csv")], clicks, "click",
+                           AVAZU_CATEGORICAL, AVAZU_NUMERICAL, frequency_limit=3)
     models = {
         # PyTorch DLRM's served inputs: one categorical tensor (its columns share one table here)
         "dlrm": ([("numerical", TensorProto.FLOAT, 13), ("categorical", TensorProto.INT64, 26)],
@@ -89,6 +94,9 @@ def served(tmp_path_factory):
                   {f"cat_{t}": c for t, c in enumerate(cardinalities)}, 13, criteo),
         "ncf": ([("user", TensorProto.INT64, 1), ("item", TensorProto.INT64, 1)],
                 {"user": NUM_USERS, "item": NUM_ITEMS}, 0, ids_dir),
+        # a click log of prepare_clicks (Avazu's columns), as PyTorch DLRM serves it
+        "clicks": ([("numerical", TensorProto.FLOAT, 2), ("categorical", TensorProto.INT64, 10)],
+                   {"categorical": 1000}, 2, clicks),
     }
     repo, references = str(work / "repo"), {}
     import onnx
@@ -103,10 +111,11 @@ def served(tmp_path_factory):
     add_raw_ensemble(repo, "dlrm", criteo)
     assert raw_ensemble_main(["--repository", repo, "--model", "dcnv2", "--raw_features_from", criteo]) == "dcnv2-raw"
     add_raw_ensemble(repo, "ncf", ids_dir)
+    add_raw_ensemble(repo, "clicks", clicks)
     with serve_repository(repo, startup_timeout_s=180) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         try:
-            yield {"client": client, "criteo": criteo, "references": references}
+            yield {"client": client, "criteo": criteo, "clicks": clicks, "references": references}
         finally:
             client.close()
 
@@ -148,6 +157,23 @@ def test_raw_ncf_ids_give_the_probabilities_of_their_codes(served):
     weights, tables = served["references"]["ncf"]
     expected = reference(weights, tables, 0.0, {"user": np.array([[2], [0], [1]]), "item": np.array([[3], [0], [1]])})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_raw_click_log_rows_give_the_probabilities_of_the_rows_prepare_clicks_applies(served, tmp_path):
+    import polars as pl
+    from recsys_common.datasets import read_columns
+    raw_path = shared_data_path("avazu", "avazu-train-head999.csv")
+    raw = pl.read_csv(raw_path, infer_schema=False).head(200)
+    got = infer(served["client"], "clicks-raw",
+                {RAW_CATEGORICAL: np.array([[v.encode() for v in row] for row in raw.select(AVAZU_CATEGORICAL).rows()],
+                                           dtype=object),
+                 RAW_NUMERICAL: np.array([[v.encode() for v in row] for row in raw.select(AVAZU_NUMERICAL).rows()],
+                                         dtype=object)})
+    applied = read_columns(prepare_clicks.apply(served["clicks"], [raw_path], str(tmp_path / "applied")), "test")
+    numerical = np.stack([applied[c] for c in AVAZU_NUMERICAL], axis=1).astype(np.float32)[:200]
+    ids = np.stack([applied[c] for c in AVAZU_CATEGORICAL], axis=1).astype(np.int64)[:200]
+    weights, tables = served["references"]["clicks"]
+    np.testing.assert_allclose(got, reference(weights, tables, numerical, {"categorical": ids}), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_raw_values_are_clear_errors_and_the_server_keeps_serving(served):
