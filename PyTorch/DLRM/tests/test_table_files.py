@@ -141,3 +141,19 @@ def test_training_with_tables_in_files_equals_ram_and_resumes_exactly(small_data
     assert any(k.endswith("adagrad_sum") for k in left)
     for key, value in left.items():
         assert torch.equal(value, right[key]), key
+
+
+def test_the_benchmark_runs_the_same_model_from_ram_and_from_files(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from conftest import RECIPE_DIR, subprocess_env
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "benchmarks/table_files.py", "--file_gb", "0.01", "--ram_gb", "0.005",
+                           "--budget_gb", "0.001", "--steps", "3", "--warmup", "1", "--batch", "64",
+                           "--embedding_dim", "8", "--storage", str(tmp_path), "--output", str(out)],
+                          cwd=RECIPE_DIR, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["in_ram"]["in_files_gb"] == 0 and report["in_files"][0]["in_files_gb"] > 0.005
+    assert os.listdir(tmp_path) == ["bench.json"]   # the run removed the table files it made
