@@ -238,9 +238,9 @@ class IdRawMapper:
             found = (known[at] == keys) if len(known) else np.zeros(len(keys), bool)
             if not found.all():
                 row = int(np.flatnonzero(~found)[0])
-                raise RawFeatureError(f"input {name!r}: row {row}: {name} id {keys[row].item()!r} is not in the training "
-                                      f"data's mapping ({os.path.basename(NCF_ID_FILES[name])}; "
-                                      f"{int((~found).sum())} unknown in this request)")
+                raise RawFeatureError(f"input {name!r}: row {row}: {name} id {keys[row].item()!r} is not in the "
+                                      f"training data's mapping ({NCF_ID_FILES[name]}; {int((~found).sum())} unknown "
+                                      f"in this request)")
             out[name] = table["id"][at][:, None]
         return out
 
@@ -345,7 +345,7 @@ def model_inputs(mapped: Mapping[str, np.ndarray], targets: Sequence[TensorSpec]
 
 
 def describe(mapper) -> Dict[str, Optional[Any]]:
-    """What a raw ensemble records about its mapping (``raw_features.json`` beside the copied files)."""
+    """What a raw ensemble's preprocessing model records about its mapping (in its ``recsys_serving.json``)."""
     return {"kind": mapper.kind, "files": mapper.files(),
             "raw_inputs": [{"name": s.name, "dtype": "bytes" if s.dtype == "object" else s.dtype, "dims": list(s.dims)}
                            for s in mapper.raw_inputs()]}
