@@ -29,9 +29,16 @@ def servers_of(repo_dir: str) -> List[int]:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of process group ``pgid`` is alive (the launcher's watchdog, the server, its stubs)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Whether a live process (not a zombie) of process group ``pgid`` remains: the launcher's watchdog, the server,
+    its stubs. (A zombie, e.g. a stub whose server was SIGKILLed before reaping it, waits for init to reap it.)"""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":   # fields: state, ppid, pgrp, ...
+            return True
+    return False

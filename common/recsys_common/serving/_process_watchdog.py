@@ -42,6 +42,8 @@ def main(argv=None) -> int:
         if stopping or os.getppid() != parent_pid:
             _stop(child, grace_s)
         time.sleep(POLL_S)
+    if os.getppid() != parent_pid:   # the command died by itself and nobody is left to clear its children
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     return child.returncode
 
 
