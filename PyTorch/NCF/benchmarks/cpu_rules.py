@@ -12,20 +12,23 @@ Datasets (built under ``--work``, never in the repository: MovieLens may not be 
 Each candidate is one ``python ncf.py --data D -e E --seed S -b B -l L`` (the rest ncf.py's defaults, so the best
 epoch is chosen on the validation item and the test HR@10 is the one at that epoch) in its own process, ``--jobs`` at
 a time, one thread each. ``B`` is the batch of the CPU batch rule (at least 100 steps per epoch, a power of two);
-``L`` is the candidate's learning rate at that batch. ``defaults`` runs ncf.py with no -b / -l at all: what a user
-gets. Also reported: popularity's HR@10 on the same test candidates (:func:`neumf.evaluation.popularity_metrics`).
+``L`` is the candidate's learning rate at that batch: a constant (``lr-X``), or a rate scaled by sqrt(B / batch) from
+an anchor (``sqrt-X@batch``; ``nvidia-sqrt`` is NVIDIA's 0.0045 at 2**20, the rule before issue 35). Runs are kept in
+``WORK/runs.json`` by (dataset, B, L, epochs, seed), so candidates that give the same L share one run and a rerun
+only trains what is new. ``defaults`` runs ncf.py with no -b / -l at all: what a user gets. Also reported: popularity's HR@10 on the same test candidates (:func:`neumf.evaluation.popularity_metrics`).
 Prints a markdown table (HR@10 per dataset and candidate; best epoch in brackets) and writes ``WORK/results.json``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = os.path.dirname(HERE)
@@ -40,8 +43,10 @@ import sparse_movielens  # noqa: E402
 
 ML1M_RATINGS = ("movielens", "ml-1m", "ratings.users-1-2999.dat.gz")
 SPARSE_KEEP = {"sparse-30": 0.30, "sparse-8": 0.08, "sparse-3": 0.03}
-# name -> learning rate at the rule's batch (None: NVIDIA's 0.0045 x sqrt(batch / 2**20), the rule before issue 35)
-CANDIDATES = {"nvidia-sqrt": None, "lr-0.001": 0.001, "lr-0.002": 0.002, "lr-0.004": 0.004}
+# name -> (learning rate, at batch): scaled by sqrt(rule's batch / at batch); at batch None: that rate at any batch
+CANDIDATES = {"nvidia-sqrt": (0.0045, 2 ** 20), "lr-0.001": (0.001, None), "lr-0.002": (0.002, None),
+              "lr-0.004": (0.004, None), "lr-0.008": (0.008, None), "sqrt-0.002@1024": (0.002, 1024),
+              "sqrt-0.004@1024": (0.004, 1024)}
 
 
 def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]:
@@ -64,22 +69,26 @@ def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]
     return out
 
 
-def rule_batch(train_positives: int, negatives: int = 4) -> Tuple[int, float]:
-    """The CPU batch rule's batch and NVIDIA's rate scaled to it, for NVIDIA's model (``cli.choose_cpu_batch``)."""
-    batch, lr, _ = cli.choose_cpu_batch(train_positives * (1 + negatives), 64, [256, 256, 128, 64],
-                                        cli.machine_memory_bytes())
-    return batch, lr
+def rule_batch(train_positives: int, negatives: int = 4) -> int:
+    """The CPU batch rule's batch for NVIDIA's model (``cli.choose_cpu_batch``)."""
+    return cli.choose_cpu_batch(train_positives * (1 + negatives), 64, [256, 256, 128, 64],
+                                cli.machine_memory_bytes())[0]
 
 
-def run_one(dataset: str, candidate: str, epochs: int, seed: int, log_dir: str) -> Dict:
+def candidate_flags(candidate: str, train_positives: int) -> List[str]:
+    """``-b B -l L`` of ``candidate`` on a dataset of ``train_positives`` (none for ``defaults``)."""
+    if candidate == "defaults":
+        return []
+    batch = rule_batch(train_positives)
+    rate, at_batch = CANDIDATES[candidate]
+    lr = rate if at_batch is None else float(f"{rate * math.sqrt(batch / at_batch):.3g}")
+    return ["-b", str(batch), "-l", f"{lr:g}"]
+
+
+def run_one(dataset: str, flags: List[str], epochs: int, seed: int, log_path: str) -> Dict:
     """One ncf.py run in a child process (one thread); returns its summary, command and wall time."""
-    data = load_dataset(dataset)
     argv = [sys.executable, os.path.join(RECIPE, "ncf.py"), "--data", dataset, "-e", str(epochs), "--seed", str(seed),
-            "--log_path", os.path.join(log_dir, f"{os.path.basename(os.path.dirname(dataset))}-{candidate}.json")]
-    if candidate != "defaults":
-        batch, sqrt_lr = rule_batch(len(data.train_users))
-        lr = CANDIDATES[candidate] if CANDIDATES[candidate] is not None else sqrt_lr
-        argv += ["-b", str(batch), "-l", str(lr)]
+            "--log_path", log_path, *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -118,15 +127,29 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     os.makedirs(args.work, exist_ok=True)
     paths = build_datasets(args.data_dir, args.work, args.datasets)
     popularity = {d: popularity_metrics(load_dataset(paths[d]), 10)["hr"] for d in args.datasets}
-    jobs = [(d, c) for d in args.datasets for c in args.candidates]
-    results: Dict[str, Dict] = {}
+    runs_path = os.path.join(args.work, "runs.json")
+    runs = json.load(open(runs_path)) if os.path.isfile(runs_path) else {}
+    planned = {}   # (dataset, candidate) -> the key of its run
+    for d in args.datasets:
+        positives = len(load_dataset(paths[d]).train_users)
+        epochs = args.ml1m_epochs if d == "ml1m-paper" else args.epochs
+        for c in args.candidates:
+            flags = candidate_flags(c, positives)
+            planned[d, c] = (d, " ".join(flags) or "defaults", epochs, args.seed)
+    todo = sorted({key for key in planned.values() if "|".join(map(str, key)) not in runs})
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_one, paths[d], c, args.ml1m_epochs if d == "ml1m-paper" else args.epochs,
-                               args.seed, args.work): (d, c) for d, c in jobs}
-        for future, (d, c) in futures.items():
-            results.setdefault(d, {})[c] = r = future.result()
-            print(f"{d} {c}: HR@10 {r['hr']:.4f} (epoch {r['best_epoch']}, valid {r['valid_hr']}) "
-                  f"in {r['wall_s']} s: {r['command']}", flush=True)
+        futures = {pool.submit(run_one, paths[d], flags.split() if flags != "defaults" else [], epochs, seed,
+                               os.path.join(args.work, f"{d}-{flags.replace(' ', '')}-e{epochs}-s{seed}.json")):
+                   (d, flags, epochs, seed) for d, flags, epochs, seed in todo}
+        for future, key in futures.items():
+            runs["|".join(map(str, key))] = r = future.result()
+            print(f"{key}: HR@10 {r['hr']:.4f} (epoch {r['best_epoch']}, valid {r['valid_hr']}) in {r['wall_s']} s: "
+                  f"{r['command']}", flush=True)
+            with open(runs_path, "w") as f:
+                json.dump(runs, f, indent=1)
+    results = {}
+    for (d, c), key in planned.items():
+        results.setdefault(d, {})[c] = runs["|".join(map(str, key))]
     report = {"results": results, "popularity": popularity, "seed": args.seed}
     with open(os.path.join(args.work, "results.json"), "w") as f:
         json.dump(report, f, indent=1)

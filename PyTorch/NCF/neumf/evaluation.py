@@ -1,15 +1,16 @@
 """NCF's evaluation: HR@K and NDCG@K of each user's positive among its candidates, as the NCF paper ranks them."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Dict
 
-import numpy as np
 import torch
 from torch import nn
 
 from .cli import ConfigurationError
-from .data import EvalSet, NCFData, duplicate_mask
+from .data import EvalSet, NCFData
 from .distributed import all_reduce_sum
+from .model import Popularity
 
 
 @torch.no_grad()
@@ -79,17 +80,9 @@ def check_topk(topk: int, samples_per_series: int, origin: str = "the test set")
 
 
 def popularity_metrics(data: NCFData, topk: int) -> Dict[str, float]:
-    """HR@K and NDCG@K of the popularity baseline on ``data``'s test series: each candidate scored by its number of
-    training rows, ranked by :func:`rank_positives` (same candidates, duplicate mask and tie rule as the model: an
-    unseen test item tied with unseen negatives counts as ranked below them). The floor a trained model must beat.
-
-    >>> d = NCFData(np.array([0, 1, 1]), np.array([2, 2, 1]), np.array([0, 0, 0]), np.array([2, 0, 1]),
-    ...             np.array([1, 0, 0], dtype=np.float32), num_users=2, num_items=3, samples_per_series=3)
-    >>> popularity_metrics(d, topk=1)["hr"]
-    1.0
-    """
-    check_topk(topk, data.samples_per_series)
-    counts = np.bincount(data.train_items, minlength=data.num_items).astype(np.float64)
-    candidates = torch.as_tensor(data.test_items.reshape(-1, data.samples_per_series))
-    hits, ndcg, _ = rank_positives(torch.as_tensor(counts)[candidates], duplicate_mask(candidates), topk)
-    return {"hr": float(hits.double().mean()), "ndcg": float(ndcg.mean())}
+    """HR@K and NDCG@K of :class:`neumf.model.Popularity` (an item's score: its training rows) on ``data``'s test
+    series, through :func:`evaluate` (same candidates, duplicate mask and tie rule as a trained model: an unseen test
+    item tied with unseen negatives ranks below them). The floor a trained model must beat."""
+    model = Popularity(torch.as_tensor(data.train_items), data.num_items)
+    metrics = evaluate(model, EvalSet(data, 0, 1, torch.device("cpu")), topk, 2 ** 20, nullcontext)
+    return {"hr": metrics["hr"], "ndcg": metrics["ndcg"]}
