@@ -55,7 +55,7 @@ def child(args):
     config = ModelConfig(13, sizes, [f"c{i}" for i in range(26)], args.embedding_dim, [64, args.embedding_dim],
                          [64, 1])
     started = time.perf_counter()
-    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, 0.01,
+    trainable = build_trainable_model(config, "multi_table", torch.device("cpu"), 1, 0.01, local_batch_size=args.batch,
                                       table_budget_bytes=args.budget_gb * 2 ** 30,
                                       table_storage_dir=args.storage)
     setup_s = time.perf_counter() - started
@@ -107,7 +107,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--file_gb", type=float, nargs="+", default=[8.0, 16.0], help="table totals trained from files")
     p.add_argument("--ram_gb", type=float, default=2.0, help="table total of the in-RAM reference run")
-    p.add_argument("--budget_gb", type=float, default=1.0, help="--embedding_memory_budget_gb of the file runs")
+    p.add_argument("--budget_gb", type=float, default=1.0,
+                   help="--embedding_memory_budget_gb of the file runs (a step's working set, then small tables)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=4096)
@@ -124,7 +125,7 @@ def main():
     from recsys_common.machine import cpu_model_name
     root = tempfile.mkdtemp(prefix="table_files_", dir=args.storage)
     try:
-        reference = run(args, args.ram_gb, args.ram_gb * 4, os.path.join(root, "ram"))   # every table fits
+        reference = run(args, args.ram_gb, 1e6, os.path.join(root, "ram"))   # the same code, every table in RAM
         runs = [run(args, total, args.budget_gb, os.path.join(root, f"files_{total}")) for total in args.file_gb]
     finally:
         shutil.rmtree(root)   # the files this run made

@@ -71,6 +71,7 @@ def test_the_budget_keeps_the_smallest_tables_in_ram():
     assert plan_tables([10, 1000, 100], 4, (10 + 100) * 16, False) == [False, True, False]
     assert plan_tables([10, 1000, 100], 4, (10 + 100) * 16, True) == [False, True, True]   # Adagrad: twice the bytes
     assert plan_tables([10, 1000, 100], 4, 0, False) == [True, True, True]
+    assert plan_tables([10, 1000, 100], 4, (10 + 100) * 16, False, reserved_bytes=100) == [False, True, True]
 
 
 def _rss_file_bytes():
@@ -114,12 +115,18 @@ def test_file_errors_name_the_file(tmp_path, monkeypatch):
     with pytest.raises(TableStorageError, match=r"table_0.f32: cannot reserve 800 bytes .*No space left"):
         TieredTableEmbeddings(SIZES, 4, [True] * 3, storage_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == ["tables.json"]   # no half-made table file
+    with pytest.raises(ValueError, match="smaller than one batch's rows: 4096 rows x 6 ids"):
+        table_files.check_budget_holds_a_batch(2**20, 4096, HOTNESS, dim=4)
+    table_files.check_budget_holds_a_batch(2**28, 4096, HOTNESS, dim=4)   # 256 MiB: holds
     with pytest.raises(IndexError, match="categorical feature 2: id 300 outside its table of 300 rows"):
         TieredTableEmbeddings(SIZES, 4, [False] * 3, hotness=HOTNESS)(torch.tensor([[0, 1, -1, -1, 300, -1]]))
 
 
 def _run(dataset, tmp_path, name, budget, *more):
+    """``budget``: "all" (every table in files: the budget is one step's working set) or GiB."""
     from dlrm.train import main
+    if budget == "all":
+        budget = table_files.step_working_set(256, [1] * 8, 8) / 2**30
     return main(["--base_device", "cpu", "--dataset", str(dataset), "--batch_size", "256", "--embedding_dim", "8",
                  "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "16,1", "--adagrad", "--lr", "0.05", "--nofp16",
                  "--embedding_memory_budget_gb", str(budget), "--embedding_storage_dir", str(tmp_path / f"{name}_t"),
@@ -130,11 +137,11 @@ def _run(dataset, tmp_path, name, budget, *more):
 def test_training_with_tables_in_files_equals_ram_and_resumes_exactly(small_dataset, tmp_path):
     from dlrm.checkpointing import checkpoint_name, read_tensors
     in_ram = _run(small_dataset, tmp_path, "ram", 100)
-    in_files = _run(small_dataset, tmp_path, "files", 0)
+    in_files = _run(small_dataset, tmp_path, "files", "all")
     assert in_files["auc"] == in_ram["auc"] and in_files["train_loss"] == in_ram["train_loss"]
     assert len([n for n in os.listdir(tmp_path / "files_t") if n.endswith(".f32")]) == 2 * 8   # 8 tables, each with its accumulator
-    _run(small_dataset, tmp_path, "resumed", 0, "--max_steps", "5")
-    resumed = _run(small_dataset, tmp_path, "resumed", 0, "--load_checkpoint_path", str(tmp_path / "resumed"))
+    _run(small_dataset, tmp_path, "resumed", "all", "--max_steps", "5")
+    resumed = _run(small_dataset, tmp_path, "resumed", "all", "--load_checkpoint_path", str(tmp_path / "resumed"))
     assert resumed["auc"] == in_files["auc"]
     left = read_tensors(tmp_path / "files" / checkpoint_name(12))
     right = read_tensors(tmp_path / "resumed" / checkpoint_name(12))
@@ -150,7 +157,7 @@ def test_the_benchmark_runs_the_same_model_from_ram_and_from_files(tmp_path):
     from conftest import RECIPE_DIR, subprocess_env
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "benchmarks/table_files.py", "--file_gb", "0.01", "--ram_gb", "0.005",
-                           "--budget_gb", "0.001", "--steps", "3", "--warmup", "1", "--batch", "64",
+                           "--budget_gb", "0.015", "--steps", "3", "--warmup", "1", "--batch", "64",
                            "--embedding_dim", "8", "--storage", str(tmp_path), "--output", str(out)],
                           cwd=RECIPE_DIR, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

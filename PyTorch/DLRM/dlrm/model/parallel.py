@@ -32,7 +32,7 @@ from torch import nn
 from .dlrm import DLRM
 from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRecEmbeddings, table_key,
                          torchrec_available)
-from .table_files import TieredTableEmbeddings, plan_tables
+from .table_files import TieredTableEmbeddings, check_budget_holds_a_batch, plan_tables
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
@@ -218,7 +218,7 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
     """
     if table_budget_bytes is not None:
         return _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam_embeddings, adagrad,
-                             table_budget_bytes, table_storage_dir)
+                             table_budget_bytes, table_storage_dir, local_batch_size)
     if embedding_type == "torchrec_fused" and not config.table_sizes:
         embedding_type = "multi_table"   # numerical features only: no table to shard
     if embedding_type == "torchrec_fused":
@@ -260,7 +260,7 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
 
 
 def _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam_embeddings, adagrad, budget_bytes,
-                  storage_dir) -> TrainableModel:
+                  storage_dir, local_batch_size) -> TrainableModel:
     """The DLRM with :class:`TieredTableEmbeddings`: tables in RAM or in files by the budget, updated in backward."""
     if world_size > 1 or embedding_type != "multi_table" or device.type != "cpu":
         raise ValueError("--embedding_memory_budget_gb needs one CPU process and --embedding_type multi_table (or "
@@ -268,7 +268,8 @@ def _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam
     if adam_embeddings:
         raise ValueError("--embedding_memory_budget_gb: the file-backed tables take SGD or --adagrad, not "
                          "--Adam_embedding_optimizer")
-    in_files = plan_tables(config.table_sizes, config.embedding_dim, budget_bytes, adagrad)
+    working_set = check_budget_holds_a_batch(budget_bytes, local_batch_size, config.hotness, config.embedding_dim)
+    in_files = plan_tables(config.table_sizes, config.embedding_dim, budget_bytes, adagrad, working_set)
     embeddings = TieredTableEmbeddings(config.table_sizes, config.embedding_dim, in_files, storage_dir,
                                        adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness)
     core = _dlrm(config, embeddings)

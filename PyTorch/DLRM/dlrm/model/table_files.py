@@ -33,6 +33,9 @@ from .embeddings import _Hotness, bag_offsets
 
 FLOAT_BYTES = 4
 INIT_ROWS = 1 << 16          # rows initialised per piece (torch's CPU uniform_ draws serially: pieces = one call)
+# Ids gathered or updated per piece, the mapped pages dropped after each: a step maps at most this many pages of a
+# file (one per id), whatever the batch (MLPerf's uniform multi-hot ids touch a new page almost every time).
+CHUNK_IDS = 1 << 15
 MANIFEST = "tables.json"
 
 
@@ -40,13 +43,15 @@ class TableStorageError(OSError):
     """A table file that cannot be made or used (full disk, wrong size, foreign directory): names the file."""
 
 
-def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[float], adagrad: bool) -> List[bool]:
-    """Which tables go to files (True): the smallest stay in RAM while their bytes fit ``budget_bytes``."""
+def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[float], adagrad: bool,
+                reserved_bytes: float = 0.0) -> List[bool]:
+    """Which tables go to files (True): the smallest stay in RAM while their bytes and ``reserved_bytes`` (a step's
+    working set, :func:`step_working_set`) fit ``budget_bytes``."""
     per_row = dim * FLOAT_BYTES * (2 if adagrad else 1)
     in_files = [False] * len(table_sizes)
     if budget_bytes is None:
         return in_files
-    used = 0.0
+    used = float(reserved_bytes)
     for t in sorted(range(len(table_sizes)), key=lambda i: table_sizes[i]):
         size = table_sizes[t] * per_row
         if used + size <= budget_bytes:
@@ -54,6 +59,23 @@ def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[flo
         else:
             in_files[t] = True
     return in_files
+
+
+def step_working_set(batch: int, hotness: Sequence[int], dim: int, page_bytes: int = mmap.PAGESIZE) -> int:
+    """Bytes a step holds for its lookups: the batch's gathered rows and their gradients, and at most ``CHUNK_IDS``
+    mapped pages of a file and of its accumulator at a time."""
+    ids = batch * sum(hotness)
+    return 2 * ids * dim * FLOAT_BYTES + 2 * min(ids, CHUNK_IDS) * page_bytes
+
+
+def check_budget_holds_a_batch(budget_bytes: float, batch: int, hotness: Sequence[int], dim: int) -> int:
+    """:func:`step_working_set`, refusing a budget smaller than it (naming both)."""
+    needed = step_working_set(batch, hotness, dim)
+    if budget_bytes < needed:
+        raise ValueError(f"--embedding_memory_budget_gb {budget_bytes / 2**30:.3g} is smaller than one batch's rows: "
+                         f"{batch} rows x {sum(hotness)} ids need {needed / 2**30:.3g} GiB in a step (rows, gradients, "
+                         f"mapped pages); raise the budget or lower --batch_size")
+    return needed
 
 
 class TableFile:
@@ -120,37 +142,60 @@ class _LookupFusedUpdate(torch.autograd.Function):
     def forward(ctx, weight, ids, owner, table):
         ctx.save_for_backward(ids)
         ctx.weight, ctx.owner, ctx.table = weight, owner, table
-        return weight.index_select(0, ids)
+        return gather_rows(weight, ids, table)
 
     @staticmethod
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
-        owner, weight = ctx.owner, ctx.weight
+        owner, weight, table = ctx.owner, ctx.weight, ctx.table
         grad = grad.to(weight.dtype)
         if owner.grad_multiplier != 1.0:
             grad = torch.nan_to_num(grad * owner.grad_multiplier, nan=0.0, posinf=0.0, neginf=0.0)
         if owner.adagrad:
             unique, inverse = torch.unique(ids, return_inverse=True)
             summed = grad.new_zeros(len(unique), grad.shape[1]).index_add_(0, inverse, grad)   # one gradient per id
-            state = ctx.table.adagrad_sum
-            accumulated = state.index_select(0, unique).addcmul_(summed, summed)
-            state.index_copy_(0, unique, accumulated)
-            step = summed / accumulated.sqrt().add_(owner.eps)
-            weight.index_copy_(0, unique, weight.index_select(0, unique).add_(step, alpha=-owner.lr))
+            for start in range(0, len(unique), CHUNK_IDS):   # s += g^2; w -= lr g / (sqrt(s) + eps), per id
+                rows, g = unique[start:start + CHUNK_IDS], summed[start:start + CHUNK_IDS]
+                accumulated = table.adagrad_sum.index_select(0, rows).addcmul_(g, g)
+                table.adagrad_sum.index_copy_(0, rows, accumulated)
+                step = g / accumulated.sqrt().add_(owner.eps)
+                weight.index_copy_(0, rows, weight.index_select(0, rows).add_(step, alpha=-owner.lr))
+                table.release()
         else:
-            weight.scatter_add_(0, ids.unsqueeze(1).expand(-1, weight.shape[1]), grad * -owner.lr)
+            for start in range(0, len(ids), CHUNK_IDS):
+                rows, g = ids[start:start + CHUNK_IDS], grad[start:start + CHUNK_IDS]
+                weight.scatter_add_(0, rows.unsqueeze(1).expand(-1, weight.shape[1]), g * -owner.lr)
+                table.release()
         return None, None, None, None   # the update is done: the parameter gets no .grad
+
+
+def gather_rows(weight: torch.Tensor, ids: torch.Tensor, table: "_Table") -> torch.Tensor:
+    """``weight[ids]``, ``CHUNK_IDS`` ids at a time, the table's mapped pages dropped after each piece."""
+    if len(ids) <= CHUNK_IDS:
+        out = weight.index_select(0, ids)
+        table.release()
+        return out
+    out = weight.new_empty(len(ids), weight.shape[1])
+    for start in range(0, len(ids), CHUNK_IDS):
+        torch.index_select(weight, 0, ids[start:start + CHUNK_IDS], out=out[start:start + CHUNK_IDS])
+        table.release()
+    return out
 
 
 class _Table(nn.Module):
     """One table: ``weight`` (a parameter, so state dict keys are ``tables.{i}.weight`` as elsewhere) and, with
     Adagrad, its ``adagrad_sum`` accumulator."""
 
-    def __init__(self, weight: torch.Tensor, adagrad_sum: Optional[torch.Tensor]):
+    def __init__(self, weight: torch.Tensor, adagrad_sum: Optional[torch.Tensor], files: Sequence["TableFile"]):
         super().__init__()
         self.weight = nn.Parameter(weight)
         if adagrad_sum is not None:
             self.register_buffer("adagrad_sum", adagrad_sum)
+        self.files = list(files)   # the files behind weight and adagrad_sum (none for a table in RAM)
+
+    def release(self) -> None:
+        for table_file in self.files:
+            table_file.release()
 
 
 class TieredTableEmbeddings(nn.Module):
@@ -185,32 +230,26 @@ class TieredTableEmbeddings(nn.Module):
 
     def _make_table(self, t: int, storage_dir: Optional[str]) -> _Table:
         rows, dim = self.table_sizes[t], self.embedding_dim
+        files: List[TableFile] = []
 
         def allocate(name: str) -> torch.Tensor:
             if not self.in_files[t]:
                 return torch.empty(rows, dim)
-            table_file = TableFile(os.path.join(storage_dir, f"{name}_{t}.f32"), rows, dim)
-            self.files.append(table_file)
-            return table_file.tensor
+            files.append(TableFile(os.path.join(storage_dir, f"{name}_{t}.f32"), rows, dim))
+            return files[-1].tensor
 
         weight = allocate("table")
+        accumulator = allocate("adagrad_sum") if self.adagrad else None
+        table = _Table(weight, accumulator, files)
+        self.files.extend(files)
         bound = (1.0 / rows) ** 0.5   # uniform in +-sqrt(1/rows), as every table here; drawn in pieces
         with torch.no_grad():
             for start in range(0, rows, INIT_ROWS):
                 weight[start:start + INIT_ROWS].uniform_(-bound, bound)
-                self._release(t)
-        accumulator = allocate("adagrad_sum") if self.adagrad else None
-        if accumulator is not None:
-            with torch.no_grad():
-                for start in range(0, rows, INIT_ROWS):
+                if accumulator is not None:
                     accumulator[start:start + INIT_ROWS].zero_()   # MLPerf's initial accumulator value 0
-                    self._release(t)
-        return _Table(weight, accumulator)
-
-    def _release(self, t: int) -> None:
-        if self.in_files[t]:
-            for table_file in self.files:
-                table_file.release()
+                table.release()
+        return table
 
     def release_pages(self) -> None:
         """Drop the file pages this process has mapped (call after each step): the resident set stays bounded."""
