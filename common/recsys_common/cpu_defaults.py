@@ -73,7 +73,9 @@ def scale_learning_rate(gpu_learning_rate: float, batch: int, gpu_batch: int, lr
 def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_rate: float, bytes_per_row: float,
                      memory_bytes: Optional[int] = None, lr_scaling: str = "sqrt", batch_flag: str = "-b",
                      lr_flag: str = "-l", given_learning_rate: Optional[float] = None, steps_per_batch: int = 1,
-                     multiple_of: int = 1, reference: str = "NVIDIA") -> CpuBatch:
+                     multiple_of: int = 1, reference: str = "NVIDIA",
+                     cpu_anchor: Optional[Tuple[float, int, str]] = None,
+                     max_learning_rate: Optional[float] = None) -> CpuBatch:
     """The CPU default batch and learning rate (see the module docstring for the rule).
 
     Args:
@@ -90,6 +92,11 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
             optimizer step sees ``batch * steps_per_batch`` rows, so the step count and the rate use that.
         multiple_of: the batch is a multiple of this (global batches split evenly over ``world_size`` ranks).
         reference: whose GPU values ``gpu_batch`` and ``gpu_learning_rate`` are, for the printed reason.
+        cpu_anchor: ``(learning_rate, batch, who)``: a rate the recipe measured on CPUs at ``batch``, scaled from
+            there (same ``lr_scaling``) instead of from the GPU rate (NCF's: NVIDIA's rate scaled down over three
+            orders of magnitude of batch left a model that barely learned). ``None``: the GPU values are the anchor.
+        max_learning_rate: the scaled rate is capped here (the largest rate the recipe measured to work: an anchor
+            scaled to batches far from where it was measured is a guess). ``None``: no cap.
     """
     if gpu_batch < 1 or bytes_per_row <= 0 or steps_per_batch < 1 or multiple_of < 1:
         raise ValueError("gpu_batch, bytes_per_row, steps_per_batch and multiple_of must be positive")
@@ -112,12 +119,16 @@ def choose_cpu_batch(train_rows: Optional[int], *, gpu_batch: int, gpu_learning_
         batch = max(train_rows // steps_per_batch, 1)
         binding, why = "dataset", f"the whole training set of {train_rows} rows, smaller than the floor {MIN_BATCH}"
     batch = max(batch - batch % multiple_of, multiple_of)
-    lr = scale_learning_rate(gpu_learning_rate, batch * steps_per_batch, gpu_batch, lr_scaling)
-    rule = (f"sqrt({batch * steps_per_batch}/{gpu_batch})" if lr_scaling == "sqrt"
-            else f"{batch * steps_per_batch}/{gpu_batch}")
+    anchor_lr, anchor_batch, anchor_name = cpu_anchor or (gpu_learning_rate, gpu_batch, f"{reference}'s")
+    lr = scale_learning_rate(anchor_lr, batch * steps_per_batch, anchor_batch, lr_scaling)
+    rule = (f"sqrt({batch * steps_per_batch}/{anchor_batch})" if lr_scaling == "sqrt"
+            else f"{batch * steps_per_batch}/{anchor_batch}")
     reason = f"{batch_flag} {batch} ({why}; {reference}'s GPU default is {gpu_batch})"
+    capped = max_learning_rate is not None and lr > max_learning_rate
+    if capped:
+        lr = float(max_learning_rate)
     if given_learning_rate is None:
-        reason += f" and {lr_flag} {lr:g} ({reference}'s {gpu_learning_rate:g} x {rule})"
+        reason += f" and {lr_flag} {lr:g} ({anchor_name} {anchor_lr:g} x {rule}{', capped' if capped else ''})"
     else:
         lr = float(given_learning_rate)
         reason += f"; {lr_flag} {lr:g} as given"

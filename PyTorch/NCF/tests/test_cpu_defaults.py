@@ -1,5 +1,6 @@
-"""CPU defaults for -b / -l (issue 18): NVIDIA's GPU values (-b 2**20, one step per epoch on ML-100k, 5.3 GB peak)
-are replaced on CPU unless the command line sets -b; explicit flags always win."""
+"""CPU defaults for -b / -l (issues 18 and 35): NVIDIA's GPU values (-b 2**20, one step per epoch on ML-100k, 5.3 GB
+peak) are replaced on CPU unless the command line sets -b; the rate is scaled from the one measured on CPUs
+(``CPU_ANCHOR_LEARNING_RATE`` at ``CPU_ANCHOR_BATCH``), not from NVIDIA's; explicit flags always win."""
 import math
 
 import pytest
@@ -13,11 +14,17 @@ NVIDIA_MODEL = dict(factors=64, layers=[256, 256, 128, 64])
 ML100K_ROWS = 99057 * 5  # convert.py's training positives of ML-100k, each with -n 4 negatives
 
 
-def test_small_dataset_gets_many_steps_and_the_sqrt_scaled_rate():
+def cpu_rate(batch):
+    return ncf_cli.CPU_ANCHOR_LEARNING_RATE * math.sqrt(batch / ncf_cli.CPU_ANCHOR_BATCH)
+
+
+def test_small_dataset_gets_many_steps_and_the_cpu_measured_rate():
     batch, lr, reason = ncf_cli.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, **NVIDIA_MODEL)
     assert batch == 4096 and ML100K_ROWS // batch >= ncf_cli.CPU_MIN_STEPS_PER_EPOCH  # 121 steps, not 1
-    assert lr == pytest.approx(0.0045 / 16, rel=1e-3)  # sqrt(4096 / 2**20) = 1/16
+    assert lr == pytest.approx(cpu_rate(4096), rel=1e-3)
+    assert lr > 10 * 0.0045 * math.sqrt(4096 / 2 ** 20)   # NVIDIA's rate scaled down (0.00028) barely learned
     assert reason.startswith("-b 4096 (at least 100 steps over 495285 training rows")
+    assert "measured on CPUs" in reason
 
 
 def test_memory_bounds_a_large_dataset_and_nvidia_caps_it():
@@ -25,16 +32,16 @@ def test_memory_bounds_a_large_dataset_and_nvidia_caps_it():
     batch, lr, reason = ncf_cli.choose_cpu_batch(ml20m_rows, memory_bytes=16 * GIB, **NVIDIA_MODEL)
     # 1/8 of 16 GiB at 4.6 bytes x width 1088 per row: 429k rows -> 2**18
     assert batch == 2 ** 18 and "GiB RAM" in reason
-    assert lr == pytest.approx(0.0045 / 2, rel=1e-3)
+    assert lr == pytest.approx(min(cpu_rate(2 ** 18), ncf_cli.CPU_MAX_LEARNING_RATE), rel=1e-3)
     huge, lr, reason = ncf_cli.choose_cpu_batch(10 ** 10, memory_bytes=4096 * GIB, **NVIDIA_MODEL)
-    assert (huge, lr) == (2 ** 20, 0.0045) and "NVIDIA's value" in reason
+    assert huge == 2 ** 20 and lr <= ncf_cli.CPU_MAX_LEARNING_RATE and "NVIDIA's value" in reason
     tiny, _, reason = ncf_cli.choose_cpu_batch(5000, memory_bytes=16 * GIB, **NVIDIA_MODEL)
     assert tiny == ncf_cli.CPU_MIN_BATCH and "floor" in reason
 
 
 def test_accumulation_counts_in_the_steps_and_the_rate():
     batch, lr, _ = ncf_cli.choose_cpu_batch(ML100K_ROWS, memory_bytes=23 * GIB, grads_accumulated=4, **NVIDIA_MODEL)
-    assert batch == 1024 and lr == pytest.approx(0.0045 * math.sqrt(4096 / 2 ** 20), rel=1e-3)
+    assert batch == 1024 and lr == pytest.approx(cpu_rate(4096), rel=1e-3)
 
 
 def _params(tmp_path, log):
