@@ -1,21 +1,22 @@
-"""Serving: Triton model repositories, a KServe-v2 client, and MLServer as the stand-in server on machines without
-Triton.
+"""Serving: Triton model repositories (GPU and CPU variants), a KServe-v2 client, and a real Triton server on the CPU.
 
-Modules (import them directly; this package imports nothing heavy, so that the MLServer process, which loads
-``mlserver_runtime``, never pulls in ``tritonclient.grpc``; the two define the same protobuf symbols and cannot live in
-one process):
+Modules (import them directly; this package imports nothing heavy, so that the MLServer process of the benchmark's
+stand-in, which loads ``mlserver_runtime``, never pulls in ``tritonclient.grpc``; the two define the same protobuf
+symbols and cannot live in one process):
 
     model_config      ``config.pbtxt`` written through Triton's own protobuf (``TensorSpec``, ``EnsembleStep``,
                       ``model_config_text``, ``parse_model_config``, ``check_model_directory``).
     repository        ``model_repository``: an atomic writer of a Triton model repository (``--overwrite`` replaces
-                      only this tool's files); ``read_sidecar`` reads ``recsys_serving.json``.
-    mlserver_runtime  ``OnnxModel`` / ``TorchScriptModel``: the MLServer runtimes (onnxruntime, torch) serving a
-                      repository's ONNX / TorchScript models, with Triton's model-config HTTP route; imported only
-                      inside the MLServer process.
-    triton_extensions Triton's binary tensor extension (HTTP) and gRPC ``ModelConfig`` added to MLServer (no fork).
-    mlserver_launcher ``serve_repository``: MLServer on loopback serving a Triton repository's ONNX and TorchScript
-                      models, always stopped (``python -m recsys_common.serving.mlserver_launcher --model-repository
-                      DIR``).
+                      only this tool's files; ``backend="python"`` writes the CPU variant); ``read_sidecar`` reads
+                      ``recsys_serving.json``.
+    python_backend    the CPU repository: each model rewritten for Triton's Python backend (same names, tensors,
+                      batching; ensembles stay Triton's), ``triton_python_model.py`` copied in as ``model.py``.
+    triton_python_model  that ``model.py``: ONNX / TorchScript / SavedModel run inside Triton's stub, the sidecar's
+                      id and string-length checks, the dynamic batcher's requests as one call (``RecsysPythonModel``
+                      for other Python-backend models). Loaded by Triton only, never imported here.
+    triton_server     ``serve_repository``: the tritonserver ``make setup`` installs, on loopback, every model READY,
+                      always stopped (``python -m recsys_common.serving.triton_server --model-repository DIR``).
+    _process_watchdog the server's parent: stops it when the launching process dies.
     perf_analyzer     Triton's perf_analyzer on our request rows, side by side with ``latency`` (``make setup``
                       installs the binary).
     id_range_torch,   the id range check inside exported graphs (a row with an out-of-range id scores NaN).
@@ -26,7 +27,14 @@ one process):
                       ``run_latency``: the core of every recipe's ``evaluate_latency``.
     rows              request rows: ``random_rows`` (random valid rows from a sidecar's inputs), ``cycling_rows``.
     triton_options    ``TritonOptions`` (one options object for every exporter; the batching delay held in
-                      microseconds), NVIDIA's ``--triton-*`` flag group and the delay flags in ms and us.
+                      microseconds, the backend), NVIDIA's ``--triton-*`` flag group, ``--triton-backend`` and the
+                      delay flags in ms and us.
     torch_export      PyTorch module -> Triton repository (ONNX / TorchScript), the format flags, the exported-vs-eager
                       check: PyTorch DLRM's and NCF's deployers (imports torch, never TensorFlow).
+    raw_features, raw_ensemble, raw_preprocess_model
+                      raw feature values in requests: the preprocessing step and the ensembles in front of a model.
+
+Kept only for ``common/benchmarks/triton_serving.py`` (MLServer against Triton, one run), to be removed after it:
+``mlserver_launcher``, ``mlserver_runtime``, ``_mlserver_entry``, ``triton_extensions``, ``request_checks`` (MLServer
+1.7.1 with Triton's model-config and binary-tensor extensions added, the stand-in before Triton ran here).
 """
