@@ -90,8 +90,9 @@ def test_bad_rate_is_an_error_naming_the_flag(checkpoint, tmp_path, capsys, rate
 
 def test_evaluate_accuracy_corrects_pytorchs_side_as_the_served_model(checkpoint, small_dataset, tmp_path,
                                                                      monkeypatch):
-    """The served side is the deployed ONNX model run by onnxruntime in this process (what MLServer runs; the server
-    round trip is tests/test_serving.py's): PyTorch's side gets the same log w, so the two agree."""
+    """The served side is the deployed ONNX model run by onnxruntime in this process (what the CPU repository's
+    model.py runs; the server round trip is tests/test_serving.py's): PyTorch's side gets the same log w, so the two
+    agree."""
     from deployment import evaluate_accuracy
     from recsys_common.serving import client as serving_client
     from recsys_common.serving import torch_export

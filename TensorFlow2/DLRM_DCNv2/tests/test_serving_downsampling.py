@@ -102,8 +102,9 @@ def test_bad_rate_is_an_error_naming_the_flag(checkpoint, tmp_path, capsys, rate
 
 
 def test_evaluate_accuracy_corrects_the_recipes_side_as_the_served_model(checkpoint, tmp_path, monkeypatch):
-    """The served side is the deployed ONNX model run by onnxruntime in this process (what MLServer runs; the
-    server round trip is tests/test_serving.py's): recipe and served agree on the corrected probabilities."""
+    """The served side is the deployed ONNX model run by onnxruntime in this process (what the CPU repository's
+    model.py runs; the server round trip is tests/test_serving.py's): recipe and served agree on the corrected
+    probabilities."""
     from deployment import evaluate_accuracy
     spec_path = write_feature_spec(tmp_path / "data", "dlrm", rows=200)
     with open(spec_path) as f:

@@ -1,4 +1,4 @@
-"""``deployment/evaluate_accuracy.py`` (NVIDIA's ``triton/evaluate_accuracy.py`` runs it): the validation split through a KServe-v2 server (Triton, or MLServer here) with
+"""``deployment/evaluate_accuracy.py`` (NVIDIA's ``triton/evaluate_accuracy.py`` runs it): the validation split through a KServe-v2 server (Triton; here the CPU repository on ``triton_server``) with
 tritonclient, compared with the recipe's own evaluation of the same checkpoint on the same rows.
 
     python deployment/evaluate_accuracy.py --checkpoint-dir /tmp/wide_deep_quickstart/model \\
