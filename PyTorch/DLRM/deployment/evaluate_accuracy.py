@@ -7,7 +7,8 @@
 Reads mapping ``--mapping`` (default ``test``) of the dataset's FeatureSpec in batches of ``--batch_size`` rows, sends
 each batch to the server with tritonclient (``recsys_common.serving.client``: a Triton server; here the CPU
 repository on ``recsys_common.serving.triton_server``), and scores the same batch with the checkpoint's eager PyTorch
-model (float32, the recipe's model code: the framework's own evaluation). Exact ROC AUC (``recsys_common.metrics``) and the click-model metrics
+model (float32, the recipe's model code: the framework's own evaluation).
+Exact ROC AUC (``recsys_common.metrics``) and the click-model metrics
 ``log_loss``, ``normalized_entropy`` and ``calibration`` (summed batch by batch, ``dlrm.utils.metrics.ClickMetrics``)
 of both over all rows, their differences and the largest probability difference per protocol are printed as JSON
 (and written atomically to ``--output_json``). A model deployed from negatively down-sampled data serves
