@@ -145,3 +145,21 @@ def test_mlserver_imports_in_its_own_process():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "1.7.1"
+
+
+def test_tritonserver_installed_with_its_stub_environment():
+    """``make setup``'s Triton server (ci/install_tritonserver.sh): the 2.51 binary loads its libraries, the Python
+    backend holds the 3.11 stub, and the stub's interpreter has numpy 1.x (the stub was built against it) in front of
+    the environment's packages."""
+    import subprocess
+    from recsys_common.serving.triton_server import find_tritonserver
+    install = find_tritonserver()
+    usage = subprocess.run([install.binary, "--help"], capture_output=True, text=True, timeout=60)
+    assert "Usage: tritonserver" in usage.stdout + usage.stderr
+    assert install.backends() == ["python"]
+    assert os.access(os.path.join(install.backend_directory, "python", "triton_python_backend_stub"), os.X_OK)
+    stub_python = subprocess.run([os.path.join(install.stub_bin, "python3"), "-c",
+                                  "import numpy, onnxruntime, recsys_common; print(numpy.__version__)"],
+                                 capture_output=True, text=True, timeout=120)
+    assert stub_python.returncode == 0, stub_python.stderr[-2000:]
+    assert stub_python.stdout.strip() == "1.26.4"
