@@ -228,28 +228,52 @@ def serve_repository(repo_dir: str, models: Optional[Sequence[str]] = None, *, h
     install = install or find_tritonserver()
     repo_dir = os.path.abspath(repo_dir)
     served = repository_models(repo_dir, models, install)
-    http_port = http_port or free_port()
-    grpc_port = grpc_port or free_port()
-    while grpc_port == http_port:
-        grpc_port = free_port()
     client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    command = triton_command(install, repo_dir, models, host, http_port, grpc_port, max(1, int(stop_timeout_s)))
     env = dict(os.environ, PATH=os.pathsep.join([install.stub_bin, os.environ.get("PATH", "")]))
     if intra_op_threads:
         env[THREADS_ENV] = str(int(intra_op_threads))
+    # ports we pick can be taken by another process before Triton binds them: then pick again
+    attempts = PORT_ATTEMPTS if http_port is None or grpc_port is None else 1
     with tempfile.TemporaryDirectory(prefix="recsys_triton_") as workdir:
         log_path = os.path.abspath(log_path) if log_path else os.path.join(workdir, "tritonserver.log")
-        watchdog = [sys.executable, "-m", "recsys_common.serving._process_watchdog", str(os.getpid()),
-                    str(stop_timeout_s), "--"]
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(watchdog + command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        for attempt in range(1, attempts + 1):
+            ports = _ports(http_port, grpc_port)
+            command = triton_command(install, repo_dir, models, host, *ports, max(1, int(stop_timeout_s)))
+            proc = _start_watched(command, env, workdir, log_path, stop_timeout_s)
+            try:
+                _wait_until_ready(proc, repo_dir, f"{client_host}:{ports[0]}", served, startup_timeout_s, log_path)
+                break
+            except ServingError as e:
+                stop_process_group(proc, stop_timeout_s)
+                if attempt == attempts or "already in use" not in str(e):
+                    raise
         try:
-            _wait_until_ready(proc, repo_dir, f"{client_host}:{http_port}", served, startup_timeout_s, log_path)
-            yield ServerHandle(http_url=f"{client_host}:{http_port}", grpc_url=f"{client_host}:{grpc_port}",
+            yield ServerHandle(http_url=f"{client_host}:{ports[0]}", grpc_url=f"{client_host}:{ports[1]}",
                                models=served, log_path=log_path, pid=proc.pid)
         finally:
             stop_process_group(proc, stop_timeout_s)
+
+
+PORT_ATTEMPTS = 3
+
+
+def _ports(http_port: Optional[int], grpc_port: Optional[int]):
+    """(HTTP port, gRPC port): the given ones, free ports picked now for the others (never the same twice)."""
+    http_port = http_port or free_port()
+    chosen = grpc_port or free_port()
+    while chosen == http_port and not grpc_port:
+        chosen = free_port()
+    return http_port, chosen
+
+
+def _start_watched(command: List[str], env, workdir: str, log_path: str, stop_timeout_s: float) -> subprocess.Popen:
+    """``command`` under ``_process_watchdog`` (which stops it if this process dies), in a new process group, its
+    output appended to ``log_path``."""
+    watchdog = [sys.executable, "-m", "recsys_common.serving._process_watchdog", str(os.getpid()),
+                str(stop_timeout_s), "--"]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(watchdog + command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
