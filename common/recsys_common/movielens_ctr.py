@@ -15,6 +15,8 @@ Output (``--output``), ``--genres slots`` (default; the layout the PyTorch recip
     feature_spec.yaml
     train/{user_id,movie_id,gender,age,occupation,zip_prefix,genre_0,genre_1,genre_2}.bin  label.bin  numerical.bin
     test/ (the same files)
+    raw_features/users.parquet, movies.parquet, movielens_ctr.json   the features by raw UserID / MovieID, with
+                 which serving maps a raw rating (``recsys_common.serving.raw_features``; also with multi_hot)
 
 ``--genres multi_hot``: the genres are ONE multi-hot categorical feature ``genres`` (ids 0..17 in the order of
 ``GENRES``, ``max_hotness`` = the most genres any movie of movies.dat has: 6 in MovieLens-1M), which split-binary
@@ -51,6 +53,7 @@ import argparse
 import glob
 import gzip
 import io
+import json
 import os
 import re
 import sys
@@ -273,7 +276,37 @@ def build_columns(input_dir: str, ratings_file: Optional[str], positive_threshol
         cardinalities[MULTI_HOT_GENRES] = len(GENRES)
         hotness[MULTI_HOT_GENRES] = int(movies["genre_lists"].shape[1])
     return {"columns": columns, "timestamp": ratings["timestamp"], "cardinalities": cardinalities,
-            "hotness": hotness, "ratings_path": ratings_path}
+            "hotness": hotness, "ratings_path": ratings_path, "users": users, "movies": movies}
+
+
+RAW_FEATURES_DIRECTORY = "raw_features"   # the users' and movies' features by raw id (write_raw_feature_tables)
+RAW_FEATURES_FORMAT = "recsys_common.movielens_ctr/1"
+
+
+def write_raw_feature_tables(directory: str, users: Dict[str, np.ndarray], movies: Dict[str, np.ndarray],
+                             categorical: Sequence[str], genres: str) -> None:
+    """``directory/raw_features/``: what maps a raw rating (UserID, MovieID, Timestamp) to this dataset's features
+    as ``build_columns`` computed them (``recsys_common.serving.raw_features.MovieLensCtrRawMapper``):
+    ``users.parquet`` (UserID and the user's features by row), ``movies.parquet`` (MovieID, release year, its
+    z-score, genre count, genre slots or lists) and ``movielens_ctr.json`` (the features and the genre layout)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    target = os.path.join(directory, RAW_FEATURES_DIRECTORY)
+    os.makedirs(target)
+    user_table = {"UserID": users["ids"], "user_id": np.arange(len(users["ids"]), dtype=np.int64)}
+    user_table.update({name: users[name] for name in ("gender", "age", "occupation", "zip_prefix")})
+    pq.write_table(pa.table(user_table), os.path.join(target, "users.parquet"))
+    movie_table = {"MovieID": movies["ids"], "movie_id": np.arange(len(movies["ids"]), dtype=np.int64),
+                   "year": movies["year"], "year_z": movies["year_z"], "genre_count": movies["genre_count"]}
+    if genres == "slots":
+        movie_table.update({f"genre_{slot}": movies["genres"][:, slot] for slot in range(movies["genres"].shape[1])})
+    else:
+        movie_table[MULTI_HOT_GENRES] = list(movies["genre_lists"])
+    pq.write_table(pa.table(movie_table), os.path.join(target, "movies.parquet"))
+    with open(os.path.join(target, "movielens_ctr.json"), "w", encoding="utf-8") as f:
+        json.dump({"format": RAW_FEATURES_FORMAT, "categorical": list(categorical), "genres": genres,
+                   "numerical": list(NUMERICAL_FEATURES)}, f, indent=1)
+        f.write("\n")
 
 
 def make_feature_spec(cardinalities: Dict[str, int], categorical: Sequence[str], metadata: dict,
@@ -377,6 +410,7 @@ def build_dataset(input_dir: str, output: str, ratings_file: Optional[str] = Non
             with DatasetWriter(spec, split) as writer:
                 writer.write({name: np.asarray(columns[name])[rows] for name in
                               categorical + list(NUMERICAL_FEATURES) + [LABEL_FEATURE]})
+        write_raw_feature_tables(tmp_dir, built["users"], built["movies"], categorical, genres)
         spec.to_yaml(os.path.join(tmp_dir, "feature_spec.yaml"))
     spec = FeatureSpec.from_yaml(os.path.join(output, "feature_spec.yaml"))
     print(f"wrote {output}: train {metadata['num_samples']['train']} rows "

@@ -186,3 +186,32 @@ def test_model_inputs_take_whole_inputs_or_one_categorical_column_each_cast_to_t
     assert model_inputs(mapped, [TensorSpec("categorical", "int64", [2])])["categorical"].shape == (2, 2)
     with pytest.raises(RawFeatureError, match="served input 'dense'"):
         model_inputs(mapped, [TensorSpec("dense", "float32", [3])])
+
+
+@pytest.mark.parametrize("genres", ["slots", "multi_hot"])
+def test_movielens_ctr_raw_ratings_map_to_the_datasets_test_rows(tmp_path, genres):
+    """Real MovieLens-1M (users 1-2999): a raw rating's UserID, MovieID and Timestamp give the test split's features
+    (the test split is the latest ratings in time order)."""
+    from recsys_common import movielens_ctr
+    input_dir = shared_data_path("movielens", "ml-1m")
+    spec = movielens_ctr.build_dataset(input_dir, str(tmp_path / "ctr"), genres=genres, shuffle_train=False)
+    ratings = movielens_ctr.read_ratings(movielens_ctr.find_ratings_file(input_dir))
+    order = np.argsort(ratings["timestamp"], kind="stable")
+    test_rows = order[spec.metadata["num_samples"]["train"]:][:5000]
+    mapper = load_raw_mapper(str(tmp_path / "ctr"))
+    mapped = mapper.map({"UserID": ratings["user"][test_rows, None], "MovieID": ratings["movie"][test_rows, None],
+                         "Timestamp": ratings["timestamp"][test_rows, None]})
+    columns = read_columns(spec, "test")
+    np.testing.assert_array_equal(
+        mapped["numerical"], np.stack([columns[n] for n in movielens_ctr.NUMERICAL_FEATURES], axis=1)[:5000]
+        .astype(np.float32))
+    categorical = spec.channel_spec["categorical"]
+    if genres == "slots":
+        expected = np.stack([columns[n] for n in categorical], axis=1)[:5000].astype(np.int64)
+        np.testing.assert_array_equal(mapped["categorical"], expected)
+    else:
+        for name in categorical:
+            np.testing.assert_array_equal(mapped[name].reshape(len(test_rows), -1),
+                                          np.asarray(columns[name])[:5000].reshape(len(test_rows), -1), err_msg=name)
+    with pytest.raises(RawFeatureError, match=r"input 'MovieID': row 0: MovieID 99999 is not in the dataset's"):
+        mapper.map({"UserID": np.array([[1]]), "MovieID": np.array([[99999]]), "Timestamp": np.array([[0]])})

@@ -19,6 +19,9 @@ NCF / MovieLens ids     ``user``, ``item`` INT64 [1] (BYTES when    ``user_ids.p
 (``convert.py``)        the input's ids were text)                  the training data never had is an error naming
                                                                     the row (NeuMF has no embedding for it, and
                                                                     training had no rule for one)
+MovieLens-1M CTR        ``UserID``, ``MovieID``, ``Timestamp``      the user's and movie's features by raw id
+(``movielens_ctr``:     INT64 [1]                                   (``raw_features/``), the movie's age at the
+``raw_features/``)                                                  rating's time, as ``build_columns`` computed them
 Wide & Deep MovieLens   ``userId``, ``movieId`` INT64 [1]           the ETL's fitted workflow (``workflow/``): ids by
 (its ETL: ``workflow/``)                                            its vocabularies (2 unseen), the movie's genres
                                                                     joined and encoded, -1 padded
@@ -301,6 +304,76 @@ class MovieLensWorkflowRawMapper:
         return {"userId": ids["userId"], "movieId": ids["movieId"], "genres": genres}
 
 
+class MovieLensCtrRawMapper:
+    """A raw MovieLens-1M rating (``UserID``, ``MovieID``, ``Timestamp`` INT64 [1]) -> the ``categorical`` and
+    ``numerical`` inputs of a ``recsys_common.movielens_ctr`` dataset's model, computed as ``build_columns`` did from
+    the dataset's ``raw_features/`` tables (a user's and a movie's features by raw id; the movie's age at the rating's
+    time), numericals rounded to the dataset's dtype. A UserID or MovieID the users / movies files lacked is an error
+    naming the row (the dataset has no id for it)."""
+
+    kind = "movielens_ctr"
+    DIRECTORY = "raw_features"
+    FORMAT = "recsys_common.movielens_ctr/1"
+    _SECONDS_PER_YEAR = 365.2425 * 86400.0
+
+    def __init__(self, directory: str):
+        import polars as pl
+        from ..feature_spec import FeatureSpec
+        self.directory = directory
+        base = os.path.join(directory, self.DIRECTORY)
+        with open(os.path.join(base, "movielens_ctr.json"), encoding="utf-8") as f:
+            self.config = json.load(f)
+        if self.config.get("format") != self.FORMAT:
+            raise RawFeatureError(f"{base}/movielens_ctr.json: format {self.config.get('format')!r}, expected "
+                                  f"{self.FORMAT!r}")
+        self.users = pl.read_parquet(os.path.join(base, "users.parquet")).sort("UserID")
+        self.movies = pl.read_parquet(os.path.join(base, "movies.parquet")).sort("MovieID")
+        spec = FeatureSpec.from_yaml(os.path.join(directory, "feature_spec.yaml"))
+        self.numerical_dtype = spec.numpy_dtype(self.config["numerical"][0])
+
+    def raw_inputs(self) -> List[TensorSpec]:
+        return [TensorSpec(name, "int64", [1]) for name in ("UserID", "MovieID", "Timestamp")]
+
+    def files(self) -> List[str]:
+        return ["feature_spec.yaml"] + [os.path.join(self.DIRECTORY, name) for name in
+                                        ("movielens_ctr.json", "users.parquet", "movies.parquet")]
+
+    def _rows(self, table, key: str, raw: np.ndarray) -> np.ndarray:
+        ids = table[key].to_numpy()
+        at = np.minimum(np.searchsorted(ids, raw), max(len(ids) - 1, 0))
+        missing = np.flatnonzero(ids[at] != raw) if len(ids) else np.arange(len(raw))
+        if len(missing):
+            raise RawFeatureError(f"input {key!r}: row {int(missing[0])}: {key} {int(raw[missing[0]])} is not in the "
+                                  f"dataset's {key.replace('ID', '').lower()}s file ({len(missing)} in this request)")
+        return at
+
+    def map(self, inputs: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        _required(inputs, ["UserID", "MovieID", "Timestamp"])
+        raw = {}
+        for name in ("UserID", "MovieID", "Timestamp"):
+            array = np.asarray(inputs[name])
+            if array.dtype.kind not in "iu" or array.ndim != 2 or array.shape[1] != 1:
+                raise RawFeatureError(f"input {name!r}: expected integers (INT64) of shape [batch, 1], got "
+                                      f"{array.dtype} {list(array.shape)}")
+            raw[name] = array[:, 0].astype(np.int64)
+        users = self.users[self._rows(self.users, "UserID", raw["UserID"])]
+        movies = self.movies[self._rows(self.movies, "MovieID", raw["MovieID"])]
+        release = movies["year"].to_numpy()
+        rating_year = 1970.0 + raw["Timestamp"] / self._SECONDS_PER_YEAR
+        movie_age = np.where(np.isnan(release), 0.0, np.clip(rating_year - release, 0.0, None) / 10.0)
+        values = {"movie_year": movies["year_z"].to_numpy(), "movie_age": movie_age,
+                  "genre_count": movies["genre_count"].to_numpy() / 6.0}
+        numerical = np.stack([values[n].astype(self.numerical_dtype) for n in self.config["numerical"]], axis=1)
+        features = {n: users[n].to_numpy() for n in users.columns} | {n: movies[n] for n in movies.columns}
+        if self.config["genres"] == "slots":
+            categorical = np.stack([np.asarray(features[n], np.int64) for n in self.config["categorical"]], axis=1)
+            return {"numerical": numerical.astype(np.float32), "categorical": categorical}
+        out = {n: np.asarray(features[n], np.int64)[:, None] for n in self.config["categorical"] if n != "genres"}
+        out["genres"] = np.array(features["genres"].to_list(), dtype=np.int64)
+        out["numerical"] = numerical.astype(np.float32)
+        return out
+
+
 def load_raw_mapper(directory: str):
     """The mapper for the dataset (or the copy of its files) in ``directory``: Criteo when it has
     ``dictionaries/criteo.json``, a click log when it has ``prepare_clicks.json``, NCF ids when it has
@@ -314,9 +387,12 @@ def load_raw_mapper(directory: str):
         return IdRawMapper(directory)
     if os.path.isfile(os.path.join(directory, MovieLensWorkflowRawMapper.DIRECTORY, "workflow.json")):
         return MovieLensWorkflowRawMapper(directory)
+    if os.path.isfile(os.path.join(directory, MovieLensCtrRawMapper.DIRECTORY, "movielens_ctr.json")):
+        return MovieLensCtrRawMapper(directory)
     raise RawFeatureError(f"{directory}: no saved raw-value mapping (dictionaries/{CRITEO_RULE_FILE} of the Criteo "
                           f"engines, {REPORT_NAME} of prepare_clicks, {NCF_ID_FILES['user']} of NCF's convert.py, "
-                          f"or workflow/workflow.json of Wide & Deep's MovieLens ETL)")
+                          f"workflow/workflow.json of Wide & Deep's MovieLens ETL, or raw_features/movielens_ctr.json "
+                          f"of recsys_common.movielens_ctr)")
 
 
 def copy_mapping_files(mapper, target: str) -> None:
