@@ -96,6 +96,24 @@ def test_the_resident_set_stays_bounded_while_every_row_is_touched(tmp_path):
     assert float(emb.tables[1].weight[rows - 1].abs().sum()) > 0
 
 
+def test_hot_pages_stay_mapped_under_the_limit_and_are_dropped_above_it(tmp_path):
+    rows = 1 << 20   # 16 MiB per table of 4 floats
+    emb = TieredTableEmbeddings([rows], 4, [True], storage_dir=str(tmp_path), mapped_limit_bytes=8 << 20)
+    emb.release_pages()
+    before = _rss_file_bytes()
+    with torch.no_grad():
+        emb(torch.arange(0, 1 << 18)[:, None])          # 4 MiB of pages: under the limit, they stay mapped
+    emb.after_step()
+    kept = _rss_file_bytes() - before
+    assert 3 << 20 < kept < 6 << 20, kept
+    with torch.no_grad():
+        emb(torch.arange(0, rows)[:, None])             # 16 MiB: dropped whenever a piece passes the limit
+    emb.after_step()
+    assert _rss_file_bytes() - before < 8 << 20         # all 16 MiB would still be mapped without the budget
+    emb.release_pages()
+    assert _rss_file_bytes() - before < 1 << 20
+
+
 def test_file_errors_name_the_file(tmp_path, monkeypatch):
     TieredTableEmbeddings(SIZES, 4, [True] * 3, storage_dir=str(tmp_path / "a"))
     with open(tmp_path / "a" / "table_2.f32", "r+b") as f:

@@ -32,7 +32,7 @@ from torch import nn
 from .dlrm import DLRM
 from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRecEmbeddings, table_key,
                          torchrec_available)
-from .table_files import TieredTableEmbeddings, check_budget_holds_a_batch, plan_tables
+from .table_files import TieredTableEmbeddings, check_budget_holds_a_batch, plan_tables, step_page_allowance
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
@@ -156,7 +156,7 @@ class TrainableModel:
         the scale halved, while the fused tables take the step with the non-finite gradient entries zeroed.
         """
         if isinstance(self.core.embeddings, TieredTableEmbeddings):
-            self.core.embeddings.release_pages()   # the tables in files: keep the resident set bounded
+            self.core.embeddings.after_step()   # the tables in files: keep the resident set bounded
         if scaler is None:
             for optimizer in self.optimizers:
                 optimizer.step()
@@ -270,8 +270,11 @@ def _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam
                          "--Adam_embedding_optimizer")
     working_set = check_budget_holds_a_batch(budget_bytes, local_batch_size, config.hotness, config.embedding_dim)
     in_files = plan_tables(config.table_sizes, config.embedding_dim, budget_bytes, adagrad, working_set)
+    in_ram = sum(n for n, f in zip(config.table_sizes, in_files) if not f) * config.embedding_dim * 4 * (1 + adagrad)
+    mapped_limit = budget_bytes - in_ram - (working_set - step_page_allowance(local_batch_size, config.hotness))
     embeddings = TieredTableEmbeddings(config.table_sizes, config.embedding_dim, in_files, storage_dir,
-                                       adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness)
+                                       adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness,
+                                       mapped_limit_bytes=mapped_limit)
     core = _dlrm(config, embeddings)
     dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
     dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device, adagrad)

@@ -61,11 +61,15 @@ def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[flo
     return in_files
 
 
+def step_page_allowance(batch: int, hotness: Sequence[int], page_bytes: int = mmap.PAGESIZE) -> int:
+    """The file pages a piece of a step maps: one per id (and per accumulator row), at most ``CHUNK_IDS`` ids."""
+    return 2 * min(batch * sum(hotness), CHUNK_IDS) * page_bytes
+
+
 def step_working_set(batch: int, hotness: Sequence[int], dim: int, page_bytes: int = mmap.PAGESIZE) -> int:
-    """Bytes a step holds for its lookups: the batch's gathered rows and their gradients, and at most ``CHUNK_IDS``
-    mapped pages of a file and of its accumulator at a time."""
-    ids = batch * sum(hotness)
-    return 2 * ids * dim * FLOAT_BYTES + 2 * min(ids, CHUNK_IDS) * page_bytes
+    """Bytes a step holds for its lookups: the batch's gathered rows and their gradients, and the mapped pages of
+    :func:`step_page_allowance`."""
+    return 2 * batch * sum(hotness) * dim * FLOAT_BYTES + step_page_allowance(batch, hotness, page_bytes)
 
 
 def check_budget_holds_a_batch(budget_bytes: float, batch: int, hotness: Sequence[int], dim: int) -> int:
@@ -182,20 +186,45 @@ def gather_rows(weight: torch.Tensor, ids: torch.Tensor, table: "_Table") -> tor
     return out
 
 
-class _Table(nn.Module):
-    """One table: ``weight`` (a parameter, so state dict keys are ``tables.{i}.weight`` as elsewhere) and, with
-    Adagrad, its ``adagrad_sum`` accumulator."""
+def _mapped_file_bytes() -> int:
+    """This process's resident file-backed pages (``/proc/self/statm``'s shared pages), in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[2]) * mmap.PAGESIZE
 
-    def __init__(self, weight: torch.Tensor, adagrad_sum: Optional[torch.Tensor], files: Sequence["TableFile"]):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        if adagrad_sum is not None:
-            self.register_buffer("adagrad_sum", adagrad_sum)
-        self.files = list(files)   # the files behind weight and adagrad_sum (none for a table in RAM)
+
+class PageBudget:
+    """Drops the pages of every table file once this process has more than ``limit_bytes`` of them mapped (beyond
+    what it had mapped at the start: its libraries). Hot pages stay mapped between steps while under the limit, so
+    a step does not fault them in again; ``limit_bytes`` None drops them every time."""
+
+    def __init__(self, limit_bytes: Optional[float] = None):
+        self.files: List["TableFile"] = []
+        self.limit_bytes = limit_bytes
+        self.baseline = _mapped_file_bytes()
+
+    def maybe_release(self) -> None:
+        if self.files and (self.limit_bytes is None or _mapped_file_bytes() - self.baseline > self.limit_bytes):
+            self.release()
 
     def release(self) -> None:
         for table_file in self.files:
             table_file.release()
+
+
+class _Table(nn.Module):
+    """One table: ``weight`` (a parameter, so state dict keys are ``tables.{i}.weight`` as elsewhere) and, with
+    Adagrad, its ``adagrad_sum`` accumulator."""
+
+    def __init__(self, weight: torch.Tensor, adagrad_sum: Optional[torch.Tensor], pages: Optional[PageBudget]):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        if adagrad_sum is not None:
+            self.register_buffer("adagrad_sum", adagrad_sum)
+        self.pages = pages   # the budget of mapped file pages (None: a table in RAM)
+
+    def release(self) -> None:
+        if self.pages is not None:
+            self.pages.maybe_release()
 
 
 class TieredTableEmbeddings(nn.Module):
@@ -206,6 +235,8 @@ class TieredTableEmbeddings(nn.Module):
         in_files: per table, whether it lives in a file (:func:`plan_tables`).
         storage_dir: where the files go (needed when any table is in a file).
         adagrad: Adagrad (``eps``) instead of SGD; ``lr`` is set before each step by the training loop.
+        mapped_limit_bytes: file pages this process may keep mapped between drops (:class:`PageBudget`; None:
+            drop them after every piece of work).
 
     Shapes: ``categorical [B, sum(hotness)]`` int64 -> ``[B, T, D]``. The state dict holds ``tables.{i}.weight``
     (and ``tables.{i}.adagrad_sum``): loading one copies into the files in place.
@@ -213,7 +244,7 @@ class TieredTableEmbeddings(nn.Module):
 
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, in_files: Sequence[bool],
                  storage_dir: Optional[str] = None, adagrad: bool = False, eps: float = 1e-10,
-                 hotness: Optional[Sequence[int]] = None):
+                 hotness: Optional[Sequence[int]] = None, mapped_limit_bytes: Optional[float] = None):
         super().__init__()
         self.table_sizes = [int(n) for n in table_sizes]
         self.embedding_dim, self.adagrad, self.eps = embedding_dim, adagrad, eps
@@ -224,7 +255,8 @@ class TieredTableEmbeddings(nn.Module):
             if not storage_dir:
                 raise ValueError("--embedding_memory_budget_gb puts tables in files: give --embedding_storage_dir")
             _open_storage(storage_dir, self.table_sizes, embedding_dim, self.in_files)
-        self.files: List[TableFile] = []
+        self.pages = PageBudget(mapped_limit_bytes)
+        self.files = self.pages.files
         self.tables = nn.ModuleList(self._make_table(t, storage_dir) for t in range(len(self.table_sizes)))
         self.lr, self.grad_multiplier = 0.0, 1.0
 
@@ -240,7 +272,7 @@ class TieredTableEmbeddings(nn.Module):
 
         weight = allocate("table")
         accumulator = allocate("adagrad_sum") if self.adagrad else None
-        table = _Table(weight, accumulator, files)
+        table = _Table(weight, accumulator, self.pages if files else None)
         self.files.extend(files)
         bound = (1.0 / rows) ** 0.5   # uniform in +-sqrt(1/rows), as every table here; drawn in pieces
         with torch.no_grad():
@@ -252,9 +284,13 @@ class TieredTableEmbeddings(nn.Module):
         return table
 
     def release_pages(self) -> None:
-        """Drop the file pages this process has mapped (call after each step): the resident set stays bounded."""
-        for table_file in self.files:
-            table_file.release()
+        """Drop the file pages this process has mapped."""
+        self.pages.release()
+
+    def after_step(self) -> None:
+        """Call after each step: drops the mapped file pages once they pass the limit (the resident set stays
+        bounded; hot pages stay mapped until then)."""
+        self.pages.maybe_release()
 
     def flush(self) -> None:
         """Write the files' dirty pages now (the kernel does it anyway; a checkpoint holds its own copy)."""
