@@ -119,8 +119,8 @@ def repository_models(repo_dir: str, models: Optional[Sequence[str]], install: T
         if backend is not None and backend not in available and (models is None or name in models):
             raise ServingError(f"{repo_dir}: model {name!r} needs Triton's {backend!r} backend, which the "
                                f"tritonserver at {install.home} lacks (it has {available}); this server runs CPU "
-                               f"repositories (backend \"python\"): write one with the recipe's deployer, or serve "
-                               f"this repository with NVIDIA's Triton container")
+                               f"repositories (backend \"python\"): write one with the recipe's deployer and "
+                               f"--triton-backend python, or serve this repository with NVIDIA's Triton container")
     return list(models) if models else names
 
 
