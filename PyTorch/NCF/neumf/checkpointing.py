@@ -2,7 +2,8 @@
 
 ``--checkpoint_dir DIR`` holds two files, NVIDIA's name for the best epoch and ours for resuming::
 
-    DIR/model.pth    the state after the best epoch so far (by HR@K); ``--mode test`` evaluates it
+    DIR/model.pth    the state after the best epoch so far (by validation HR@K, or test HR@K with
+                     ``--select_on test``); ``--mode test`` evaluates it
     DIR/last.pth     the state after the latest finished epoch; ``--resume`` continues from it exactly
 
 Each is one ``torch.save`` of a dict of tensors and numbers (:func:`training_state`): ``format``

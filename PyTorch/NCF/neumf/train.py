@@ -8,8 +8,10 @@
 Data flow (top to bottom of :func:`run`): dataset -> device memory (:mod:`neumf.data`) -> the run's frozen
 :class:`~neumf.cli.NcfConfig` -> per epoch: negatives drawn on the device, shuffled, batches of ``-b`` rows split over
 ranks, ``--grads_accumulated`` batches per optimizer step -> BCE-with-logits loss (checked for NaN/inf every step)
--> fused Adam -> evaluation (HR@K, NDCG@K over each user's candidates, all-reduced over ranks) -> checkpoint
-(:class:`~neumf.checkpointing.Checkpoints`) when HR improves -> early stop at ``--threshold``.
+-> fused Adam -> evaluation (HR@K, NDCG@K over each user's candidates, all-reduced over ranks; on the held-out
+validation series too with ``--select_on validation``) -> checkpoint (:class:`~neumf.checkpointing.Checkpoints`) when
+the chosen HR (validation, or test as NVIDIA's) improves -> early stop after ``--early_stop_patience`` epochs without
+a better validation HR, or at ``--threshold``.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from .checkpointing import (CheckpointError, Checkpoints, check_config, load_mod
 from .cli import ConfigurationError, NcfConfig, build_parser, given_flags, parse_args, settle
 from .data import DatasetError, EvalSet, NCFData, TrainEpochs, hold_out_validation, load_dataset
 from .distributed import agree_on_seed, all_reduce_sum, init_distributed, shutdown_distributed
-from .evaluation import check_topk, evaluate
+from .evaluation import check_topk, evaluate, popularity_metrics
 from .tune import tuned_run
 from .model import build_model, fix_gmf_predictor, neumf_state_from_pretrained
 
@@ -400,15 +402,29 @@ def chosen_improves(t: Trainer, record: Dict, best: Dict) -> bool:
 
 
 def validation_split(config: NcfConfig, data: NCFData, rank: int, world_size: int, device: torch.device):
-    """``(data to train on, validation EvalSet or None)``: with ``--select_on validation`` (training only), each
-    user's latest training row held out (:func:`neumf.data.hold_out_validation`); else the data as it is."""
+    """``(data to train on, validation EvalSet or None, popularity's validation HR or None)``: with ``--select_on
+    validation`` (training only), each user's latest training row held out (:func:`neumf.data.hold_out_validation`);
+    else the data as it is."""
     if config.select_on != "validation" or config.mode != "train":
-        return data, None
+        return data, None, None
     training, validation = hold_out_validation(data)
     if len(validation.test_users) == 0:
         raise ConfigurationError(f"{config.data}: --select_on validation: no user has two training rows to hold one "
                                  f"out; pass --select_on test")
-    return training, EvalSet(validation, rank, world_size, device)
+    return training, EvalSet(validation, rank, world_size, device), popularity_metrics(validation, config.topk)["hr"]
+
+
+def warn_below_popularity(summary: Dict, popularity_valid_hr: Optional[float], topk: int, rank: int) -> None:
+    """Record popularity's validation HR in ``summary`` and say so when the chosen epoch does not beat it: on very
+    sparse data the default NeuMF can fall below popularity (RESULTS.md), which only the validation split shows."""
+    if popularity_valid_hr is None:
+        return
+    summary[f"popularity_valid_hr@{topk}"] = popularity_valid_hr
+    chosen = summary.get(f"best_valid_hr@{topk}", -1.0)
+    if chosen <= popularity_valid_hr and rank == 0:
+        print(f"ncf.py: warning: the chosen epoch's validation HR@{topk} {chosen:.4f} does not beat popularity's "
+              f"{popularity_valid_hr:.4f} on the same validation series: try --tune (more negatives, fewer factors, "
+              f"other rates)", flush=True)
 
 
 def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
@@ -430,7 +446,7 @@ def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
                       num_users=data.num_users, num_items=data.num_items, train_positives=len(data.train_users),
                       test_samples_per_series=data.samples_per_series)
     test = EvalSet(data, rank, world_size, device)
-    data, valid = validation_split(config, data, rank, world_size, device)
+    data, valid, popularity_valid_hr = validation_split(config, data, rank, world_size, device)
     try:
         if config.mode == "test":
             return test_only(config, model, test, autocast, device, logger)
@@ -441,6 +457,7 @@ def run(args: argparse.Namespace, given: Optional[frozenset] = None) -> Dict:
         trainer = Trainer(config, model, ddp_model, optimizer, scaler, autocast, architecture, checkpoints, logger,
                           seed, rank, world_size, device, valid)
         summary = train_epochs(trainer, train, test, progress)
+        warn_below_popularity(summary, popularity_valid_hr, config.topk, rank)
         logger.log_summary(summary)
     finally:
         logger.close()

@@ -68,3 +68,14 @@ def test_select_on_test_keeps_nvidias_behaviour(tiny_data, tmp_path):
     ("validation", "cuda", "validation")])
 def test_auto_is_validation_on_cpu_and_nvidias_on_gpu(select_on, device, expected):
     assert ncf_cli.selection_protocol(select_on, torch.device(device)) == expected
+
+
+def test_a_model_below_popularity_on_validation_is_said_out_loud(tiny_data, tmp_path, capsys):
+    # -l 0: the model stays at its random start, far below popularity on the validation series
+    summary = ncf_train.main(["--data", tiny_data, *SMALL, "-l", "0", "-e", "1", "--log_path", str(tmp_path / "l.json")])
+    assert summary["popularity_valid_hr@10"] > summary["best_valid_hr@10"]
+    assert "does not beat popularity's" in capsys.readouterr().out
+    trained = ncf_train.main(["--data", tiny_data, *SMALL, "-l", "0.01", "-e", "3", "--log_path",
+                              str(tmp_path / "t.json")])
+    assert trained["best_valid_hr@10"] > trained["popularity_valid_hr@10"]
+    assert "does not beat popularity's" not in capsys.readouterr().out
