@@ -1,7 +1,8 @@
 """Raw Criteo rows served: the real Criteo sample prepared by the default engine, a DCNv2 of its shape (weights from
 a fixed seed, saved as ``dcnv2.py`` saves them) deployed with its raw ensemble (``deploy.py --raw_features_from``),
 its models run by Triton's Python backend on one real Triton for the module. The raw test-split lines give Keras'
-probabilities on the preprocessed test rows."""
+probabilities on the preprocessed test rows, through the monolithic model and through the sparse/dense ensemble
+(the raw ensemble then holds an ensemble)."""
 import json
 import os
 
@@ -56,9 +57,11 @@ def served(criteo, tmp_path_factory):
     repo = str(out / "repo")
     result = deploy.main(["--checkpoint-dir", os.path.dirname(checkpoint), "--model-repository-path", repo,
                           "--model-name", "dcnv2", "--formats", "onnx", "--cpu", "--dataset_path", criteo,
+                          "--layout", "both", "--sparse-format", "onnx", "--dense-format", "onnx",
                           "--max-batch-size", "512", "--triton-backend", "python", "--raw_features_from", criteo])
-    assert result["raw_models"] == ["dcnv2-onnx-raw"]
-    with serve_repository(repo, ["dcnv2-onnx-raw"], startup_timeout_s=180) as server:
+    # the monolithic model and the sparse/dense ensemble get one each (an ensemble inside an ensemble)
+    assert sorted(result["raw_models"]) == ["dcnv2-onnx-raw", "dcnv2-raw"]
+    with serve_repository(repo, ["dcnv2-onnx-raw", "dcnv2-raw"], startup_timeout_s=180) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         try:
             yield client, checkpoint
@@ -73,7 +76,8 @@ def raw_test_rows():
             np.array([[v.encode() for v in f[14:]] for f in fields], dtype=object))
 
 
-def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served, criteo):
+@pytest.mark.parametrize("model", ["dcnv2-onnx-raw", "dcnv2-raw"])
+def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served, criteo, model):
     from dlrm_dcnv2.serving import keras_probabilities, load_checkpoint_model
     from recsys_common.datasets import read_columns
     from recsys_common.feature_spec import FeatureSpec
@@ -83,11 +87,12 @@ def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served,
         tensor = httpclient.InferInput(name, list(array.shape), "BYTES")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
-    got = client.infer("dcnv2-onnx-raw", inputs).as_numpy("probability")
+    got = client.infer(model, inputs).as_numpy("probability")
     columns = read_columns(FeatureSpec.from_yaml(os.path.join(criteo, "feature_spec.yaml")), "test")
     batch = {"numerical": np.stack([columns[f"num_{i}"] for i in range(13)], axis=1).astype(np.float32)}
     batch.update({f"cat_{t}": columns[f"cat_{t}.bin"].astype(np.int64)[:, None] for t in range(26)})
     expected = keras_probabilities(load_checkpoint_model(checkpoint), batch)
     assert got.shape == (TEST_END - TRAIN_END, 1) and expected.std() > 1e-4   # not a constant model
-    print(f"raw rows served vs Keras on the preprocessed rows: max |diff| {np.abs(got - expected).max():.2e}")
+    print(f"{model}: raw rows served vs Keras on the preprocessed rows: max |diff| "
+          f"{np.abs(got - expected).max():.2e}")
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE)
