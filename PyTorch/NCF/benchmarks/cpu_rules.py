@@ -43,10 +43,12 @@ import sparse_movielens  # noqa: E402
 
 ML1M_RATINGS = ("movielens", "ml-1m", "ratings.users-1-2999.dat.gz")
 SPARSE_KEEP = {"sparse-30": 0.30, "sparse-8": 0.08, "sparse-3": 0.03}
-# name -> (learning rate, at batch): scaled by sqrt(rule's batch / at batch); at batch None: that rate at any batch
-CANDIDATES = {"nvidia-sqrt": (0.0045, 2 ** 20), "lr-0.001": (0.001, None), "lr-0.002": (0.002, None),
-              "lr-0.004": (0.004, None), "lr-0.008": (0.008, None), "sqrt-0.002@1024": (0.002, 1024),
-              "sqrt-0.004@1024": (0.004, 1024)}
+# name -> (learning rate, at batch, cap): scaled by sqrt(rule's batch / at batch), at most cap; at batch None: that
+# rate at any batch. "sqrt-0.002@1024-max-0.004" is the rule ncf.py uses (neumf/cli.py).
+CANDIDATES = {"nvidia-sqrt": (0.0045, 2 ** 20, None), "lr-0.001": (0.001, None, None),
+              "lr-0.002": (0.002, None, None), "lr-0.004": (0.004, None, None), "lr-0.008": (0.008, None, None),
+              "sqrt-0.002@1024": (0.002, 1024, None), "sqrt-0.004@1024": (0.004, 1024, None),
+              "sqrt-0.002@1024-max-0.004": (0.002, 1024, 0.004)}
 
 
 def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]:
@@ -80,8 +82,9 @@ def candidate_flags(candidate: str, train_positives: int) -> List[str]:
     if candidate == "defaults":
         return []
     batch = rule_batch(train_positives)
-    rate, at_batch = CANDIDATES[candidate]
+    rate, at_batch, cap = CANDIDATES[candidate]
     lr = rate if at_batch is None else float(f"{rate * math.sqrt(batch / at_batch):.3g}")
+    lr = min(lr, cap) if cap is not None else lr
     return ["-b", str(batch), "-l", f"{lr:g}"]
 
 

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", nargs="+", type=int, default=[256, 256, 128, 64], help="Sizes of hidden layers for MLP")
     p.add_argument("-n", "--negative_samples", type=int, default=4, help="Number of negative examples per interaction")
     p.add_argument("-l", "--learning_rate", type=float, default=0.0045,
-                   help="Learning rate for optimizer; on CPU, when -b and -l are not given, 0.004 x sqrt(batch / 1024) "
-                        "up to 0.008 (measured on CPUs; see RESULTS.md)")
+                   help="Learning rate for optimizer; on CPU, when -b and -l are not given, 0.002 x sqrt(batch / 1024) "
+                        "up to 0.004 (measured on CPUs; see RESULTS.md)")
     p.add_argument("-k", "--topk", type=int, default=10, help="Rank for test examples to be considered a hit")
     p.add_argument("--seed", "-s", type=int, default=None, help="Manually set random seed for torch")
     p.add_argument("--threshold", "-t", type=float, default=1.0, help="Stop training early at threshold")
@@ -239,9 +239,10 @@ machine_memory_bytes = cpu_defaults.machine_memory_bytes
 # The CPU learning rate is scaled from a rate measured on CPUs, not from NVIDIA's: NVIDIA's 0.0045 at 2**20 rows,
 # scaled by sqrt(batch / 2**20) to a CPU batch (1e-4 to 6e-4), left NeuMF barely above popularity on sparse data
 # (issue 35). CPU_ANCHOR_LEARNING_RATE at CPU_ANCHOR_BATCH rows, scaled by sqrt(batch / CPU_ANCHOR_BATCH), was the best
-# candidate over five datasets of 0.3-4.5 % density (RESULTS.md, "CPU defaults"; benchmarks/cpu_rules.py).
-CPU_ANCHOR_LEARNING_RATE, CPU_ANCHOR_BATCH = 0.004, 1024
-CPU_MAX_LEARNING_RATE = 0.008   # the largest rate measured to work; larger batches keep it (unmeasured beyond)
+# candidate over five datasets of 0.3-6.3 % density (RESULTS.md, "CPU defaults: learning-rate rule";
+# benchmarks/cpu_rules.py).
+CPU_ANCHOR_LEARNING_RATE, CPU_ANCHOR_BATCH = 0.002, 1024
+CPU_MAX_LEARNING_RATE = 0.004   # the best rate measured at -b 4096 and 16384: larger batches keep it (not measured)
 
 
 def choose_cpu_batch(train_rows: int, factors: int, layers: Sequence[int], memory_bytes: int,
@@ -255,7 +256,7 @@ def choose_cpu_batch(train_rows: int, factors: int, layers: Sequence[int], memor
     what the step count and the rate use.
 
     >>> choose_cpu_batch(99057 * 5, 64, [256, 256, 128, 64], 16 * 2 ** 30)[:2]   # ML-100K's training rows
-    (4096, 0.008)
+    (4096, 0.004)
     """
     width = 2 * factors + layers[0] + sum(layers)
     c = cpu_defaults.choose_cpu_batch(train_rows, gpu_batch=NVIDIA_BATCH_SIZE, gpu_learning_rate=NVIDIA_LEARNING_RATE,

@@ -2,9 +2,9 @@
 model selection on the validation item, as a user gets them with no flags, beat popularity by a clear margin.
 
 Measured on this set (2026-11-28, AMD EPYC; RESULTS.md, "CPU defaults: learning-rate rule"): popularity 0.370; the
-defaults 0.414 after 6 epochs (seed 1); the rule before (NVIDIA's rate scaled to -b 2048, -l 0.000199) 0.392 after
-8. The floor, popularity + 0.02, is half the defaults' margin: the seeds' spread measured on this set at 8 epochs
-(0.417 / 0.423 for seeds 2 / 1 under the same validation protocol) is a third of it."""
+defaults (-b 2048, -l 0.00283) 0.404 after 6 epochs (seed 1), 0.423 / 0.417 after 8 (seeds 1 / 2); the rule before
+(-l 0.000199) 0.392 after 8 (seed 1). The floor, popularity + 0.02, is about half the defaults' margin at 6 epochs,
+and the two seeds differ by less than a third of it."""
 import os
 
 import pytest
