@@ -156,7 +156,7 @@ for line in open(sys.argv[1]):
 bad = []
 for name in ("numpy", "pandas", "pyarrow", "torch", "tensorflow-cpu", "tf-keras",
              "dask", "distributed", "pyspark", "torchrec", "fbgemm-gpu-cpu", "onnx", "onnxruntime",
-             "tritonclient", "mlserver", "pip"):
+             "tritonclient", "pip"):
     got = metadata.version(name).split("+")[0]
     if pins.get(name) is not None and got != pins[name].split("+")[0]:
         bad.append(f"{name}: installed {got}, constraints.txt says {pins[name]}")

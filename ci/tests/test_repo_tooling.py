@@ -12,7 +12,6 @@ CRITICAL = {  # the pins that everything else depends on (constraints.txt's head
     "tensorflow-cpu": "2.21.0", "tf-keras": "2.21.0", "dask": "2026.8.0", "distributed": "2026.8.0",
     "pyspark": "4.3.0", "polars": "2.1.0", "torchrec": "1.8.0", "fbgemm-gpu-cpu": "1.8.0", "horovod": "0.28.1",
     "onnx": "1.23.2", "onnxruntime": "1.32.0", "onnxscript": "0.7.2", "tf2onnx": "1.17.0", "tritonclient": "2.73.0",
-    "mlserver": "1.7.1",
 }
 # Never in the default environment: NVTabular and merlin (abandoned in 2023; they hold numpy 1.26 / pandas 1.5 /
 # pyarrow 12) live in ci/nvtabular-env/. And no release with a known critical advisory on the files users feed us:

@@ -1,22 +1,22 @@
-"""Benchmark: each recipe's CPU repository on the real Triton server beside the same model on MLServer, as JSON.
+"""Benchmark: each recipe's CPU repository on the real Triton server, measured by our client and by perf_analyzer.
 
     python common/benchmarks/triton_serving.py --output serving.json \\
-        --case dlrm=NATIVE_REPO:PYTHON_REPO:dlrm-onnx --case ncf=... [--batch-sizes 1 64 1024] [--concurrency 1 4]
+        --case dlrm=PYTHON_REPO:dlrm-onnx --case ncf=... [--batch-sizes 1 64 1024] [--concurrency 1 4]
 
-A case names one model and two repositories its deployer wrote: ``--triton-backend native`` (the GPU repository,
-whose ONNX / TorchScript models MLServer serves through ``mlserver_launcher``, the stand-in this project used before
-Triton ran here) and ``--triton-backend python`` (the CPU repository, served by ``tritonserver`` through
-``triton_server``). For each case and server, one after the other on the same random valid rows (from the model's
-sidecar), each (batch size, concurrency) is measured by our client (``latency.measure_latency``, what
-``evaluate_latency`` runs) and by Triton's ``perf_analyzer``, taking turns (``compare_with_perf_analyzer``). The
-servers run one at a time, so they never compete for the cores; the machine's load average is recorded before each.
+A case names one model of a CPU repository (``deploy.py --triton-backend python``), served by ``tritonserver``
+through ``triton_server``. On random valid rows (from the model's sidecar) each (batch size, concurrency) is measured
+by our client (``latency.measure_latency``, what ``evaluate_latency`` runs) and by Triton's ``perf_analyzer``, taking
+turns (``compare_with_perf_analyzer``); the machine's load average is recorded before each case.
 
-The JSON: ``{"cases": {name: {"triton": [records], "mlserver": [records]}}, "cpu", "date", "command", ...}``; each
-record has ``batch_size``, ``concurrency``, ``throughput_samples_per_s``, ``latency_ms`` (p50 ... p99) and
-``perf_analyzer`` (the same figures from perf_analyzer). A table is printed too.
+The MLServer stand-in this project served with before Triton ran here is retired: at commit a2f23de this script also
+served each native repository on MLServer in the same run (``git checkout a2f23de``, then ``bash
+common/benchmarks/triton_serving.sh OUT`` reproduces that comparison; common/RESULTS.md has its figures).
+
+The JSON: ``{"cases": {name: {"triton": [records]}}, "cpu", "date", "command", ...}``; each record has
+``batch_size``, ``concurrency``, ``throughput_samples_per_s``, ``latency_ms`` (p50 ... p99) and ``perf_analyzer`` (the
+same figures from perf_analyzer). A table is printed too.
 """
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -31,31 +31,21 @@ from recsys_common.machine import cpu_model_name  # noqa: E402
 def parse_case(text: str):
     name, _, rest = text.partition("=")
     parts = rest.split(":")
-    if not name or len(parts) != 3 or not all(parts):
-        raise argparse.ArgumentTypeError(f"--case wants NAME=NATIVE_REPO:PYTHON_REPO:MODEL, got {text!r}")
-    return name, parts[0], parts[1], parts[2]
+    if not name or len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"--case wants NAME=PYTHON_REPO:MODEL, got {text!r}")
+    return name, parts[0], parts[1]
 
 
-@contextlib.contextmanager
-def serving(server: str, repository: str, model: str):
-    """The server on loopback for ``model`` only, stopped on exit."""
-    if server == "triton":
-        from recsys_common.serving.triton_server import serve_repository
-    else:
-        from recsys_common.serving.mlserver_launcher import serve_repository
-    with serve_repository(repository, [model], startup_timeout_s=300) as handle:
-        yield handle
-
-
-def measure_case(native_repo, python_repo, model, args):
+def measure_case(python_repo, model, args):
     from recsys_common.serving.latency import compare_with_perf_analyzer, measure_latency
     from recsys_common.serving.repository import read_sidecar
     from recsys_common.serving.rows import sidecar_row_maker
     outputs = read_sidecar(os.path.join(python_repo, model))["outputs"]
+    from recsys_common.serving.triton_server import serve_repository
     results = {}
-    for server, repository in (("triton", python_repo), ("mlserver", native_repo)):
+    for server, repository in (("triton", python_repo),):
         make_inputs = sidecar_row_maker(python_repo, model, seed=0)
-        with serving(server, repository, model) as handle:
+        with serve_repository(repository, [model], startup_timeout_s=300) as handle:
             load = os.getloadavg()[0]
             if args.no_perf_analyzer:
                 records = measure_latency(handle.grpc_url, "grpc", model, make_inputs, outputs, args.batch_sizes,
@@ -84,7 +74,7 @@ def table(report) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", type=parse_case, action="append", required=True,
-                   help="NAME=NATIVE_REPO:PYTHON_REPO:MODEL (repeatable)")
+                   help="NAME=PYTHON_REPO:MODEL (repeatable)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 1024])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--requests", type=int, default=100, help="requests per measurement of our client")
@@ -94,9 +84,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     report = {"benchmark": "triton_serving", "cpu": cpu_model_name(), "cores": os.cpu_count(),
               "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "cases": {}}
-    for name, native_repo, python_repo, model in args.case:
+    for name, python_repo, model in args.case:
         print(f"[triton_serving] {name}: {model}", flush=True)
-        report["cases"][name] = measure_case(native_repo, python_repo, model, args)
+        report["cases"][name] = measure_case(python_repo, model, args)
     print(table(report))
     if args.output:
         with open(args.output, "w") as f:

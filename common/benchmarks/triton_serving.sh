@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Every recipe's quick-start model served by the real Triton server (the CPU repository) beside the same model on
-# MLServer (the native repository's ONNX file), measured by our client and by perf_analyzer: see triton_serving.py.
+# Every recipe's quick-start model served by the real Triton server (the CPU repository), measured by our client and
+# by perf_analyzer: see triton_serving.py (at commit a2f23de it also served the native repositories on MLServer).
 #
 #   bash common/benchmarks/triton_serving.sh OUT_DIR        (from the repository root, after make quickstart)
 #
-# Writes OUT_DIR/<recipe>_{native,python}/ (the two repositories of each recipe) and OUT_DIR/triton_serving.json.
+# Writes OUT_DIR/<recipe>_python/ (each recipe's CPU repository) and OUT_DIR/triton_serving.json.
 set -euo pipefail
 OUT="${1:?usage: triton_serving.sh OUT_DIR}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -12,7 +12,7 @@ PY="${PYTHON:-$REPO/.venv/bin/python}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
-for backend in native python; do
+for backend in python; do
   (cd "$REPO/PyTorch/DLRM" && "$PY" -m deployment.deploy --deploy_cpu --onnx --triton-backend "$backend" --overwrite \
       --save-dir "$OUT/dlrm_$backend" -- --model_checkpoint /tmp/dlrm_quickstart/checkpoint \
       --dataset /tmp/dlrm_quickstart/data --check_rows 0)
@@ -28,7 +28,5 @@ for backend in native python; do
 done
 
 "$PY" "$REPO/common/benchmarks/triton_serving.py" --output "$OUT/triton_serving.json" \
-  --case "dlrm=$OUT/dlrm_native:$OUT/dlrm_python:dlrm-onnx" \
-  --case "ncf=$OUT/ncf_native:$OUT/ncf_python:ncf-onnx" \
-  --case "dlrm_dcnv2=$OUT/dlrm_dcnv2_native:$OUT/dlrm_dcnv2_python:dlrm-onnx" \
-  --case "wide_deep=$OUT/wide_deep_native:$OUT/wide_deep_python:widedeep-onnx"
+  --case "dlrm=$OUT/dlrm_python:dlrm-onnx" --case "ncf=$OUT/ncf_python:ncf-onnx" \
+  --case "dlrm_dcnv2=$OUT/dlrm_dcnv2_python:dlrm-onnx" --case "wide_deep=$OUT/wide_deep_python:widedeep-onnx"

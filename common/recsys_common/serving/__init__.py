@@ -1,8 +1,6 @@
 """Serving: Triton model repositories (GPU and CPU variants), a KServe-v2 client, and a real Triton server on the CPU.
 
-Modules (import them directly; this package imports nothing heavy, so that the MLServer process of the benchmark's
-stand-in, which loads ``mlserver_runtime``, never pulls in ``tritonclient.grpc``; the two define the same protobuf
-symbols and cannot live in one process):
+Modules (import them directly; this package imports nothing heavy):
 
     model_config      ``config.pbtxt`` written through Triton's own protobuf (``TensorSpec``, ``EnsembleStep``,
                       ``model_config_text``, ``parse_model_config``, ``check_model_directory``).
@@ -34,7 +32,6 @@ symbols and cannot live in one process):
     raw_features, raw_ensemble, raw_preprocess_model
                       raw feature values in requests: the preprocessing step and the ensembles in front of a model.
 
-Kept only for ``common/benchmarks/triton_serving.py`` (MLServer against Triton, one run), to be removed after it:
-``mlserver_launcher``, ``mlserver_runtime``, ``_mlserver_entry``, ``triton_extensions``, ``request_checks`` (MLServer
-1.7.1 with Triton's model-config and binary-tensor extensions added, the stand-in before Triton ran here).
+MLServer 1.7.1 with our compatibility layer, the stand-in before a real Triton ran here, is retired; its last commit
+is a2f23de (``common/benchmarks/triton_serving.sh`` there compares the two servers).
 """

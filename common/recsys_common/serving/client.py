@@ -12,7 +12,7 @@ after ... s", or the server's own message for a bad request (wrong shape, dtype,
 
 The HTTP path sends and reads tensors with Triton's binary tensor extension (``binary_data=True``, tritonclient's
 default and what perf_analyzer sends): JSON tensors cost a Python-side encode and parse per value, about 3x the
-client time at batch 512. Never import mlserver in a process that uses this client (protobuf clash).
+client time at batch 512.
 """
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ back the same way.
     >>> print(text.splitlines()[0])
     name: "tiny-onnx"
 
-``tritonclient.grpc`` is imported lazily (inside the functions), because importing it in the MLServer process breaks
-that process (both define protobuf messages of package ``inference``).
+``tritonclient.grpc`` is imported lazily (inside the functions): a deployer that only parses configs stays light.
 """
 from __future__ import annotations
 
@@ -284,68 +283,3 @@ def config_tensors(config) -> Dict[str, List[TensorSpec]]:
     def specs(tensors):
         return [TensorSpec(t.name, numpy_dtype(pb2.DataType.Name(t.data_type)), list(t.dims)) for t in tensors]
     return {"inputs": specs(config.input), "outputs": specs(config.output)}
-
-
-def model_config_json(config) -> Dict:
-    """A ``ModelConfig`` as the JSON object Triton's ``GET /v2/models/{name}/config`` returns (what perf_analyzer and
-    Triton's model analyzer read): proto field names, every scalar and repeated field present (also at its default,
-    as Triton prints them: perf_analyzer reads e.g. ``max_batch_size`` even when 0), set sub-messages only, enums as
-    their names, and 64-bit integers as JSON numbers (protobuf's own JSON mapping writes them as strings, which
-    Triton rewrites to numbers for ``dims`` and the other integer fields)."""
-    from google.protobuf.descriptor import FieldDescriptor
-
-    def scalar(field, value):
-        if field.type == FieldDescriptor.TYPE_ENUM:
-            return field.enum_type.values_by_number[value].name if value in field.enum_type.values_by_number \
-                else int(value)
-        if field.type == FieldDescriptor.TYPE_BYTES:
-            import base64
-            return base64.b64encode(value).decode("ascii")
-        return value
-
-    def convert(message) -> Dict:
-        out: Dict = {}
-        for field in message.DESCRIPTOR.fields:
-            value = getattr(message, field.name)
-            is_map = (field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry)
-            if is_map:
-                value_field = field.message_type.fields_by_name["value"]
-                out[field.name] = {str(k): (convert(v) if value_field.type == FieldDescriptor.TYPE_MESSAGE
-                                            else scalar(value_field, v)) for k, v in value.items()}
-            elif (field.is_repeated if hasattr(type(field), "is_repeated")
-                  else field.label == FieldDescriptor.LABEL_REPEATED):
-                out[field.name] = [convert(v) if field.type == FieldDescriptor.TYPE_MESSAGE else scalar(field, v)
-                                   for v in value]
-            elif field.type == FieldDescriptor.TYPE_MESSAGE:
-                if message.HasField(field.name):
-                    out[field.name] = convert(value)
-            else:
-                out[field.name] = scalar(field, value)
-        return out
-    return convert(config)
-
-
-def kserve_datatype(triton_type: str) -> str:
-    """Triton config type name -> KServe-v2 datatype ("TYPE_FP32" -> "FP32", "TYPE_STRING" -> "BYTES")."""
-    return "BYTES" if triton_type == "TYPE_STRING" else triton_type[len("TYPE_"):]
-
-
-def model_metadata(config, versions: Sequence[int]) -> Dict:
-    """The KServe-v2 model metadata Triton answers for ``config`` (``GET /v2/models/{name}``): name, versions,
-    platform, and inputs / outputs with their KServe datatypes and full shapes (-1 first for the batch dimension
-    when ``max_batch_size > 0``, as Triton reports it)."""
-    pb2 = _pb2()
-    batch = [-1] if config.max_batch_size > 0 else []
-
-    def tensors(items):
-        return [{"name": t.name, "datatype": kserve_datatype(pb2.DataType.Name(t.data_type)),
-                 "shape": batch + [int(d) for d in t.dims]} for t in items]
-    return {"name": config.name, "versions": [str(v) for v in versions], "platform": config.platform,
-            "inputs": tensors(config.input), "outputs": tensors(config.output)}
-
-
-def model_config_response_bytes(config) -> bytes:
-    """The serialized gRPC ``inference.ModelConfigResponse`` holding ``config`` (Triton's ``ModelConfig`` RPC answer),
-    built here so that the MLServer process, which cannot import ``tritonclient.grpc``, can send it as bytes."""
-    from tritonclient.grpc import service_pb2
-    return service_pb2.ModelConfigResponse(config=config).SerializeToString()

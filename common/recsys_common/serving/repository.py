@@ -18,8 +18,7 @@ The sidecar ``recsys_serving.json`` (Triton ignores it) records what a client ne
                 "raw": {"dtype": "bytes", "dims": [26], "max_id": null, "max_length": 8}},  # bytes per string
      "outputs": ["probability"], "feature_spec": {...} or null, "created_by": "dlrm.deploy"}
 
-This module must stay importable in the MLServer process of the benchmark's stand-in (``read_sidecar`` is used
-there): it imports ``model_config`` (whose tritonclient import is lazy) and nothing heavy.
+It imports ``model_config`` (whose tritonclient import is lazy) and nothing heavy.
 """
 from __future__ import annotations
 
