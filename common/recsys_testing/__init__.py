@@ -379,3 +379,31 @@ def import_script(path: str, name: Optional[str] = None):
     sys.modules[name] = module   # dataclasses and pickling look modules up by name
     spec.loader.exec_module(module)
     return module
+
+
+#: The Kaggle split of the real 1999-line Criteo sample: lines [0, 1714) train, [1714, 1857) test, the rest validation
+#: (``recsys_common.criteo.layout.split_boundaries``).
+CRITEO_SAMPLE_TRAIN_END, CRITEO_SAMPLE_TEST_END = 1714, 1857
+
+
+def criteo_sample_dataset(work_dir: str, frequency_limit: int = 3) -> str:
+    """The real 1999-line Criteo sample through the default engine into ``<work_dir>/data`` (frequency limit 3: rare
+    values in every split, input order kept); returns that directory."""
+    from recsys_common.criteo import polars_preprocess
+    os.makedirs(os.path.join(work_dir, "in"))
+    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), os.path.join(work_dir, "in", "train.txt"))
+    polars_preprocess.main(["--input_path", os.path.join(work_dir, "in"), "--output_path",
+                            os.path.join(work_dir, "data"), "--frequency_limit", str(frequency_limit),
+                            "--train_ordering", "input"])
+    return os.path.join(work_dir, "data")
+
+
+def criteo_sample_raw_test_rows():
+    """The sample's test-split lines as a raw request: ``(integers [n, 13], categoricals [n, 26])``, object arrays of
+    the fields' bytes as they stand in the file (empty for missing)."""
+    import numpy as np
+    with open(shared_data_path("criteo", "kaggle-train-head1999.tsv"), encoding="utf-8") as f:
+        lines = f.read().split("\n")[CRITEO_SAMPLE_TRAIN_END:CRITEO_SAMPLE_TEST_END]
+    fields = [(line.split("\t") + [""] * 40)[:40] for line in lines]
+    return (np.array([[v.encode() for v in f[1:14]] for f in fields], dtype=object),
+            np.array([[v.encode() for v in f[14:]] for f in fields], dtype=object))

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import train_args
-from recsys_testing import shared_data_path
+from recsys_testing import (CRITEO_SAMPLE_TEST_END, CRITEO_SAMPLE_TRAIN_END, criteo_sample_dataset,
+                            criteo_sample_raw_test_rows)
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient talks to Triton (requirements.txt)")
 
-TRAIN_END, TEST_END = 1714, 1857   # the Kaggle split of the 1999 sample lines (layout.split_boundaries)
+TRAIN_END, TEST_END = CRITEO_SAMPLE_TRAIN_END, CRITEO_SAMPLE_TEST_END
 # The served ONNX model vs eager PyTorch: float32 rounding only (the test prints the largest difference).
 SERVED_TOLERANCE = 1e-6
 
@@ -19,13 +20,7 @@ SERVED_TOLERANCE = 1e-6
 @pytest.fixture(scope="module")
 def criteo(tmp_path_factory):
     """The 1999 real rows -> the default engine's dataset (frequency limit 3: rare values in every split)."""
-    from recsys_common.criteo import polars_preprocess
-    work = tmp_path_factory.mktemp("raw_criteo")
-    (work / "in").mkdir()
-    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), work / "in" / "train.txt")
-    polars_preprocess.main(["--input_path", str(work / "in"), "--output_path", str(work / "data"),
-                            "--frequency_limit", "3", "--train_ordering", "input"])
-    return str(work / "data")
+    return criteo_sample_dataset(str(tmp_path_factory.mktemp("raw_criteo")))
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +42,6 @@ def served(criteo, tmp_path_factory):
             client.close()
 
 
-def raw_test_rows():
-    with open(shared_data_path("criteo", "kaggle-train-head1999.tsv"), encoding="utf-8") as f:
-        fields = [(line.split("\t") + [""] * 40)[:40] for line in f.read().split("\n")[TRAIN_END:TEST_END]]
-    return (np.array([[v.encode() for v in f[1:14]] for f in fields], dtype=object),
-            np.array([[v.encode() for v in f[14:]] for f in fields], dtype=object))
-
-
 def infer_raw(client, integers, categorical):
     inputs = []
     for name, array in (("raw_integer", integers), ("raw_categorical", categorical)):
@@ -68,7 +56,7 @@ def test_raw_test_rows_give_the_frameworks_probabilities_on_the_preprocessed_row
     from recsys_common.datasets import read_columns
     from recsys_common.feature_spec import FeatureSpec
     client, checkpoint = served
-    got = infer_raw(client, *raw_test_rows())
+    got = infer_raw(client, *criteo_sample_raw_test_rows())
     columns = read_columns(FeatureSpec.from_yaml(os.path.join(criteo, "feature_spec.yaml")), "test")
     numerical = np.stack([columns[f"num_{i}"] for i in range(13)], axis=1).astype(np.float32)
     categorical = np.stack([columns[f"cat_{i}.bin"] for i in range(26)], axis=1).astype(np.int64)
@@ -82,7 +70,7 @@ def test_raw_test_rows_give_the_frameworks_probabilities_on_the_preprocessed_row
 
 def test_a_malformed_raw_integer_is_refused_naming_row_and_column(served):
     from tritonclient.utils import InferenceServerException
-    integers, categorical = raw_test_rows()
+    integers, categorical = criteo_sample_raw_test_rows()
     integers = integers[:3].copy()
     integers[2, 0] = b"12x"
     with pytest.raises(InferenceServerException, match=r"raw_integer: row 2, column I1: '12x' is not an integer"):

@@ -9,11 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from recsys_testing import shared_data_path
+from recsys_testing import (CRITEO_SAMPLE_TEST_END, CRITEO_SAMPLE_TRAIN_END, criteo_sample_dataset,
+                            criteo_sample_raw_test_rows)
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient talks to Triton (requirements.txt)")
 
-TRAIN_END, TEST_END = 1714, 1857   # the Kaggle split of the 1999 sample lines (layout.split_boundaries)
+TRAIN_END, TEST_END = CRITEO_SAMPLE_TRAIN_END, CRITEO_SAMPLE_TEST_END
 # The served ONNX model vs eager Keras: float32 rounding only (the test prints the largest difference).
 TOLERANCE = 1e-6
 
@@ -21,13 +22,7 @@ TOLERANCE = 1e-6
 @pytest.fixture(scope="module")
 def criteo(tmp_path_factory):
     """The 1999 real rows -> the default engine's dataset (frequency limit 3: rare values in every split)."""
-    from recsys_common.criteo import polars_preprocess
-    work = tmp_path_factory.mktemp("raw_criteo")
-    (work / "in").mkdir()
-    os.symlink(shared_data_path("criteo", "kaggle-train-head1999.tsv"), work / "in" / "train.txt")
-    polars_preprocess.main(["--input_path", str(work / "in"), "--output_path", str(work / "data"),
-                            "--frequency_limit", "3", "--train_ordering", "input"])
-    return str(work / "data")
+    return criteo_sample_dataset(str(tmp_path_factory.mktemp("raw_criteo")))
 
 
 def write_checkpoint(root, table_sizes, seed=3):
@@ -69,13 +64,6 @@ def served(criteo, tmp_path_factory):
             client.close()
 
 
-def raw_test_rows():
-    with open(shared_data_path("criteo", "kaggle-train-head1999.tsv"), encoding="utf-8") as f:
-        fields = [(line.split("\t") + [""] * 40)[:40] for line in f.read().split("\n")[TRAIN_END:TEST_END]]
-    return (np.array([[v.encode() for v in f[1:14]] for f in fields], dtype=object),
-            np.array([[v.encode() for v in f[14:]] for f in fields], dtype=object))
-
-
 @pytest.mark.parametrize("model", ["dcnv2-onnx-raw", "dcnv2-raw"])
 def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served, criteo, model):
     from dlrm_dcnv2.serving import keras_probabilities, load_checkpoint_model
@@ -83,7 +71,7 @@ def test_raw_test_rows_give_keras_probabilities_on_the_preprocessed_rows(served,
     from recsys_common.feature_spec import FeatureSpec
     client, checkpoint = served
     inputs = []
-    for name, array in zip(("raw_integer", "raw_categorical"), raw_test_rows()):
+    for name, array in zip(("raw_integer", "raw_categorical"), criteo_sample_raw_test_rows()):
         tensor = httpclient.InferInput(name, list(array.shape), "BYTES")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
