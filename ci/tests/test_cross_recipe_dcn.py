@@ -20,14 +20,19 @@ def test_pytorch_cross_interaction_equals_the_tf2_cross_network_on_the_same_weig
     rng = np.random.default_rng(0)
     bottom = rng.normal(size=(batch, bottom_width))
     embeddings = rng.normal(size=(batch, tables, dim))
-    previous = tf.keras.backend.floatx()
-    tf.keras.backend.set_floatx("float64")   # every cross layer's weights and arithmetic in float64
+    x0 = np.concatenate([bottom, embeddings.reshape(batch, -1)], axis=1)   # the TF2 recipe's x_0: [bottom, e]
+    # Every cross layer's weights and arithmetic in float64, whatever policy an earlier test left set (a layer takes
+    # its dtypes from the global policy when it is made, its weights when first called).
+    previous_policy, previous_floatx = tf.keras.mixed_precision.global_policy(), tf.keras.backend.floatx()
+    tf.keras.mixed_precision.set_global_policy("float64")
+    tf.keras.backend.set_floatx("float64")
     try:
         network = CrossNetwork(num_layers=layers, projection_dim=rank)
+        network(tf.constant(x0))                                             # builds the weights
     finally:
-        tf.keras.backend.set_floatx(previous)
-    x0 = np.concatenate([bottom, embeddings.reshape(batch, -1)], axis=1)   # the TF2 recipe's x_0: [bottom, e]
-    network(tf.constant(x0))                                                 # builds the weights
+        tf.keras.mixed_precision.set_global_policy(previous_policy)
+        tf.keras.backend.set_floatx(previous_floatx)
+    assert network.cross_layers[0].u_kernel.dtype == tf.float64
     for layer in network.cross_layers:   # non-zero biases: every term of the formula is compared
         layer.bias.assign(rng.normal(size=width))
     expected = network(tf.constant(x0)).numpy()
