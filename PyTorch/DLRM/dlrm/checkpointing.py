@@ -43,6 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta
 
+from dlrm.model.table_files import TableStorageError, TieredTableEmbeddings, find_tiered, read_checkpoint_tables
 from dlrm.utils.distributed import all_reduce_sum
 from recsys_common import checkpoints as catalogue
 from recsys_common.checkpoints import CheckpointError, checkpoint_name  # noqa: F401 (this recipe's names for them)
@@ -97,10 +98,33 @@ def warn_training_changes(meta: Dict[str, Any], training: Dict[str, Any], where:
 
 
 # ------------------------------------------------------------------------------------------- state <-> DCP state dict
+def _table_storage(trainable) -> Optional[TieredTableEmbeddings]:
+    """The model's tables kept in an ``--embedding_storage_dir`` (saved there, not in the checkpoint), or None."""
+    tiered = find_tiered(trainable.core)
+    return tiered if tiered is not None and tiered.storage_dir is not None else None
+
+
+def _stored_prefix(trainable) -> Optional[str]:
+    """The state dict prefix of the tables kept in a storage (``embeddings.``), or None."""
+    tiered = _table_storage(trainable)
+    if tiered is None:
+        return None
+    return next(f"{name}." for name, module in trainable.core.named_modules() if module is tiered)
+
+
+def _state_outside_storage(trainable) -> Dict[str, Any]:
+    """The model's state dict less the tables kept in a storage."""
+    state, prefix = trainable.state_dict(), _stored_prefix(trainable)
+    return state if prefix is None else {key: value for key, value in state.items() if not key.startswith(prefix)}
+
+
 def _tensor_state(trainable) -> Dict[str, Any]:
-    """Tensors to save/load through DCP, under names independent of the embedding type and wrappers."""
-    state = trainable.state_dict()
-    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)}
+    """Tensors to save/load through DCP, under names independent of the embedding type and wrappers (the tables kept
+    in a storage are not among them: checkpoints leave them there)."""
+    state = _state_outside_storage(trainable)
+    prefix = _stored_prefix(trainable)
+    table_index = {key: i for i, key in enumerate(trainable.table_state_keys)
+                   if prefix is None or not key.startswith(prefix)}
     missing = sorted(set(table_index) - set(state))
     if missing:
         raise CheckpointError(f"model state has no embedding table(s) {missing}")
@@ -149,9 +173,13 @@ def _split_torch_optimizer(optimizer) -> Tuple[Dict[str, torch.Tensor], Dict[str
 
 # ----------------------------------------------------------------------------------------------------------- saving
 def all_finite(trainable) -> bool:
-    """Whether every weight this process holds (its shards) is finite; agreed over processes."""
-    flags = [_finite(t) for value in trainable.state_dict().values() for t in _local_tensors(value)
+    """Whether every weight this process holds (its shards) is finite; agreed over processes. Of the tables kept in a
+    storage only the rows changed since the last checkpoint are read."""
+    flags = [_finite(t) for value in _state_outside_storage(trainable).values() for t in _local_tensors(value)
              if torch.is_tensor(t) and t.is_floating_point()]
+    tiered = _table_storage(trainable)
+    if tiered is not None:
+        flags.append(tiered.changed_rows_finite())
     ok = torch.stack(flags).all() if flags else torch.tensor(True)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ok = ok.to(torch.int32)
@@ -193,6 +221,8 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
             big, small_embedding_optimizer = _split_torch_optimizer(optimizer)
             tensors.update(big)
     rng_states = _gather(_rng_state(), world_size)
+    tiered = _table_storage(trainable)
+    storage_records = _prepare_storages(tiered, world_size) if tiered is not None else None
     group = dist.is_available() and dist.is_initialized()
     if rank == 0:
         os.makedirs(root, exist_ok=True)
@@ -223,6 +253,8 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
                     "world_size": world_size, "training": dict(training or {}, world_size=world_size),
                     "embedding_type": trainable.embedding_type, "num_tables": len(trainable.table_state_keys),
                     "embedding_optimizer": optimizer_kind, "saved_at": time.time()}
+            if storage_records is not None:
+                meta["table_storage"] = storage_records
             catalogue.write_marker(tmp, MARKER, meta)  # last: its presence marks a complete one
     except BaseException as e:
         if context is not None:
@@ -233,7 +265,24 @@ def save_checkpoint(root: str, trainable, config: Dict[str, Any], position: Dict
         if keep:
             prune_checkpoints(root, keep)
     _barrier()
+    if tiered is not None:   # the checkpoint is in place on every process's view: its tables become the storage's
+        tiered.commit(storage_records[0]["generation"])
     return path
+
+
+def _prepare_storages(tiered: TieredTableEmbeddings, world_size: int) -> List[Dict[str, Any]]:
+    """Collective: every process prepares its storage for the next generation (its files synced, its tables in RAM
+    written); the records of all, in rank order. A failure on any process (a full disk) raises on every process,
+    before the checkpoint is written: the previous one stays whole."""
+    try:
+        outcome = {"record": tiered.prepare_commit(tiered.generation + 1), "failure": None}
+    except (TableStorageError, OSError) as error:
+        outcome = {"record": None, "failure": str(error)}
+    outcomes = _gather(outcome, world_size)
+    failures = [o["failure"] for o in outcomes if o["failure"]]
+    if failures:
+        raise TableStorageError("checkpoint not written: " + "; ".join(failures))
+    return [o["record"] for o in outcomes]
 
 
 def prune_checkpoints(root: str, keep: int) -> List[str]:
@@ -377,8 +426,12 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
     if meta["num_tables"] != len(trainable.table_state_keys):
         raise CheckpointError(f"{path}/meta.json: {meta['num_tables']} embedding tables in the checkpoint, the model "
                               f"has {len(trainable.table_state_keys)}")
+    from_storages = _load_table_storages(path, meta, trainable, load_optimizer, rank, world_size)
     saved = _saved_shapes(path)
     targets = _tensor_state(trainable)
+    for key in list(targets):
+        if key in from_storages:   # tables read from the checkpoint's storages, into a model without one
+            _copy_checked(targets.pop(key), from_storages[key], f"{path} ({key}, from its table storage)")
     for key, value in targets.items():
         shape = tuple(value.size()) if _is_sharded(value) else tuple(value.shape)
         if key not in saved:
@@ -421,6 +474,64 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
         _restore_rng(path, rank, world_size)
     meta["path"] = path
     return meta
+
+
+def _load_table_storages(path: str, meta: Dict[str, Any], trainable, load_optimizer: bool, rank: int,
+                         world_size: int) -> Dict[str, torch.Tensor]:
+    """The part of loading checkpoint ``path`` that concerns tables kept in storages (``meta["table_storage"]``).
+
+    A model with its own storage restores it to the checkpoint's generation (the same storage, one per process, so
+    the same number of processes). A model without one reads the tables from the storages, unchanged (evaluation,
+    serving), returned as ``{state key: tensor}``. A model with a storage loading a checkpoint without one: the
+    tables come from the checkpoint, into a storage no other checkpoint refers to."""
+    records = meta.get("table_storage")
+    tiered = _table_storage(trainable)
+    if not records:
+        if tiered is not None:
+            tiered.check_overwritable(path)
+        return {}
+    if tiered is None:
+        if load_optimizer:
+            raise CheckpointError(f"{path}: its tables are kept in {_storage_dirs(records)}; resume it with "
+                                  f"--embedding_memory_budget_gb and the same --embedding_storage_dir")
+        return _stored_tables_by_key(trainable, read_checkpoint_tables(records, path))
+    if len(records) != world_size:
+        raise CheckpointError(f"{path}: saved by {len(records)} processes, each with its tables in its own storage "
+                              f"({_storage_dirs(records)}); resume it with {len(records)} processes, not {world_size}")
+    record = records[rank]
+    if os.path.realpath(record["storage_dir"]) != os.path.realpath(tiered.storage_dir):
+        raise TableStorageError(f"{path}: its tables are in {record['storage_dir']}, this run's table storage is "
+                                f"{tiered.storage_dir}: give the checkpoint's --embedding_storage_dir")
+    for field in ("table_sizes", "embedding_dim", "in_files", "adagrad"):
+        if record[field] != getattr(tiered, field):
+            raise CheckpointError(f"{path}/{MARKER}: the tables of process {rank} were saved with {field} "
+                                  f"{record[field]}, this run has {getattr(tiered, field)} (another "
+                                  f"--embedding_memory_budget_gb, --adagrad or model)")
+    tiered.restore(record["generation"], record["token"], checkpoint=path)
+    return {}
+
+
+def _storage_dirs(records: List[Dict[str, Any]]) -> str:
+    return ", ".join(record["storage_dir"] for record in records)
+
+
+def _stored_tables_by_key(trainable, tables: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Tables read from storages (``tables/<t>``, ``tables/<t>/adagrad_sum``) under the keys of
+    :func:`_tensor_state` of a model without a storage (an accumulator is a buffer of its table there)."""
+    out = {key: value for key, value in tables.items() if key.count("/") == 1}
+    for index, key in enumerate(trainable.table_state_keys):
+        accumulator = tables.get(f"tables/{index}/adagrad_sum")
+        if accumulator is not None and key.endswith(".weight"):
+            out[f"dense/{key[:-len('weight')]}adagrad_sum"] = accumulator
+    return out
+
+
+def _copy_checked(target: torch.Tensor, source: torch.Tensor, where: str) -> None:
+    if tuple(target.shape) != tuple(source.shape):
+        raise CheckpointError(f"{where}: shape {tuple(source.shape)} in the checkpoint, the model has "
+                              f"{tuple(target.shape)} (a different --embedding_dim or table size?)")
+    with torch.no_grad():
+        target.copy_(source)
 
 
 def _restore_rng(path: str, rank: int, world_size: int) -> None:
@@ -515,10 +626,13 @@ def open_saver(root: Optional[str], every_steps: Optional[int], every_minutes: O
 
 def read_tensors(path: str) -> Dict[str, torch.Tensor]:
     """Every tensor of checkpoint ``path`` (or the newest under it), whole, in this process (for tools and tests:
-    it allocates whole tables). Names: ``dense/<module key>``, ``tables/<i>``, ``embedding_optimizer/<i>/<name>``."""
+    it allocates whole tables). Names: ``dense/<module key>``, ``tables/<i>``, ``embedding_optimizer/<i>/<name>``,
+    and ``tables/<i>/adagrad_sum`` for tables kept in a storage."""
     path = resolve_checkpoint(path)
-    read_meta(path)
+    meta = read_meta(path)
     out = {key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in _saved_shapes(path).items()}
     for group, members in _groups(out).items():
         dcp.load(members, storage_reader=_safe_reader(os.path.join(path, "model", group)), no_dist=True)
+    if meta.get("table_storage"):   # and the tables kept in storages: ``tables/<i>``, ``tables/<i>/adagrad_sum``
+        out.update(read_checkpoint_tables(meta["table_storage"], path))
     return out

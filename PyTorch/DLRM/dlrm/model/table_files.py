@@ -18,29 +18,36 @@ The optimizer runs inside the backward pass (no gradient tensor the size of a ta
 :class:`dlrm.model.embeddings.FusedSGDTableEmbeddings` does it, or Adagrad as ``torch.optim.Adagrad`` does it on
 the summed gradient of each id (``s += g^2``, ``w -= lr g / (sqrt(s) + eps)``), its accumulator a buffer of the
 table (in RAM or in a file beside it), so checkpoints save and load it with the weights.
+
+Checkpoints do not copy the tables in files (:mod:`dlrm.model.table_storage`): the live files are the newest
+checkpoint's tables plus the changes since, which an undo journal can revoke. A checkpoint syncs the files, writes
+the tables in RAM as files of its generation (:meth:`TieredTableEmbeddings.prepare_commit`), records the generation
+in its meta.json and, once in place, makes it the storage's (:meth:`TieredTableEmbeddings.commit`); resuming rolls
+the files back to it (:meth:`TieredTableEmbeddings.restore`). Only the newest checkpoint's tables exist: resuming an
+older one is refused.
 """
 from __future__ import annotations
 
-import json
 import mmap
 import os
-from typing import List, Optional, Sequence
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
+from . import table_storage
 from .embeddings import _Hotness, bag_offsets
+from .table_storage import (IDENTITY_FIELDS, JOURNAL_PREFIX, MANIFEST, StorageLock, TableStorageError,  # noqa: F401
+                            UndoJournal, generation_file, journal_path, journal_records, read_manifest,
+                            remove_quietly, write_manifest)
 
 FLOAT_BYTES = 4
 INIT_ROWS = 1 << 16          # rows initialised per piece (torch's CPU uniform_ draws serially: pieces = one call)
 # Ids gathered or updated per piece, the mapped pages dropped after each: a step maps at most this many pages of a
 # file (one per id), whatever the batch (MLPerf's uniform multi-hot ids touch a new page almost every time).
 CHUNK_IDS = 1 << 15
-MANIFEST = "tables.json"
-
-
-class TableStorageError(OSError):
-    """A table file that cannot be made or used (full disk, wrong size, foreign directory): names the file."""
 
 
 def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[float], adagrad: bool,
@@ -83,18 +90,27 @@ def check_budget_holds_a_batch(budget_bytes: float, batch: int, hotness: Sequenc
 
 
 class TableFile:
-    """A ``[rows, dim]`` float32 array in ``path``, memory-mapped shared; ``tensor`` is a torch view of it."""
+    """A ``[rows, dim]`` float32 array in ``path``, memory-mapped shared; ``tensor`` is a torch view of it.
 
-    def __init__(self, path: str, rows: int, dim: int):
+    ``must_exist``: the file belongs to a storage that already holds tables (a missing or empty file there is damage,
+    never a table to make anew)."""
+
+    def __init__(self, path: str, rows: int, dim: int, must_exist: bool = False):
         self.path, self.bytes = path, rows * dim * FLOAT_BYTES
         existed = os.path.exists(path)
+        if must_exist and not existed:
+            raise TableStorageError(f"{path}: missing from a storage that holds tables (deleted?): resume from it is "
+                                    f"impossible; use another --embedding_storage_dir")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
-            if size not in (0, self.bytes):
+            if size not in ((self.bytes,) if must_exist else (0, self.bytes)):
                 raise TableStorageError(f"{path}: {size} bytes, a [{rows}, {dim}] float32 table needs {self.bytes} "
                                         f"(truncated, or another model's table): remove it or use another "
                                         f"--embedding_storage_dir")
+            if self.bytes == 0:   # a shard without rows (a table smaller than the number of processes)
+                self.map, self.tensor = None, torch.empty(0, dim)
+                return
             try:
                 os.posix_fallocate(fd, 0, self.bytes)   # reserve the blocks now: no SIGBUS on a full disk later
             except OSError as error:
@@ -112,31 +128,41 @@ class TableFile:
 
     def release(self) -> None:
         """Drop this process's mapped pages (the data stays in the file and the page cache)."""
-        self.map.madvise(mmap.MADV_DONTNEED)
+        if self.map is not None:
+            self.map.madvise(mmap.MADV_DONTNEED)
 
     def flush(self) -> None:
-        self.map.flush()
+        if self.map is not None:
+            self.map.flush()
+
+    def sync(self) -> None:
+        """Write every dirty page of the file to disk (those of this mapping and those the kernel holds)."""
+        table_storage.fsync_file(self.path)
 
 
-def _open_storage(directory: str, table_sizes: Sequence[int], dim: int, in_files: Sequence[bool]) -> None:
-    """Create ``directory`` or check that it holds this model's tables (its manifest), refusing a foreign one."""
+def _file_names(in_files: Sequence[bool], adagrad: bool) -> List[Tuple[int, str]]:
+    """``(table, "table" | "adagrad_sum")`` of every table file, in the order of their index in the journal."""
+    names = ("table", "adagrad_sum") if adagrad else ("table",)
+    return [(t, name) for t, in_file in enumerate(in_files) if in_file for name in names]
+
+
+def _open_storage(directory: str, identity: Dict[str, Any]) -> Tuple[StorageLock, Dict[str, Any], bool]:
+    """Create ``directory`` or check that it holds this model's tables (its manifest), refusing a foreign one, and
+    lock it: ``(lock, manifest, created)``."""
     os.makedirs(directory, exist_ok=True)
-    manifest = os.path.join(directory, MANIFEST)
-    wanted = {"table_sizes": [int(n) for n in table_sizes], "embedding_dim": int(dim),
-              "in_files": [bool(f) for f in in_files]}
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            saved = json.load(f)
-        if saved != wanted:
-            raise TableStorageError(f"{manifest}: tables of another model or budget ({saved}); use another "
-                                    f"--embedding_storage_dir")
-        return
-    if os.listdir(directory):
+    lock = StorageLock(directory, exclusive=True)
+    manifest = read_manifest(directory)
+    if manifest is not None:
+        saved = {field: manifest.get(field) for field in IDENTITY_FIELDS}
+        if saved != identity:
+            raise TableStorageError(f"{os.path.join(directory, MANIFEST)}: tables of another model or budget "
+                                    f"({saved}); use another --embedding_storage_dir")
+        return lock, manifest, False
+    if set(os.listdir(directory)) - {table_storage.LOCK}:
         raise TableStorageError(f"--embedding_storage_dir {directory} is not empty and holds no {MANIFEST}")
-    tmp = manifest + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(wanted, f)
-    os.replace(tmp, manifest)
+    manifest = dict(identity, generation=0, token=None, prepared=None)
+    write_manifest(directory, manifest)
+    return lock, manifest, True
 
 
 class _LookupFusedUpdate(torch.autograd.Function):
@@ -152,6 +178,7 @@ class _LookupFusedUpdate(torch.autograd.Function):
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
         owner, weight, table = ctx.owner, ctx.weight, ctx.table
+        owner.sync_journal()   # the old bytes of every row this step changes are on disk before the first change
         grad = grad.to(weight.dtype)
         if owner.grad_multiplier != 1.0:
             grad = torch.nan_to_num(grad * owner.grad_multiplier, nan=0.0, posinf=0.0, neginf=0.0)
@@ -233,13 +260,17 @@ class TieredTableEmbeddings(nn.Module):
     Args:
         table_sizes, embedding_dim, hotness: as :class:`dlrm.model.embeddings.MultiTableEmbeddings`.
         in_files: per table, whether it lives in a file (:func:`plan_tables`).
-        storage_dir: where the files go (needed when any table is in a file).
+        storage_dir: where the files go (needed when any table is in a file). With a storage, checkpoints keep the
+            tables there (:meth:`prepare_commit`, :meth:`commit`, :meth:`restore`), not in the checkpoint.
         adagrad: Adagrad (``eps``) instead of SGD; ``lr`` is set before each step by the training loop.
         mapped_limit_bytes: file pages this process may keep mapped between drops (:class:`PageBudget`; None:
             drop them after every piece of work).
 
     Shapes: ``categorical [B, sum(hotness)]`` int64 -> ``[B, T, D]``. The state dict holds ``tables.{i}.weight``
     (and ``tables.{i}.adagrad_sum``): loading one copies into the files in place.
+
+    A row-sharded wrapper sets ``row_offsets`` (the first global row of each local table) and
+    ``global_table_sizes``, so that a checkpoint's record says where each shard belongs.
     """
 
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, in_files: Sequence[bool],
@@ -251,37 +282,58 @@ class TieredTableEmbeddings(nn.Module):
         self.layout = _Hotness(hotness, len(self.table_sizes))
         self.hotness = self.layout.hotness
         self.in_files = [bool(f) for f in in_files]
-        if any(self.in_files):
-            if not storage_dir:
-                raise ValueError("--embedding_memory_budget_gb puts tables in files: give --embedding_storage_dir")
-            _open_storage(storage_dir, self.table_sizes, embedding_dim, self.in_files)
+        if any(self.in_files) and not storage_dir:
+            raise ValueError("--embedding_memory_budget_gb puts tables in files: give --embedding_storage_dir")
+        self.storage_dir = os.path.abspath(storage_dir) if storage_dir else None
+        self.row_offsets: Optional[List[int]] = None
+        self.global_table_sizes: Optional[List[int]] = None
+        # Whether training may change the tables: a storage no checkpoint refers to (created now, or whose run
+        # crashed before its first checkpoint) starts from fresh weights; one of a checkpoint must be restored first.
+        self.writable, self.generation, reopened = True, 0, False
+        if self.storage_dir is not None:
+            identity = {"table_sizes": self.table_sizes, "embedding_dim": int(embedding_dim),
+                        "in_files": self.in_files, "adagrad": bool(adagrad)}
+            self.lock, self.manifest, created = _open_storage(self.storage_dir, identity)
+            self.generation, reopened = self.manifest["generation"], not created
+            self.writable = self.generation == 0 and not self.manifest["prepared"]
+            if reopened and self.writable:
+                self._remove_other_generations(keep=None)   # a crashed run's journal of weights nobody saved
         self.pages = PageBudget(mapped_limit_bytes)
         self.files = self.pages.files
-        self.tables = nn.ModuleList(self._make_table(t, storage_dir) for t in range(len(self.table_sizes)))
+        self.table_files: List[List[Tuple[int, TableFile]]] = [[] for _ in self.table_sizes]
+        self.tables = nn.ModuleList(self._make_table(t, reopened) for t in range(len(self.table_sizes)))
         self.lr, self.grad_multiplier = 0.0, 1.0
+        self.journal: Optional[UndoJournal] = None
+        self._reset_journal_state()
 
-    def _make_table(self, t: int, storage_dir: Optional[str]) -> _Table:
+    def _make_table(self, t: int, reopened: bool) -> _Table:
         rows, dim = self.table_sizes[t], self.embedding_dim
-        files: List[TableFile] = []
 
         def allocate(name: str) -> torch.Tensor:
             if not self.in_files[t]:
                 return torch.empty(rows, dim)
-            files.append(TableFile(os.path.join(storage_dir, f"{name}_{t}.f32"), rows, dim))
-            return files[-1].tensor
+            table_file = TableFile(os.path.join(self.storage_dir, f"{name}_{t}.f32"), rows, dim, must_exist=reopened)
+            self.table_files[t].append((len(self.files), table_file))
+            self.files.append(table_file)
+            return table_file.tensor
 
         weight = allocate("table")
         accumulator = allocate("adagrad_sum") if self.adagrad else None
-        table = _Table(weight, accumulator, self.pages if files else None)
-        self.files.extend(files)
-        bound = (1.0 / rows) ** 0.5   # uniform in +-sqrt(1/rows), as every table here; drawn in pieces
+        table = _Table(weight, accumulator, self.pages if self.in_files[t] else None)
+        if self.writable:   # else the files hold a checkpoint's tables: restore() brings them to its generation
+            self._initialise(t, weight, accumulator, table)
+        return table
+
+    def _initialise(self, t: int, weight: torch.Tensor, accumulator: Optional[torch.Tensor], table: _Table) -> None:
+        """Draw table ``t``'s initial weights (a row-sharded subclass draws its shard of the whole table's)."""
+        rows = len(weight)
+        bound = (1.0 / max(rows, 1)) ** 0.5   # uniform in +-sqrt(1/rows), as every table here; drawn in pieces
         with torch.no_grad():
             for start in range(0, rows, INIT_ROWS):
                 weight[start:start + INIT_ROWS].uniform_(-bound, bound)
                 if accumulator is not None:
                     accumulator[start:start + INIT_ROWS].zero_()   # MLPerf's initial accumulator value 0
                 table.release()
-        return table
 
     def release_pages(self) -> None:
         """Drop the file pages this process has mapped."""
@@ -293,9 +345,16 @@ class TieredTableEmbeddings(nn.Module):
         self.pages.maybe_release()
 
     def flush(self) -> None:
-        """Write the files' dirty pages now (the kernel does it anyway; a checkpoint holds its own copy)."""
+        """Write the files' dirty pages now (the kernel does it anyway)."""
         for table_file in self.files:
             table_file.flush()
+
+    def close(self) -> None:
+        """Release the storage (its lock and journal); the instance must not be used afterwards."""
+        if self.journal is not None:
+            self.journal.close()
+        if self.storage_dir is not None:
+            self.lock.release()
 
     def _check_ids(self, ids: torch.Tensor, t: int, padded: bool) -> None:
         if ids.numel() == 0:
@@ -305,11 +364,16 @@ class TieredTableEmbeddings(nn.Module):
             bad = high if high >= self.table_sizes[t] else low
             raise IndexError(f"categorical feature {t}: id {bad} outside its table of {self.table_sizes[t]} rows")
 
-    def _rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+    def lookup(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (valid, >= 0) of table ``t``; when gradients are on, they are updated in the backward pass
+        (and journaled now: every lookup whose rows a step may change must come through here)."""
         table = self.tables[t]
         if torch.is_grad_enabled() and table.weight.requires_grad:
+            self.journal_rows(t, ids)
             return _LookupFusedUpdate.apply(table.weight, ids, self, table)
         return table.weight.index_select(0, ids)
+
+    _rows = lookup
 
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:
         self.layout.check_width(categorical)
@@ -318,13 +382,313 @@ class TieredTableEmbeddings(nn.Module):
             ids = categorical[:, lo:hi]
             self._check_ids(ids, t, padded=hi - lo > 1)
             if hi - lo == 1:
-                columns.append(self._rows(t, ids.reshape(-1)))
+                columns.append(self.lookup(t, ids.reshape(-1)))
                 continue
             values, offsets = bag_offsets(ids)
             bag_of = torch.repeat_interleave(torch.arange(len(ids)), (ids >= 0).sum(1))
-            rows = self._rows(t, values)
+            rows = self.lookup(t, values)
             columns.append(rows.new_zeros(len(ids), self.embedding_dim).index_add(0, bag_of, rows))   # sum pooling
         return torch.stack(columns, dim=1)
 
     def table_weights(self) -> List[torch.Tensor]:
         return [table.weight for table in self.tables]
+
+    # ------------------------------------------------------------------------------------------- the undo journal
+    def _reset_journal_state(self) -> None:
+        """No row journaled in this generation: a new journal is started at the first change."""
+        if self.journal is not None:
+            self.journal.close()
+        self.journal = None
+        # np.zeros maps untouched pages lazily: a table's bitmap costs RAM only for the pages of rows touched
+        self.journaled = [np.zeros(n, dtype=bool) if f else None for n, f in zip(self.table_sizes, self.in_files)]
+        self._pending: List[Tuple[int, np.ndarray]] = []
+
+    def journal_rows(self, t: int, ids: torch.Tensor) -> None:
+        """Queue the current bytes of the rows of table ``t`` (and its accumulator) at ``ids`` that this generation
+        has not journaled yet; :meth:`sync_journal` writes them. Tables in RAM are saved whole by checkpoints."""
+        if not self.in_files[t] or ids.numel() == 0:
+            return
+        if not self.writable:
+            raise TableStorageError(
+                f"{self.storage_dir}: holds the tables of checkpoint generation {self.generation} of an earlier run "
+                f"(or one being written); training from fresh weights would overwrite them: resume it with "
+                f"--load_checkpoint_path, or give this run a new --embedding_storage_dir")
+        unique = torch.unique(ids).numpy()
+        fresh = unique[~self.journaled[t][unique]]
+        if not len(fresh):
+            return
+        if self.journal is None:
+            self.journal = UndoJournal(self.storage_dir, self.generation)
+        for start in range(0, len(fresh), CHUNK_IDS):
+            rows = fresh[start:start + CHUNK_IDS]
+            for index, table_file in self.table_files[t]:
+                self.journal.add(index, rows, table_file.tensor.index_select(0, torch.from_numpy(rows)).numpy())
+            self.tables[t].release()
+        self._pending.append((t, fresh))
+
+    def sync_journal(self) -> None:
+        """Write and fsync the queued journal records (one fsync per step): call before changing any row."""
+        if self.journal is not None:
+            self.journal.sync()
+        for t, rows in self._pending:
+            self.journaled[t][rows] = True
+        self._pending = []
+
+    def changed_rows_finite(self) -> torch.Tensor:
+        """Whether every row changed since the last checkpoint, and every table in RAM, is finite (rows unchanged
+        since were checked by that checkpoint): a check without reading the tables in files."""
+        flags = [torch.ones((), dtype=torch.bool)]
+        for t, table in enumerate(self.tables):
+            if not self.in_files[t]:
+                flags += [torch.isfinite(tensor).all() for tensor in self._tensors(t)]
+                continue
+            changed = torch.from_numpy(np.flatnonzero(self.journaled[t]))
+            for start in range(0, len(changed), CHUNK_IDS):
+                rows = changed[start:start + CHUNK_IDS]
+                flags += [torch.isfinite(tensor.index_select(0, rows)).all() for tensor in self._tensors(t)]
+                table.release()
+        return torch.stack(flags).all()
+
+    def _tensors(self, t: int) -> List[torch.Tensor]:
+        table = self.tables[t]
+        return [table.weight.detach()] + ([table.adagrad_sum] if self.adagrad else [])
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def prepare_commit(self, generation: int) -> Dict[str, Any]:
+        """Before checkpoint ``generation`` is written: the table files on disk, the tables in RAM written as files of
+        that generation, the manifest marking it prepared. Returns the checkpoint's record of this storage (a
+        failure raises :class:`TableStorageError` naming the file; the last checkpoint stays whole)."""
+        self._require_storage("prepare a checkpoint")
+        if not self.writable:
+            raise TableStorageError(f"{self.storage_dir}: not restored to a checkpoint's generation: nothing to save")
+        if generation <= self.generation:
+            raise ValueError(f"{self.storage_dir}: generation {generation} is not after the committed "
+                             f"{self.generation}")
+        for table_file in self.files:
+            table_file.sync()
+        for t, in_file in enumerate(self.in_files):
+            if not in_file:
+                for name, tensor in zip(("table", "adagrad_sum"), self._tensors(t)):
+                    _write_table(generation_file(self.storage_dir, name, t, generation), tensor)
+        token = uuid.uuid4().hex   # tells this generation from another run's of the same number
+        self.manifest["prepared"] = {"generation": int(generation), "token": token}
+        write_manifest(self.storage_dir, self.manifest)
+        return {"storage_dir": self.storage_dir, "generation": int(generation), "token": token,
+                "table_sizes": self.table_sizes, "embedding_dim": self.embedding_dim, "in_files": self.in_files,
+                "adagrad": self.adagrad,
+                "row_offsets": list(self.row_offsets) if self.row_offsets is not None else [0] * len(self.table_sizes),
+                "global_table_sizes": list(self.global_table_sizes or self.table_sizes)}
+
+    def commit(self, generation: int) -> None:
+        """After checkpoint ``generation`` is in place: make it the storage's committed generation (an atomic
+        manifest write), then drop the undo journal and the files of older generations."""
+        self._require_storage("commit a checkpoint")
+        prepared = self.manifest.get("prepared")
+        if not prepared or prepared["generation"] != generation:
+            raise TableStorageError(f"{os.path.join(self.storage_dir, MANIFEST)}: generation {generation} was not "
+                                    f"prepared (prepared: {prepared})")
+        self.manifest.update(generation=int(generation), token=prepared["token"], prepared=None)
+        write_manifest(self.storage_dir, self.manifest)
+        self.generation = int(generation)
+        self._reset_journal_state()
+        self._remove_other_generations(keep=self.generation)
+        self.writable = True
+
+    def restore(self, generation: int, token: Optional[str] = None, checkpoint: str = "the checkpoint") -> None:
+        """Bring the storage back to exactly ``generation`` (of ``token`` when given), before training or
+        evaluating from checkpoint ``checkpoint``: undo the changes made since with the journal, or, when a crash
+        fell between the checkpoint's rename and :meth:`commit`, complete the commit; then read the tables in RAM
+        from that generation's files. Raises :class:`TableStorageError` when the storage cannot give it."""
+        self._require_storage("restore a checkpoint")
+        manifest = self.manifest
+        prepared = manifest["prepared"] or {}
+        if manifest["generation"] == generation and token in (None, manifest["token"]):
+            self._roll_back(generation)
+            if prepared:   # a checkpoint prepared after it is no longer what the files hold
+                manifest["prepared"] = None
+                write_manifest(self.storage_dir, manifest)
+        elif prepared.get("generation") == generation and token in (None, prepared["token"]):
+            self.commit(generation)   # the files were synced for it before its checkpoint appeared
+        else:
+            raise TableStorageError(
+                f"{self.storage_dir}: {checkpoint} needs its tables at generation {generation}, the storage holds "
+                f"generation {manifest['generation']}{_prepared_text(prepared)}: an older checkpoint, whose tables "
+                f"were overwritten since (incremental checkpoints keep only the newest tables), or another run's; "
+                f"resume from the newest checkpoint of the run that used this --embedding_storage_dir")
+        self._load_ram_tables(generation)
+        self._reset_journal_state()
+        self._remove_other_generations(keep=generation)
+        self.generation, self.writable = int(generation), True
+
+    def check_overwritable(self, source: str) -> None:
+        """Before loading tables from ``source`` (a checkpoint without a storage of its own) into this one: refuse
+        when a checkpoint refers to this storage's tables."""
+        if self.storage_dir is not None and not (self.generation == 0 and not self.manifest["prepared"]):
+            raise TableStorageError(
+                f"{self.storage_dir}: holds the tables of checkpoint generation {self.generation} of another run; "
+                f"loading {source} into it would overwrite them: give a new --embedding_storage_dir")
+
+    def _require_storage(self, what: str) -> None:
+        if self.storage_dir is None:
+            raise ValueError(f"cannot {what}: these tables have no --embedding_storage_dir")
+
+    def _roll_back(self, generation: int) -> None:
+        """Undo journal ``generation`` into the files (idempotent: a crash during it is repaired by running it
+        again), sync them, then remove the journal."""
+        path = journal_path(self.storage_dir, generation)
+        if not os.path.exists(path):
+            return
+        for index, rows, old in journal_records(path, generation):
+            table_file = _journaled_file(self.files, index, rows, old, self.embedding_dim, path)
+            table_file.tensor.index_copy_(0, torch.from_numpy(rows.copy()),
+                                          torch.from_numpy(old.copy()).view(torch.float32))
+            table_file.release()
+        for table_file in self.files:
+            table_file.sync()
+        remove_quietly(path)
+        table_storage.fsync_directory(self.storage_dir)
+
+    def _load_ram_tables(self, generation: int) -> None:
+        for t, in_file in enumerate(self.in_files):
+            if not in_file:
+                for name, tensor in zip(("table", "adagrad_sum"), self._tensors(t)):
+                    tensor.copy_(_read_table(generation_file(self.storage_dir, name, t, generation),
+                                             *tensor.shape))
+
+    def _remove_other_generations(self, keep: Optional[int]) -> None:
+        """Remove the journals and RAM-table files of every generation but ``keep`` (None: all)."""
+        for name in os.listdir(self.storage_dir):
+            generation = _generation_of(name)
+            if generation is not None and generation != keep:
+                remove_quietly(os.path.join(self.storage_dir, name))
+
+
+def _prepared_text(prepared: Dict[str, Any]) -> str:
+    return f" (and prepared {prepared['generation']})" if prepared else ""
+
+
+def _generation_of(name: str) -> Optional[int]:
+    """The generation of a journal or RAM-table file name, else None."""
+    if name.startswith(JOURNAL_PREFIX):
+        number = name[len(JOURNAL_PREFIX):]
+    elif ".gen" in name and name.endswith(".f32"):
+        number = name[name.rindex(".gen") + 4:-4]
+    else:
+        return None
+    return int(number) if number.isdigit() else None
+
+
+def _journaled_file(files: Sequence[TableFile], index: int, rows: np.ndarray, old: np.ndarray, dim: int,
+                    path: str) -> TableFile:
+    """The table file a journal record belongs to, refusing a record that does not fit it (naming the journal)."""
+    if index >= len(files) or old.shape[1] != dim * FLOAT_BYTES:
+        raise TableStorageError(f"{path}: a record of table file {index} with {old.shape[1]}-byte rows does not "
+                                f"belong to this storage's {len(files)} files of {dim * FLOAT_BYTES}-byte rows")
+    rows_in_file = files[index].tensor.shape[0]
+    if len(rows) and (rows.min() < 0 or rows.max() >= rows_in_file):
+        raise TableStorageError(f"{path}: a record of rows outside {files[index].path} ({rows_in_file} rows)")
+    return files[index]
+
+
+def _write_table(path: str, tensor: torch.Tensor) -> None:
+    """``tensor`` (float32 ``[rows, dim]``) as the file ``path``, atomically and durably; a failure (a full disk)
+    leaves no file and raises naming it."""
+    data = tensor.detach().contiguous().numpy()
+    tmp = f"{path}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            step = max(1, (64 << 20) // max(1, data[:1].nbytes))   # 64 MiB pieces: no second copy of a big table
+            for start in range(0, len(data), step):
+                table_storage.write_at(fd, data[start:start + step].tobytes(), start * data[:1].nbytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as error:
+        remove_quietly(tmp)
+        raise table_storage.storage_failure(path, "cannot write the table", error) from None
+
+
+def _read_table(path: str, rows: int, dim: int) -> torch.Tensor:
+    """The ``[rows, dim]`` float32 table in file ``path``, refusing a missing or wrongly sized file (naming it)."""
+    wanted = rows * dim * FLOAT_BYTES
+    size = os.path.getsize(path) if os.path.exists(path) else None
+    if size != wanted:
+        raise TableStorageError(f"{path}: {'missing' if size is None else f'{size} bytes'}, a [{rows}, {dim}] "
+                                f"float32 table needs {wanted} (truncated, deleted or another model's)")
+    return torch.from_numpy(np.fromfile(path, dtype=np.float32, count=rows * dim).reshape(rows, dim))
+
+
+# ------------------------------------------------------------------------------------ finding and reading storages
+def find_tiered(core: nn.Module) -> Optional[TieredTableEmbeddings]:
+    """The model's :class:`TieredTableEmbeddings`: ``core.embeddings``, or the ``local`` shard of a row-sharded
+    wrapper of them; else None."""
+    embeddings = getattr(core, "embeddings", None)
+    if isinstance(embeddings, TieredTableEmbeddings):
+        return embeddings
+    local = getattr(embeddings, "local", None)
+    return local if isinstance(local, TieredTableEmbeddings) else None
+
+
+def read_checkpoint_tables(records: Sequence[Dict[str, Any]], checkpoint: str) -> Dict[str, torch.Tensor]:
+    """The whole tables of a checkpoint kept in storages (its records, one per process), read without changing the
+    storages: ``tables/<t>`` and, with Adagrad, ``tables/<t>/adagrad_sum``. For models without the storage
+    (evaluation, serving): the changes made since the checkpoint are undone in the copy read, from the journal.
+    Raises :class:`TableStorageError` when a storage is in use or holds another generation."""
+    out: Dict[str, torch.Tensor] = {}
+    for record in records:
+        directory = record["storage_dir"]
+        lock = StorageLock(directory, exclusive=False)
+        try:
+            shard = _read_shard(directory, record, checkpoint)
+        finally:
+            lock.release()
+        dim = record["embedding_dim"]
+        for (t, name), tensor in shard.items():
+            key = f"tables/{t}" if name == "table" else f"tables/{t}/{name}"
+            if key not in out:
+                out[key] = torch.zeros(record["global_table_sizes"][t], dim)
+            start = record["row_offsets"][t]
+            out[key][start:start + len(tensor)] = tensor
+    return out
+
+
+def _read_shard(directory: str, record: Dict[str, Any], checkpoint: str) -> Dict[Tuple[int, str], torch.Tensor]:
+    """One storage's tables at the record's generation, as ``{(table, name): tensor}``."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise TableStorageError(f"{directory}: no {MANIFEST}: the table storage of {checkpoint} is gone")
+    identity = {field: record[field] for field in IDENTITY_FIELDS}
+    if {field: manifest.get(field) for field in IDENTITY_FIELDS} != identity:
+        raise TableStorageError(f"{os.path.join(directory, MANIFEST)}: holds other tables than {checkpoint} saved")
+    generation, token = record["generation"], record["token"]
+    prepared = manifest["prepared"] or {}
+    committed = manifest["generation"] == generation and manifest["token"] == token
+    if not committed and not (prepared.get("generation") == generation and prepared.get("token") == token):
+        raise TableStorageError(f"{directory}: {checkpoint} needs its tables at generation {generation}, the storage "
+                                f"holds generation {manifest['generation']}{_prepared_text(prepared)}: an older "
+                                f"checkpoint, whose tables were overwritten since (incremental checkpoints keep only "
+                                f"the newest tables)")
+    dim, adagrad = record["embedding_dim"], record["adagrad"]
+    shard = {}
+    for t, in_file in enumerate(record["in_files"]):
+        for name in ("table", "adagrad_sum") if adagrad else ("table",):
+            path = os.path.join(directory, f"{name}_{t}.f32") if in_file else \
+                generation_file(directory, name, t, generation)
+            shard[(t, name)] = _read_table(path, record["table_sizes"][t], dim)
+    journal = journal_path(directory, generation)
+    if committed and os.path.exists(journal):   # a run crashed after this checkpoint: undo its changes in the copy
+        names = _file_names(record["in_files"], adagrad)
+        views = [_ReadOnlyFile(shard[key]) for key in names]
+        for index, rows, old in journal_records(journal, generation):
+            target = _journaled_file(views, index, rows, old, dim, journal).tensor
+            target[torch.from_numpy(rows.copy())] = torch.from_numpy(old.copy()).view(torch.float32)
+    return shard
+
+
+class _ReadOnlyFile:
+    """A table read into RAM, standing for its file when a journal record is checked against it."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self.path = tensor, "the table read"
