@@ -526,12 +526,20 @@ def _stored_tables_by_key(trainable, tables: Dict[str, torch.Tensor]) -> Dict[st
     return out
 
 
-def _copy_checked(target: torch.Tensor, source: torch.Tensor, where: str) -> None:
-    if tuple(target.shape) != tuple(source.shape):
-        raise CheckpointError(f"{where}: shape {tuple(source.shape)} in the checkpoint, the model has "
-                              f"{tuple(target.shape)} (a different --embedding_dim or table size?)")
+def _copy_checked(target: Any, source: torch.Tensor, where: str) -> None:
+    """Copy a whole table into ``target``: a tensor, or a ``ShardedTensor`` (this process's shards of it)."""
+    shape = tuple(target.size()) if _is_sharded(target) else tuple(target.shape)
+    if shape != tuple(source.shape):
+        raise CheckpointError(f"{where}: shape {tuple(source.shape)} in the checkpoint, the model has {shape} (a "
+                              f"different --embedding_dim or table size?)")
     with torch.no_grad():
-        target.copy_(source)
+        if not _is_sharded(target):
+            target.copy_(source)
+            return
+        for shard in target.local_shards():
+            block = tuple(slice(offset, offset + size) for offset, size in
+                          zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes))
+            shard.tensor.copy_(source[block])
 
 
 def _restore_rng(path: str, rank: int, world_size: int) -> None:

@@ -428,11 +428,11 @@ class TieredTableEmbeddings(nn.Module):
 
     def sync_journal(self) -> None:
         """Write and fsync the queued journal records (one fsync per step): call before changing any row."""
+        pending, self._pending = self._pending, []   # on a failure their records are dropped: not journaled
         if self.journal is not None:
             self.journal.sync()
-        for t, rows in self._pending:
+        for t, rows in pending:
             self.journaled[t][rows] = True
-        self._pending = []
 
     def changed_rows_finite(self) -> torch.Tensor:
         """Whether every row changed since the last checkpoint, and every table in RAM, is finite (rows unchanged
