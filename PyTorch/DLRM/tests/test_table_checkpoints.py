@@ -267,3 +267,35 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_the_previous_checkpoint_r
                    "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "16,1", "--nofp16", "--mode", "test",
                    "--load_checkpoint_path", str(tmp_path / "full"), "--log_path", str(tmp_path / "test.json")])
     assert tested["auc"] == straight["auc"]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_with_tables_in_files_equals_the_uninterrupted_run(small_dataset, tmp_path):
+    """As test_checkpoint_resume's kill test, with every table but the two smallest in files and Adagrad: the kill
+    lands after a checkpoint, mid-epoch, with rows changed since (undone from the journal at resume)."""
+    from conftest import train_args
+    from test_checkpoint_resume import assert_same_weights, run_and_kill, run_to_end, summary
+    every, max_steps = 7, 60
+    budget = (table_files.step_working_set(256, [1] * 8, 16) + 2000) / 2 ** 30   # tables of 5 and 10 rows in RAM
+
+    def args(name, *more):
+        return train_args(small_dataset, tmp_path / f"{name}.json", "--shuffle_batch_order", "--epochs", "10",
+                          "--max_steps", str(max_steps), "--test_freq", "50", "--adagrad", "--lr", "0.05",
+                          "--embedding_memory_budget_gb", str(budget), "--embedding_storage_dir",
+                          str(tmp_path / f"{name}_tables"), "--save_checkpoint_path", str(tmp_path / name),
+                          "--checkpoint_every_steps", str(every), *more)
+
+    run_to_end(args("straight"), 1)
+    run_and_kill(args("crashed"), 1, str(tmp_path / "crashed"))
+    (step, newest), = list_checkpoints(tmp_path / "crashed")[-1:]
+    assert step % every == 0 and step < max_steps
+    with open(os.path.join(newest, "meta.json")) as f:
+        assert '"table_storage"' in f.read()
+    assert not os.path.exists(os.path.join(newest, "model", "table_0"))   # the tables are not copied
+    run_to_end(args("crashed", "--load_checkpoint_path", str(tmp_path / "crashed")), 1)
+    straight, resumed = summary(tmp_path / "straight.json"), summary(tmp_path / "crashed.json")
+    for key in ("auc", "test_loss", "train_loss", "best_auc", "test_samples", "global_step"):
+        assert resumed[key] == straight[key], key
+    final = checkpoint_name(max_steps)
+    assert_same_weights(tmp_path / "straight" / final, tmp_path / "crashed" / final)
+    assert "tables/7/adagrad_sum" in read_tensors(tmp_path / "crashed" / final)
