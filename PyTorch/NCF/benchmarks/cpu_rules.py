@@ -7,13 +7,19 @@ Datasets (built under ``--work``, never in the repository: MovieLens may not be 
 * ``ml1m-paper``: the NCF paper's ML-1M split, users 0..2997 (train rows rebuilt from the partial ratings file);
 * ``ml100k``: ML-100K, leave-one-out with 100 sampled negatives (``convert.py``'s default protocol);
 * ``sparse-30`` / ``sparse-8`` / ``sparse-3``: ML-1M's users 1..2998 with 30 / 8 / 3 % of their ratings kept
-  (``benchmarks/sparse_movielens.py``: three-field paper files, 99 negatives), densities about 1.4 / 0.5 / 0.2 %.
+  (``benchmarks/sparse_movielens.py``: three-field paper files, 99 negatives), densities about 1.4 / 0.5 / 0.3 %;
+* ``tail-6``: the same users, the 10 % most-rated movies removed, 6 ratings kept per user (density 0.25 %,
+  popularity HR@10 0.28: the long tail and the popularity of issue 35's product-ratings sets).
 
-Each candidate is one ``python ncf.py --data D -e E --seed S -b B -l L`` (the rest ncf.py's defaults, so the best
+Each candidate is one ``python ncf.py --data D -e E --seed S FLAGS`` (the rest ncf.py's NVIDIA defaults, so the best
 epoch is chosen on the validation item and the test HR@10 is the one at that epoch) in its own process, ``--jobs`` at
-a time, one thread each. ``B`` is the batch of the CPU batch rule (at least 100 steps per epoch, a power of two);
-``L`` is the candidate's learning rate at that batch: a constant (``lr-X``), or a rate scaled by sqrt(B / batch) from
-an anchor (``sqrt-X@batch``; ``nvidia-sqrt`` is NVIDIA's 0.0045 at 2**20, the rule before issue 35). Runs are kept in
+a time, one thread each. Learning-rate candidates keep NVIDIA's model and set ``-b B -l L``: ``B`` is the batch of
+the CPU batch rule for NVIDIA's model (at least 100 steps per epoch, a power of two); ``L`` is the candidate's rate
+at that batch: a constant (``lr-X``), or a rate scaled by sqrt(B / batch) from an anchor (``sqrt-X@batch``;
+``nvidia-sqrt`` is NVIDIA's 0.0045 at 2**20, the rule before issue 35). Model candidates (``MODEL_CANDIDATES``) set
+the model and optimizer too: ``paper-fF`` is the published NeuMF's (He et al.'s code: -f F, MLP 64-32-16-8, Adam
+(0.9, 0.999) at 0.001, -b 256, no dropout), ``nvidia-adam`` NVIDIA's model at the 2026-11-28 rule's -b / -l with
+Adam (0.9, 0.999) and no dropout. Runs are kept in
 ``WORK/runs.json`` by (dataset, B, L, epochs, seed), so candidates that give the same L share one run and a rerun
 only trains what is new. ``defaults`` runs ncf.py with no -b / -l at all: what a user gets. Also reported: popularity's HR@10 on the same test candidates (:func:`neumf.evaluation.popularity_metrics`).
 Prints a markdown table (HR@10 per dataset and candidate; best epoch in brackets) and writes ``WORK/results.json``.
@@ -43,12 +49,24 @@ import sparse_movielens  # noqa: E402
 
 ML1M_RATINGS = ("movielens", "ml-1m", "ratings.users-1-2999.dat.gz")
 SPARSE_KEEP = {"sparse-30": 0.30, "sparse-8": 0.08, "sparse-3": 0.03}
+# name -> sparse_movielens.build's keyword arguments
+SPARSE_SETS = {**{name: dict(keep=keep) for name, keep in SPARSE_KEEP.items()},
+               "tail-6": dict(keep=1.0, drop_popular=0.1, max_per_user=6)}
 # name -> (learning rate, at batch, cap): scaled by sqrt(rule's batch / at batch), at most cap; at batch None: that
 # rate at any batch. "sqrt-0.002@1024-max-0.004" is the rule ncf.py uses (neumf/cli.py).
 CANDIDATES = {"nvidia-sqrt": (0.0045, 2 ** 20, None), "lr-0.001": (0.001, None, None),
               "lr-0.002": (0.002, None, None), "lr-0.004": (0.004, None, None), "lr-0.008": (0.008, None, None),
               "sqrt-0.002@1024": (0.002, 1024, None), "sqrt-0.004@1024": (0.004, 1024, None),
               "sqrt-0.002@1024-max-0.004": (0.002, 1024, 0.004)}
+PAPER = ["--layers", "64", "32", "16", "8", "-b1", "0.9", "-b2", "0.999", "--dropout", "0"]
+# name -> (learning-rate candidate whose -b / -l it starts from, or None; the flags it adds)
+MODEL_CANDIDATES = {
+    **{f"paper-f{f}": (None, ["-f", str(f), "-b", "256", "-l", "0.001", *PAPER]) for f in (8, 16, 32)},
+    **{f"paper-f{f}-l{lr}": (None, ["-f", str(f), "-b", "256", "-l", lr, *PAPER])
+       for f in (8, 16, 32) for lr in ("0.0005", "0.002")},
+    **{f"paper-f{f}-b1024": (None, ["-f", str(f), "-b", "1024", "-l", "0.002", *PAPER]) for f in (8, 16)},
+    "nvidia-adam": ("sqrt-0.002@1024-max-0.004", ["-b1", "0.9", "-b2", "0.999", "--dropout", "0"]),
+}
 
 
 def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]:
@@ -65,7 +83,7 @@ def build_datasets(data_dir: str, work: str, names: List[str]) -> Dict[str, str]
         elif name == "ml100k":
             split = convert.convert_ratings(os.path.join(data_dir, "movielens", "ml-100k", "u.data"))
         else:
-            prefix = sparse_movielens.build(ratings, os.path.join(work, name), SPARSE_KEEP[name], max_user=2998)
+            prefix = sparse_movielens.build(ratings, os.path.join(work, name), max_user=2998, **SPARSE_SETS[name])
             split = convert.convert_paper_split(prefix)
         convert.write_split(split, target, overwrite=True)
     return out
@@ -78,9 +96,12 @@ def rule_batch(train_positives: int, negatives: int = 4) -> int:
 
 
 def candidate_flags(candidate: str, train_positives: int) -> List[str]:
-    """``-b B -l L`` of ``candidate`` on a dataset of ``train_positives`` (none for ``defaults``)."""
+    """The flags of ``candidate`` on a dataset of ``train_positives`` (none for ``defaults``)."""
     if candidate == "defaults":
         return []
+    if candidate in MODEL_CANDIDATES:
+        base, extra = MODEL_CANDIDATES[candidate]
+        return (candidate_flags(base, train_positives) if base else []) + extra
     batch = rule_batch(train_positives)
     rate, at_batch, cap = CANDIDATES[candidate]
     lr = rate if at_batch is None else float(f"{rate * math.sqrt(batch / at_batch):.3g}")
@@ -120,11 +141,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", default=os.environ.get("RECSYS_DATA_DIR", "../shared/data"))
     p.add_argument("--work", default="/tmp/ncf-cpu-rules")
-    p.add_argument("--datasets", nargs="+", default=["ml1m-paper", "ml100k", *SPARSE_KEEP])
-    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=[*CANDIDATES, "defaults"])
-    p.add_argument("--epochs", type=int, default=20, help="-e on ml100k (early stopping may end a run sooner)")
-    p.add_argument("--sparse_epochs", type=int, default=12, help="-e on the sparse sets (best epochs 4-8 measured)")
-    p.add_argument("--ml1m_epochs", type=int, default=8, help="-e on ml1m-paper (5x the rows of the others)")
+    p.add_argument("--datasets", nargs="+", default=["ml1m-paper", "ml100k", *SPARSE_SETS],
+                   choices=["ml1m-paper", "ml100k", *SPARSE_SETS])
+    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES),
+                   choices=[*CANDIDATES, *MODEL_CANDIDATES, "defaults"])
+    p.add_argument("--epochs", type=int, default=20, help="-e (early stopping, 5 epochs' patience, may end a run sooner)")
+    p.add_argument("--sparse_epochs", type=int, default=None, help="-e on the sparse sets (default: --epochs)")
+    p.add_argument("--ml1m_epochs", type=int, default=None, help="-e on ml1m-paper (default: --epochs)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     p.add_argument("--table_only", action="store_true", help="train nothing: the table of the runs already kept")
@@ -137,7 +160,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     planned = {}   # (dataset, candidate) -> the key of its run
     for d in args.datasets:
         positives = len(load_dataset(paths[d]).train_users)
-        epochs = {"ml1m-paper": args.ml1m_epochs, "ml100k": args.epochs}.get(d, args.sparse_epochs)
+        epochs = {"ml1m-paper": args.ml1m_epochs or args.epochs, "ml100k": args.epochs}.get(
+            d, args.sparse_epochs or args.epochs)
         for c in args.candidates:
             flags = candidate_flags(c, positives)
             planned[d, c] = (d, " ".join(flags) or "defaults", epochs, args.seed)
