@@ -118,11 +118,12 @@ def _state_outside_storage(trainable) -> Dict[str, Any]:
     return state if prefix is None else {key: value for key, value in state.items() if not key.startswith(prefix)}
 
 
-def _tensor_state(trainable) -> Dict[str, Any]:
-    """Tensors to save/load through DCP, under names independent of the embedding type and wrappers (the tables kept
-    in a storage are not among them: checkpoints leave them there)."""
-    state = _state_outside_storage(trainable)
-    prefix = _stored_prefix(trainable)
+def _tensor_state(trainable, with_stored_tables: bool = False) -> Dict[str, Any]:
+    """Tensors to save/load through DCP, under names independent of the embedding type and wrappers. The tables kept
+    in a storage are not among them (checkpoints leave them there) unless ``with_stored_tables`` (loading a
+    checkpoint that holds them into a storage)."""
+    prefix = None if with_stored_tables else _stored_prefix(trainable)
+    state = trainable.state_dict() if with_stored_tables else _state_outside_storage(trainable)
     table_index = {key: i for i, key in enumerate(trainable.table_state_keys)
                    if prefix is None or not key.startswith(prefix)}
     missing = sorted(set(table_index) - set(state))
@@ -428,7 +429,7 @@ def load_checkpoint(path: str, trainable, scaler=None, load_optimizer: bool = Tr
                               f"has {len(trainable.table_state_keys)}")
     from_storages = _load_table_storages(path, meta, trainable, load_optimizer, rank, world_size)
     saved = _saved_shapes(path)
-    targets = _tensor_state(trainable)
+    targets = _tensor_state(trainable, with_stored_tables=not meta.get("table_storage"))
     for key in list(targets):
         if key in from_storages:   # tables read from the checkpoint's storages, into a model without one
             _copy_checked(targets.pop(key), from_storages[key], f"{path} ({key}, from its table storage)")

@@ -299,3 +299,26 @@ def test_sigkill_then_resume_with_tables_in_files_equals_the_uninterrupted_run(s
     final = checkpoint_name(max_steps)
     assert_same_weights(tmp_path / "straight" / final, tmp_path / "crashed" / final)
     assert "tables/7/adagrad_sum" in read_tensors(tmp_path / "crashed" / final)
+
+
+def test_a_checkpoint_of_tables_in_ram_resumes_into_tables_in_files(small_dataset, tmp_path):
+    """The tables come from the checkpoint into a new storage (then journaled from there): the same run."""
+    from dlrm.train import main
+
+    def run(name, budget, *more):
+        return main(["--base_device", "cpu", "--dataset", str(small_dataset), "--batch_size", "256",
+                     "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "16,1", "--adagrad",
+                     "--lr", "0.05", "--nofp16", "--embedding_memory_budget_gb", str(budget),
+                     "--save_checkpoint_path", str(tmp_path / name), "--log_path", str(tmp_path / f"{name}.json"),
+                     "--max_steps", "10", *more])
+    in_files = ["--embedding_storage_dir", str(tmp_path / "tables")]
+    straight = run("straight", 100)                   # every table in RAM, no storage: tables in the checkpoint
+    run("switched", 100, "--max_steps", "5")
+    assert os.path.isdir(tmp_path / "switched" / checkpoint_name(5) / "model" / "table_7")
+    all_in_files = table_files.step_working_set(256, [1] * 8, 8) / 2 ** 30
+    resumed = run("switched", all_in_files, "--load_checkpoint_path", str(tmp_path / "switched"), *in_files)
+    assert resumed["auc"] == straight["auc"] and resumed["train_loss"] == straight["train_loss"]
+    assert len([n for n in os.listdir(tmp_path / "tables") if n.endswith(".f32")]) == 16
+    left, right = (read_tensors(tmp_path / name / checkpoint_name(10)) for name in ("straight", "switched"))
+    assert torch.equal(left["tables/3"], right["tables/3"])
+    assert torch.equal(left["dense/embeddings.tables.3.adagrad_sum"], right["tables/3/adagrad_sum"])
