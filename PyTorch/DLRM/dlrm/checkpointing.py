@@ -109,7 +109,10 @@ def _stored_prefix(trainable) -> Optional[str]:
     tiered = _table_storage(trainable)
     if tiered is None:
         return None
-    return next(f"{name}." for name, module in trainable.core.named_modules() if module is tiered)
+    for name, module in trainable.core.named_modules():
+        if module is tiered:
+            return f"{name}."
+    raise CheckpointError("the model's tables in files are not a part of its core module: cannot tell their state")
 
 
 def _state_outside_storage(trainable) -> Dict[str, Any]:

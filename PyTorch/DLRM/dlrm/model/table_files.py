@@ -671,24 +671,23 @@ def _read_shard(directory: str, record: Dict[str, Any], checkpoint: str) -> Dict
                                 f"checkpoint, whose tables were overwritten since (incremental checkpoints keep only "
                                 f"the newest tables)")
     dim, adagrad = record["embedding_dim"], record["adagrad"]
-    shard = {}
+    shard, paths = {}, {}
     for t, in_file in enumerate(record["in_files"]):
         for name in ("table", "adagrad_sum") if adagrad else ("table",):
-            path = os.path.join(directory, f"{name}_{t}.f32") if in_file else \
+            paths[(t, name)] = os.path.join(directory, f"{name}_{t}.f32") if in_file else \
                 generation_file(directory, name, t, generation)
-            shard[(t, name)] = _read_table(path, record["table_sizes"][t], dim)
+            shard[(t, name)] = _read_table(paths[(t, name)], record["table_sizes"][t], dim)
     journal = journal_path(directory, generation)
     if committed and os.path.exists(journal):   # a run crashed after this checkpoint: undo its changes in the copy
-        names = _file_names(record["in_files"], adagrad)
-        views = [_ReadOnlyFile(shard[key]) for key in names]
+        views = [_TableRead(shard[key], paths[key]) for key in _file_names(record["in_files"], adagrad)]
         for index, rows, old in journal_records(journal, generation):
             target = _journaled_file(views, index, rows, old, dim, journal).tensor
             target[torch.from_numpy(rows.copy())] = torch.from_numpy(old.copy()).view(torch.float32)
     return shard
 
 
-class _ReadOnlyFile:
-    """A table read into RAM, standing for its file when a journal record is checked against it."""
+class _TableRead:
+    """A table file read into RAM, standing for the file when a journal record is checked and applied."""
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor, self.path = tensor, "the table read"
+    def __init__(self, tensor: torch.Tensor, path: str):
+        self.tensor, self.path = tensor, path
