@@ -79,11 +79,13 @@ def build_parser() -> flags.FlagValues:
                   "table-batched kernel with fused optimizer; multi_table: one torch.nn.EmbeddingBag per table "
                   "(PyTorch only); auto: torchrec_fused when TorchRec is installed and supports the optimizer here",
                   flag_values=f)
-    d.DEFINE_float("embedding_memory_budget_gb", None, "RAM for the embedding tables (and their Adagrad state): the "
-                   "smallest tables that fit stay in RAM, the others live in files under --embedding_storage_dir, "
-                   "memory-mapped (one CPU process, --embedding_type multi_table)", flag_values=f)
+    d.DEFINE_float("embedding_memory_budget_gb", None, "RAM for the embedding tables (and their Adagrad state) per "
+                   "process: the smallest tables that fit stay in RAM, the others live in files under "
+                   "--embedding_storage_dir, memory-mapped (CPU, --embedding_type multi_table); under torchrun every "
+                   "table is split by rows over the processes, each holding its rows", flag_values=f)
     d.DEFINE_string("embedding_storage_dir", None, "Directory on local disk for the tables that "
-                    "--embedding_memory_budget_gb puts in files (created; reused by a resumed run)", flag_values=f)
+                    "--embedding_memory_budget_gb puts in files (created; reused by a resumed run, which needs the "
+                    "same number of processes; process r of several uses rank_<r>/ in it)", flag_values=f)
     d.DEFINE_enum("sharding_type", "auto", ["auto", "table_wise", "row_wise"],
                   "How TorchRec's planner may shard embedding tables over processes (auto: it chooses per table)",
                   flag_values=f)

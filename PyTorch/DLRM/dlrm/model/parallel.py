@@ -32,7 +32,9 @@ from torch import nn
 from .dlrm import DLRM
 from .embeddings import (FusedSGDTableEmbeddings, MultiTableEmbeddings, TorchRecEmbeddings, table_key,
                          torchrec_available)
-from .table_files import TieredTableEmbeddings, check_budget_holds_a_batch, plan_tables, step_page_allowance
+from .table_files import (TableStorageError, TieredTableEmbeddings, check_budget_holds_a_batch, plan_tables,
+                          step_page_allowance)
+from .table_sharding import RowShardedEmbeddings, build_row_sharded, check_storage_layout
 
 EMBEDDING_TYPES = ("auto", "torchrec_fused", "multi_table")
 SHARDING_TYPES = ("auto", "table_wise", "row_wise")
@@ -155,7 +157,7 @@ class TrainableModel:
         own ``step`` only pushes the learning rate into the kernel. On an fp16 overflow the MLP step is skipped and
         the scale halved, while the fused tables take the step with the non-finite gradient entries zeroed.
         """
-        if isinstance(self.core.embeddings, TieredTableEmbeddings):
+        if isinstance(self.core.embeddings, (TieredTableEmbeddings, RowShardedEmbeddings)):
             self.core.embeddings.after_step()   # the tables in files: keep the resident set bounded
         if scaler is None:
             for optimizer in self.optimizers:
@@ -176,8 +178,8 @@ class TrainableModel:
     @property
     def fused_sgd(self) -> bool:
         """True when the tables take their step inside the backward pass (:class:`FusedSGDTableEmbeddings`, or
-        :class:`TieredTableEmbeddings` with SGD or Adagrad)."""
-        return isinstance(self.core.embeddings, (FusedSGDTableEmbeddings, TieredTableEmbeddings))
+        :class:`TieredTableEmbeddings` with SGD or Adagrad, also row-sharded over processes)."""
+        return isinstance(self.core.embeddings, (FusedSGDTableEmbeddings, TieredTableEmbeddings, RowShardedEmbeddings))
 
     def dense_named_parameters(self):
         return [(n, p) for n, p in self.core.named_parameters() if not n.startswith("embeddings.")]
@@ -212,7 +214,8 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
     with ``eps`` :data:`ADAGRAD_EPS`, no decay, zero initial accumulator; FBGEMM's exact Adagrad for fused tables).
 
     ``table_budget_bytes`` (``--embedding_memory_budget_gb``): tables beyond it live in files under
-    ``table_storage_dir`` (:mod:`dlrm.model.table_files`); one process, ``multi_table`` only.
+    ``table_storage_dir`` (:mod:`dlrm.model.table_files`), ``multi_table`` on the CPU only; with several processes
+    every table is split by rows over them (:mod:`dlrm.model.table_sharding`), the budget applying per process.
 
     A process group must exist when ``embedding_type == "torchrec_fused"`` or ``world_size > 1``.
     """
@@ -261,27 +264,58 @@ def build_trainable_model(config: ModelConfig, embedding_type: str, device: torc
 
 def _build_tiered(config, embedding_type, device, world_size, lr, adam_mlp, adam_embeddings, adagrad, budget_bytes,
                   storage_dir, local_batch_size) -> TrainableModel:
-    """The DLRM with :class:`TieredTableEmbeddings`: tables in RAM or in files by the budget, updated in backward."""
-    if world_size > 1 or embedding_type != "multi_table" or device.type != "cpu":
-        raise ValueError("--embedding_memory_budget_gb needs one CPU process and --embedding_type multi_table (or "
-                         f"auto); got {world_size} processes, {embedding_type}, {device.type}")
+    """The DLRM with :class:`TieredTableEmbeddings`: tables in RAM or in files by the budget, updated in backward;
+    with several processes, split by rows over them (:class:`RowShardedEmbeddings`) and the MLPs under DDP."""
+    if embedding_type != "multi_table" or device.type != "cpu":
+        raise ValueError("--embedding_memory_budget_gb needs CPU processes and --embedding_type multi_table (or "
+                         f"auto); got {embedding_type}, {device.type}")
     if adam_embeddings:
         raise ValueError("--embedding_memory_budget_gb: the file-backed tables take SGD or --adagrad, not "
                          "--Adam_embedding_optimizer")
-    working_set = check_budget_holds_a_batch(budget_bytes, local_batch_size, config.hotness, config.embedding_dim)
-    in_files = plan_tables(config.table_sizes, config.embedding_dim, budget_bytes, adagrad, working_set)
-    in_ram = sum(n for n, f in zip(config.table_sizes, in_files) if not f) * config.embedding_dim * 4 * (1 + adagrad)
-    mapped_limit = budget_bytes - in_ram - (working_set - step_page_allowance(local_batch_size, config.hotness))
-    embeddings = TieredTableEmbeddings(config.table_sizes, config.embedding_dim, in_files, storage_dir,
-                                       adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness,
-                                       mapped_limit_bytes=mapped_limit)
+    plan = _table_budget(config, budget_bytes, adagrad, local_batch_size * world_size)
+    if world_size == 1:
+        problem = check_storage_layout(storage_dir, world_size)
+        if problem:
+            raise TableStorageError(problem)
+        in_files, mapped_limit = plan(config.table_sizes)
+        embeddings = TieredTableEmbeddings(config.table_sizes, config.embedding_dim, in_files, storage_dir,
+                                           adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness,
+                                           mapped_limit_bytes=mapped_limit)
+    else:
+        import torch.distributed as dist
+        embeddings = build_row_sharded(config.table_sizes, config.embedding_dim, dist.get_rank(), world_size, plan,
+                                       storage_dir, adagrad=adagrad, eps=ADAGRAD_EPS, hotness=config.hotness)
     core = _dlrm(config, embeddings)
     dense_params = [p for n, p in core.named_parameters() if not n.startswith("embeddings.")]
     dense_optimizer = _dense_optimizer(dense_params, lr, adam_mlp, device, adagrad)
     # holds the tables' learning rate for the schedule; the update itself runs in the backward pass
     lr_holder = torch.optim.SGD(list(embeddings.parameters()), lr=lr)
-    keys = [f"embeddings.tables.{i}.weight" for i in range(len(config.table_sizes))]
-    return TrainableModel(core, core, "multi_table", dense_optimizer, lr_holder, keys)
+    module: nn.Module = core
+    prefix = "embeddings."
+    if world_size > 1:
+        # The tables are this process's shards, updated in the backward pass: DDP must neither broadcast them from
+        # process 0 nor wait for their gradients. The other buffers are equal everywhere: no sync per forward.
+        ignored = [f"embeddings.{name}" for name, _ in [*embeddings.named_parameters(), *embeddings.named_buffers()]]
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(core, ignored)
+        module = nn.parallel.DistributedDataParallel(core, forward_sync_buffers=False)
+        prefix = "embeddings.local."
+    keys = [f"{prefix}tables.{i}.weight" for i in range(len(config.table_sizes))]
+    return TrainableModel(module, core, "multi_table", dense_optimizer, lr_holder, keys)
+
+
+def _table_budget(config: ModelConfig, budget_bytes: float, adagrad: bool, lookup_batch: int):
+    """``plan(table_sizes) -> (in_files, mapped_limit_bytes)`` of a process's tables under ``budget_bytes``: the
+    smallest tables stay in RAM while they fit beside a step's working set of ``lookup_batch`` rows (a process of
+    several looks up the rows it owns for the whole global batch: at worst all of them), the rest go to files,
+    whose mapped pages get what the budget leaves (:class:`dlrm.model.table_files.PageBudget`)."""
+    dim, hotness = config.embedding_dim, config.hotness
+    working_set = check_budget_holds_a_batch(budget_bytes, lookup_batch, hotness, dim)
+
+    def plan(table_sizes: Sequence[int]):
+        in_files = plan_tables(table_sizes, dim, budget_bytes, adagrad, working_set)
+        in_ram = sum(n for n, f in zip(table_sizes, in_files) if not f) * dim * 4 * (1 + adagrad)
+        return in_files, budget_bytes - in_ram - (working_set - step_page_allowance(lookup_batch, hotness))
+    return plan
 
 
 def _dlrm(config: ModelConfig, embeddings: nn.Module) -> DLRM:
