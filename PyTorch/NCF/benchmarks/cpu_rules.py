@@ -125,6 +125,17 @@ def run_one(dataset: str, flags: List[str], epochs: int, seed: int, log_path: st
             "valid_hr": summary.get("best_valid_hr@10")}
 
 
+def keep_run(runs_path: str, key: str, run: Dict) -> Dict:
+    """Add ``run`` to the runs kept in ``runs_path`` (re-read first, so that two invocations on the same ``--work``
+    keep each other's runs; written to a temporary name, then renamed); returns them all."""
+    runs = json.load(open(runs_path)) if os.path.isfile(runs_path) else {}
+    runs[key] = run
+    with open(runs_path + ".tmp", "w") as f:
+        json.dump(runs, f, indent=1)
+    os.replace(runs_path + ".tmp", runs_path)
+    return runs
+
+
 def table(results: Dict, datasets: List[str], candidates: List[str], popularity: Dict) -> str:
     lines = ["| candidate | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
     for c in candidates:
@@ -172,11 +183,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                                os.path.join(args.work, f"{d}-{flags.replace(' ', '')}-e{epochs}-s{seed}.json")):
                    (d, flags, epochs, seed) for d, flags, epochs, seed in todo}
         for future, key in futures.items():
-            runs["|".join(map(str, key))] = r = future.result()
+            r = future.result()
             print(f"{key}: HR@10 {r['hr']:.4f} (epoch {r['best_epoch']}, valid {r['valid_hr']}) in {r['wall_s']} s: "
                   f"{r['command']}", flush=True)
-            with open(runs_path, "w") as f:
-                json.dump(runs, f, indent=1)
+            runs = keep_run(runs_path, "|".join(map(str, key)), r)
     results = {}
     for (d, c), key in planned.items():
         if "|".join(map(str, key)) in runs:

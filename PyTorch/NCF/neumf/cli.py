@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import FrozenSet, Optional, Sequence, Tuple
 
@@ -35,22 +36,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--epochs", type=int, default=30, help="Number of epochs for training")
     p.add_argument("-b", "--batch_size", type=int, default=2 ** 20,
                    help="Number of examples for each iteration (global, over all processes); "
-                        "on CPU, when not given, chosen from the data and RAM (see the first line of output)")
+                        "on CPU, when not given, chosen from the data (see the first line of output)")
     p.add_argument("--valid_batch_size", type=int, default=2 ** 20, help="Number of examples in each validation chunk")
-    p.add_argument("-f", "--factors", type=int, default=64, help="Number of predictive factors")
-    p.add_argument("--layers", nargs="+", type=int, default=[256, 256, 128, 64], help="Sizes of hidden layers for MLP")
+    p.add_argument("-f", "--factors", type=int, default=64,
+                   help="Number of predictive factors (on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 16, the published NeuMF's model)")
+    p.add_argument("--layers", nargs="+", type=int, default=[256, 256, 128, 64],
+                   help="Sizes of hidden layers for MLP (on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 64 32 16 8)")
     p.add_argument("-n", "--negative_samples", type=int, default=4, help="Number of negative examples per interaction")
     p.add_argument("-l", "--learning_rate", type=float, default=0.0045,
-                   help="Learning rate for optimizer; on CPU, when -b and -l are not given, 0.002 x sqrt(batch / 1024) "
-                        "up to 0.004 (measured on CPUs; see RESULTS.md)")
+                   help="Learning rate for optimizer; on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 0.001 at -b 256 (the published NeuMF's), "
+                        "else, when -b is not given, 0.002 x sqrt(batch / 1024) up to 0.004 (measured on CPUs; see "
+                        "RESULTS.md)")
     p.add_argument("-k", "--topk", type=int, default=10, help="Rank for test examples to be considered a hit")
     p.add_argument("--seed", "-s", type=int, default=None, help="Manually set random seed for torch")
     p.add_argument("--threshold", "-t", type=float, default=1.0, help="Stop training early at threshold")
-    p.add_argument("--beta1", "-b1", type=float, default=0.25, help="Beta1 for Adam")
-    p.add_argument("--beta2", "-b2", type=float, default=0.5, help="Beta2 for Adam")
+    p.add_argument("--beta1", "-b1", type=float, default=0.25, help="Beta1 for Adam (on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 0.9)")
+    p.add_argument("--beta2", "-b2", type=float, default=0.5, help="Beta2 for Adam (on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 0.999)")
     p.add_argument("--eps", type=float, default=1e-8, help="Epsilon for Adam")
     p.add_argument("--dropout", type=float, default=0.5,
-                   help="Dropout probability, if equal to 0 will not use dropout at all")
+                   help="Dropout probability, if equal to 0 will not use dropout at all (on CPU, when none of -b -l -f --layers --dropout -b1 -b2 is given: 0)")
     p.add_argument("--checkpoint_dir", type=str, default="",
                    help="Path to the directory storing the checkpoint file, passing an empty path disables checkpoint saving")
     p.add_argument("--load_checkpoint_path", type=str, default=None,
@@ -236,13 +240,52 @@ CPU_MIN_BATCH = cpu_defaults.MIN_BATCH
 # NVIDIA's model (width 1088) on ML-100k, measured with /usr/bin/time -v (2026-11-25, AMD EPYC): 4.6 bytes.
 BYTES_PER_ROW_PER_WIDTH = 4.6
 machine_memory_bytes = cpu_defaults.machine_memory_bytes
-# The CPU learning rate is scaled from a rate measured on CPUs, not from NVIDIA's: NVIDIA's 0.0045 at 2**20 rows,
-# scaled by sqrt(batch / 2**20) to a CPU batch (1e-4 to 6e-4), left NeuMF barely above popularity on sparse data
-# (issue 35). CPU_ANCHOR_LEARNING_RATE at CPU_ANCHOR_BATCH rows, scaled by sqrt(batch / CPU_ANCHOR_BATCH), was the best
-# candidate over five datasets of 0.3-6.3 % density (RESULTS.md, "CPU defaults: learning-rate rule";
-# benchmarks/cpu_rules.py).
+# The learning rate of NVIDIA's model on CPU (when a flag of CPU_MODEL_FLAGS other than -b / -l was given) is scaled
+# from a rate measured on CPUs, not from NVIDIA's: NVIDIA's 0.0045 at 2**20 rows, scaled by sqrt(batch / 2**20) to a
+# CPU batch (1e-4 to 6e-4), left NeuMF barely above popularity on sparse data (issue 35). CPU_ANCHOR_LEARNING_RATE at
+# CPU_ANCHOR_BATCH rows, scaled by sqrt(batch / CPU_ANCHOR_BATCH), was the best rate for NVIDIA's model over five
+# datasets of 0.3-6.3 % density (RESULTS.md, "CPU defaults"; benchmarks/cpu_rules.py).
 CPU_ANCHOR_LEARNING_RATE, CPU_ANCHOR_BATCH = 0.002, 1024
 CPU_MAX_LEARNING_RATE = 0.004   # the best rate measured at -b 4096 and 16384: larger batches keep it (not measured)
+
+# With none of CPU_MODEL_FLAGS on the command line, a CPU run trains the published NeuMF's model and optimizer (He et
+# al.'s code, which the NCF, DeepCF and ConvNCF papers ran) instead of NVIDIA's, which are tuned for a 1M batch on
+# GPUs (64 factors, MLP 256-256-128-64, dropout 0.5, Adam (0.25, 0.5)): on six datasets of 0.25-6.3 % density it
+# reached a higher test HR@10 than NVIDIA's model at the measured rate, by up to 0.04 on the sparse ones, and trains
+# 3-5x fewer floats per row (RESULTS.md, "CPU defaults"; benchmarks/cpu_rules.py's paper-f* candidates).
+CPU_MODEL = {"factors": 16, "layers": (64, 32, 16, 8), "dropout": 0.0, "beta1": 0.9, "beta2": 0.999}
+CPU_MODEL_BATCH, CPU_MODEL_LEARNING_RATE = 256, 0.001   # the paper code's -b and -l
+# Above this many steps per epoch the batch doubles (and -l grows by sqrt(2), up to CPU_MAX_LEARNING_RATE): -b 256
+# on ML-20m would be 390k steps per epoch. ML-1M (2.4M rows, 9.5k steps) stays at 256.
+CPU_MODEL_MAX_STEPS_PER_EPOCH = 20_000
+CPU_MODEL_FLAGS = frozenset({"batch_size", "learning_rate", *CPU_MODEL})
+_FLAG_NAMES = {"batch_size": "-b", "learning_rate": "-l", "factors": "-f", "layers": "--layers", "dropout": "--dropout",
+               "beta1": "-b1", "beta2": "-b2"}
+
+
+def choose_cpu_model(train_rows: int, grads_accumulated: int = 1) -> Tuple[dict, str]:
+    """``({dest: value}, reason)``: the published NeuMF's settings (``CPU_MODEL``, -b 256, -l 0.001), the batch
+    doubled while an epoch would take more than ``CPU_MODEL_MAX_STEPS_PER_EPOCH`` optimizer steps (-l x sqrt(2) each
+    time, up to ``CPU_MAX_LEARNING_RATE``), and never more than the training rows.
+
+    >>> choose_cpu_model(99057 * 5)[0]["batch_size"], choose_cpu_model(19_861_770 * 5)[0]["batch_size"]
+    (256, 8192)
+    """
+    batch = CPU_MODEL_BATCH
+    while train_rows / (batch * grads_accumulated) > CPU_MODEL_MAX_STEPS_PER_EPOCH and batch < NVIDIA_BATCH_SIZE:
+        batch *= 2
+    why = f"at most {CPU_MODEL_MAX_STEPS_PER_EPOCH} steps over {train_rows} training rows per epoch"
+    if train_rows < batch * grads_accumulated:
+        batch, why = max(train_rows // grads_accumulated, 1), f"the whole training set of {train_rows} rows"
+    scaled = CPU_MODEL_LEARNING_RATE * math.sqrt(max(batch, CPU_MODEL_BATCH) / CPU_MODEL_BATCH)
+    lr = float(f"{min(scaled, CPU_MAX_LEARNING_RATE):.3g}")
+    values = dict(CPU_MODEL, batch_size=batch, learning_rate=lr)
+    model = " ".join(f"{_FLAG_NAMES[k]} {' '.join(map(str, v)) if isinstance(v, tuple) else f'{v:g}'}"
+                     for k, v in CPU_MODEL.items())
+    reason = (f"the published NeuMF's settings: {model}, -b {batch} ({why}) and -l {lr:g}"
+              + ("" if batch <= CPU_MODEL_BATCH else f" ({CPU_MODEL_LEARNING_RATE:g} x sqrt({batch}/{CPU_MODEL_BATCH})"
+                 f"{', capped' if scaled > CPU_MAX_LEARNING_RATE else ''})"))
+    return values, reason
 
 
 def choose_cpu_batch(train_rows: int, factors: int, layers: Sequence[int], memory_bytes: int,
@@ -270,17 +313,31 @@ def choose_cpu_batch(train_rows: int, factors: int, layers: Sequence[int], memor
 
 def cpu_default_values(args: argparse.Namespace, given: Optional[FrozenSet[str]], device: torch.device,
                        train_rows: int, memory_bytes: Optional[int] = None) -> Tuple[dict, Optional[str]]:
-    """On CPU, -b (and -l with it) in place of NVIDIA's unless the command line set -b: ``({dest: value}, line)``.
+    """On CPU, the settings in place of NVIDIA's GPU values: ``({dest: value}, line)``.
 
-    -l given alone is kept; -b given keeps NVIDIA's -l unless -l is given too. ``given`` is None for flags built in
-    code (nothing typed: nothing chosen). Returns ``({}, None)`` when nothing is chosen; writes nothing.
+    * none of ``CPU_MODEL_FLAGS`` given (-b -l -f --layers --dropout -b1 -b2): :func:`choose_cpu_model`, the
+      published NeuMF (also in ``--mode test``, so that the model matches the checkpoint a CPU run wrote);
+    * one of them given, but not -b (training only): NVIDIA's model at :func:`choose_cpu_batch`'s -b and -l (-l given
+      alone is kept);
+    * -b given: nothing (NVIDIA's -l unless -l is given too).
+
+    ``given`` is None for flags built in code (nothing typed: nothing chosen). Returns ``({}, None)`` when nothing is
+    chosen; writes nothing.
     """
-    if device.type != "cpu" or given is None or "batch_size" in given or args.mode != "train":
+    if device.type != "cpu" or given is None:
+        return {}, None
+    if not given & CPU_MODEL_FLAGS:
+        values, reason = choose_cpu_model(train_rows, args.grads_accumulated)
+        return values, (f"ncf.py: CPU defaults: {reason}; none of -b -l -f --layers --dropout -b1 -b2 was given. "
+                        "Pass any of them for NVIDIA's model.")
+    if "batch_size" in given or args.mode != "train":
         return {}, None
     given_lr = args.learning_rate if "learning_rate" in given else None
     batch, lr, reason = choose_cpu_batch(train_rows, args.factors, args.layers,
                                          memory_bytes or machine_memory_bytes(), args.grads_accumulated, given_lr)
-    return {"batch_size": batch, "learning_rate": lr}, f"ncf.py: CPU defaults: {reason}. Pass -b (and -l) to choose."
+    typed = ", ".join(_FLAG_NAMES[k] for k in sorted(given & CPU_MODEL_FLAGS))
+    return ({"batch_size": batch, "learning_rate": lr},
+            f"ncf.py: CPU defaults: NVIDIA's model ({typed} given) at {reason}. Pass -b (and -l) to choose.")
 
 
 def selection_protocol(select_on: str, device: torch.device) -> str:
@@ -296,8 +353,8 @@ def settle(args: argparse.Namespace, given: Optional[FrozenSet[str]], device: to
     """The run's :class:`NcfConfig`: the flags, with the CPU defaults (:func:`cpu_default_values`) and ``seed`` (the
     resumed run's, when ``--seed`` was not given) in place."""
     chosen, line = cpu_default_values(args, given, device, train_rows, memory_bytes)
-    values = dict(vars(args), layers=tuple(args.layers), select_on=selection_protocol(args.select_on, device),
-                  **chosen)
+    values = dict(vars(args), layers=tuple(args.layers), select_on=selection_protocol(args.select_on, device))
+    values.update(chosen)
     if seed is not None:
         values["seed"] = seed
     return NcfConfig(**values, given_flags=frozenset(given or ()), cpu_defaults=line)
