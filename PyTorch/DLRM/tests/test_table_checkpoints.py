@@ -244,17 +244,17 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_the_previous_checkpoint_r
     straight = _train(small_dataset, tmp_path, "straight")
     assert sorted(n for n in os.listdir(tmp_path / "straight_t") if ".gen" in n) == [
         "adagrad_sum_6.gen3.f32", "adagrad_sum_7.gen3.f32", "table_6.gen3.f32", "table_7.gen3.f32"]
-    written = write_at = table_storage.write_at
+    real_write_at = table_storage.write_at
 
-    def full_at_generation_2(fd, data, offset):
+    def full_at_generation_2(fd, data, offset):   # the disk fills while the 2nd checkpoint writes a table in RAM
         if ".gen2.f32" in os.readlink(f"/proc/self/fd/{fd}"):
             _no_space()
-        return write_at(fd, data, offset)
+        return real_write_at(fd, data, offset)
     monkeypatch.setattr(table_storage, "write_at", full_at_generation_2)
     with pytest.raises(TableStorageError, match=r"checkpoint not written: .*table_6.gen2.f32: cannot write the "
                                                 r"table \(No space left"):
         _train(small_dataset, tmp_path, "full")
-    monkeypatch.setattr(table_storage, "write_at", written)
+    monkeypatch.undo()
     assert [step for step, _ in list_checkpoints(tmp_path / "full")] == [4]
     resumed = _train(small_dataset, tmp_path, "full", "--load_checkpoint_path", str(tmp_path / "full"))
     assert resumed["auc"] == straight["auc"] and resumed["train_loss"] == straight["train_loss"]
