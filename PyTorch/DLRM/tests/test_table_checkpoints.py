@@ -322,3 +322,20 @@ def test_a_checkpoint_of_tables_in_ram_resumes_into_tables_in_files(small_datase
     left, right = (read_tensors(tmp_path / name / checkpoint_name(10)) for name in ("straight", "switched"))
     assert torch.equal(left["tables/3"], right["tables/3"])
     assert torch.equal(left["dense/embeddings.tables.3.adagrad_sum"], right["tables/3/adagrad_sum"])
+
+
+def test_a_model_without_files_reads_whole_tables_from_the_row_shards_of_several_processes(tmp_path):
+    """Each process's storage holds a row range of every table (``row_offsets``): a RAM model gets whole tables."""
+    records, shards = [], []
+    for rank, (start, rows) in enumerate([(0, 30), (30, 20)]):   # table 0 (50 rows) split at row 30
+        shard = TieredTableEmbeddings([rows, 3], 4, [True, False], storage_dir=str(tmp_path / f"rank_{rank}"),
+                                      adagrad=True)
+        shard.row_offsets, shard.global_table_sizes = [start, 3 * rank], [50, 6]
+        records.append(shard.prepare_commit(1))
+        shard.commit(1)
+        shards.append(_state(shard))
+        shard.close()
+    tables = read_checkpoint_tables(records, "step_1")
+    assert torch.equal(tables["tables/0"], torch.cat([shards[0]["tables.0.weight"], shards[1]["tables.0.weight"]]))
+    assert torch.equal(tables["tables/1"], torch.cat([shards[0]["tables.1.weight"], shards[1]["tables.1.weight"]]))
+    assert tables["tables/0/adagrad_sum"].shape == (50, 4)
