@@ -423,7 +423,7 @@ def warn_below_popularity(summary: Dict, popularity_valid_hr: Optional[float], t
     chosen = summary.get(f"best_valid_hr@{topk}", -1.0)
     if chosen <= popularity_valid_hr and rank == 0:
         print(f"ncf.py: warning: the chosen epoch's validation HR@{topk} {chosen:.4f} does not beat popularity's "
-              f"{popularity_valid_hr:.4f} on the same validation series: try --tune (more negatives, fewer factors, "
+              f"{popularity_valid_hr:.4f} on the same validation series: try --tune (more negatives, other factors, "
               f"other rates)", flush=True)
 
 
