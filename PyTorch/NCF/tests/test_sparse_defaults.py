@@ -8,6 +8,7 @@ model at the measured rate (-b 2048, -l 0.00283, the defaults before) 0.404 afte
 """
 import os
 
+import numpy as np
 import pytest
 
 from neumf import train as ncf_train
@@ -46,3 +47,20 @@ def test_cpu_defaults_beat_popularity_on_sparse_data(sparse_ml1m, tmp_path, caps
     assert first.startswith("ncf.py: CPU defaults: the published NeuMF's settings: -f 16 --layers 64 32 16 8 ")
     assert summary["selected_on"] == "validation"
     assert summary["best_hr@10"] >= popularity + 0.04, (popularity, summary)
+
+
+
+def test_the_long_tail_kind_drops_the_most_rated_items_and_caps_each_user():
+    # 40 users x 30 ratings; items 0 and 1 rated by every user, the others by about 10 each
+    rng = np.random.default_rng(0)
+    items = np.concatenate([[0, 1, *rng.choice(np.arange(2, 120), size=28, replace=False)] for _ in range(40)])
+    users, times = np.repeat(np.arange(40), 30), np.tile(np.arange(30), 40)
+    popular = sparse_movielens._most_rated(items, 2 / 120)          # the 2 most rated of the 120 items
+    assert set(items[popular].tolist()) == {0, 1} and popular.sum() == 80
+    assert not sparse_movielens._most_rated(items, 0.0).any()
+    capped = sparse_movielens._at_most_per_user(users, items >= 60, 6, rng)
+    assert (np.bincount(users[capped], minlength=40) == np.minimum(np.bincount(users[items >= 60]), 6)).all()
+    assert (capped <= (items >= 60)).all()                           # only rows still kept are kept
+    split = sparse_movielens.sparsify(users, items, times, keep=1.0, negatives=20, drop_popular=2 / 120,
+                                      max_per_user=6)
+    assert len(split.test_items) == 40 and (np.bincount(split.train_users) == 5).all()   # 6 each, one the test item
