@@ -267,6 +267,9 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_the_previous_checkpoint_r
                    "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "16,1", "--nofp16", "--mode", "test",
                    "--load_checkpoint_path", str(tmp_path / "full"), "--log_path", str(tmp_path / "test.json")])
     assert tested["auc"] == straight["auc"]
+    from dlrm import serving   # ...and so does serving (deploy, export)
+    model, _, _ = serving.load_model(str(tmp_path / "full"))
+    assert torch.equal(model.state_dict()["embeddings.tables.3.weight"], left["tables/3"])
 
 
 @pytest.mark.slow
