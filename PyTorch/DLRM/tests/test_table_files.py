@@ -133,6 +133,8 @@ def test_file_errors_name_the_file(tmp_path, monkeypatch):
     with pytest.raises(TableStorageError, match=r"table_0.f32: cannot reserve 800 bytes .*No space left"):
         TieredTableEmbeddings(SIZES, 4, [True] * 3, storage_dir=str(tmp_path / "c"))
     assert sorted(os.listdir(tmp_path / "c")) == ["lock", "tables.json"]   # no half-made table file
+    monkeypatch.undo()
+    TieredTableEmbeddings(SIZES, 4, [True] * 3, storage_dir=str(tmp_path / "c"))   # with space again: made anew
     with pytest.raises(ValueError, match="smaller than one batch's rows: 4096 rows x 6 ids"):
         table_files.check_budget_holds_a_batch(2**20, 4096, HOTNESS, dim=4)
     table_files.check_budget_holds_a_batch(2**28, 4096, HOTNESS, dim=4)   # 256 MiB: holds

@@ -312,7 +312,9 @@ class TieredTableEmbeddings(nn.Module):
         def allocate(name: str) -> torch.Tensor:
             if not self.in_files[t]:
                 return torch.empty(rows, dim)
-            table_file = TableFile(os.path.join(self.storage_dir, f"{name}_{t}.f32"), rows, dim, must_exist=reopened)
+            # a storage at generation 0 may have been cut short while its files were made: they are made anew
+            table_file = TableFile(os.path.join(self.storage_dir, f"{name}_{t}.f32"), rows, dim,
+                                   must_exist=reopened and not self.writable)
             self.table_files[t].append((len(self.files), table_file))
             self.files.append(table_file)
             return table_file.tensor
