@@ -23,6 +23,13 @@ buffer, and a view of it is copied), hence one save per table: the extra memory 
 Loading reshards: each process reads just the parts of the files that overlap its own shards,
 so a checkpoint saved by N processes loads on M, table-wise or row-wise, TorchRec or plain ``EmbeddingBag`` tables.
 
+Tables kept in files (``--embedding_memory_budget_gb`` with ``--embedding_storage_dir``, :mod:`dlrm.model.table_files`)
+are not copied into ``model/``: the storage keeps the newest checkpoint's tables and an undo journal of the changes
+since, and ``meta.json``'s ``table_storage`` names each process's storage, the generation and its token. Saving
+prepares every storage (files synced, tables in RAM written) before the directory is written and commits the
+generation after it is renamed into place; loading rolls the storage back to it, or reads the tables from it
+unchanged into a model without files (``--mode test``, serving). Only the newest checkpoint's tables exist there.
+
 DCP stores its index (``.metadata``) as a pickle; it is read here with an unpickler that accepts only DCP's own
 metadata classes, so a checkpoint from elsewhere cannot run code (as ``torch.load(weights_only=True)`` for the rest).
 """
