@@ -17,6 +17,10 @@ the page cache) and the share of faults served from memory (the page cache's hit
 of a machine whose page cache holds none of the tables (a lower bound). The files go to ``--storage`` (a directory
 this run creates; each run's files are removed when it ends). The JSON has each run, the file/RAM speed ratios, the
 machine's CPU model, load and free disk, and the time one epoch of Criteo 1TB (4.2B rows) would take at each rate.
+``--checkpoint_every N`` also saves a checkpoint (``dlrm.checkpointing``) every N timed steps, outside the timing:
+the bytes and seconds of each save, and the undo journal's bytes per step (the price of incremental checkpoints of
+the tables in files); ``--full_copy_checkpoint`` saves the tables in files into the checkpoint instead (as before
+incremental checkpoints), for the comparison.
 """
 import argparse
 import json
@@ -78,6 +82,20 @@ def _drop_page_cache(embeddings):
         os.close(fd)
 
 
+def _checkpoint(args, trainable, config, step):
+    """A checkpoint as training saves one: ``(bytes this process wrote, seconds, undo journal bytes since the last)``
+    (the journal starts anew at each checkpoint)."""
+    from dlrm import checkpointing
+    embeddings = trainable.core.embeddings
+    journal = embeddings.journal.bytes_written if embeddings.journal is not None else 0
+    if args.full_copy_checkpoint:   # the tables in files go through DCP into the checkpoint, as before
+        checkpointing._table_storage = lambda trainable: None
+    written, start = _counters()[1], time.perf_counter()
+    checkpointing.save_checkpoint(f"{args.storage}.checkpoints", trainable, config.to_dict(), {"global_step": step},
+                                  0, 1, keep=1)
+    return _counters()[1] - written, time.perf_counter() - start, journal
+
+
 def child(args):
     """One run in this process; prints its JSON record."""
     import numpy as np
@@ -92,7 +110,7 @@ def child(args):
                                       adagrad=adagrad, table_budget_bytes=args.budget_gb * 2 ** 30,
                                       table_storage_dir=args.storage)
     setup_s = time.perf_counter() - started
-    embeddings, rng, trained_s = trainable.core.embeddings, np.random.default_rng(0), 0.0
+    embeddings, rng, trained_s, saves = trainable.core.embeddings, np.random.default_rng(0), 0.0, []
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             before, trained_s = _counters(), 0.0
@@ -105,7 +123,10 @@ def child(args):
         trained_s += time.perf_counter() - start
         if args.drop_page_cache:
             _drop_page_cache(embeddings)
+        if args.checkpoint_every and step >= args.warmup and (step + 1 - args.warmup) % args.checkpoint_every == 0:
+            saves.append(_checkpoint(args, trainable, config, step + 1))
     read, written, major, minor = (b - a for a, b in zip(before, _counters()))
+    written -= sum(save[0] for save in saves)
     per_row = args.embedding_dim * 4 * (2 if adagrad else 1)
     in_files = sum(n for n, f in zip(sizes, embeddings.in_files) if f) * per_row
     print(json.dumps({"model": args.model, "total_table_gb": args.total_gb, "in_files_gb": round(in_files / 2 ** 30, 3),
@@ -115,19 +136,32 @@ def child(args):
                       "disk_written_mb_per_step": written / args.steps / 2 ** 20,
                       "major_faults_per_step": major / args.steps, "minor_faults_per_step": minor / args.steps,
                       "faults_served_from_memory": minor / max(major + minor, 1),
-                      "drop_page_cache": args.drop_page_cache, "load_average_after": os.getloadavg()[0]}))
+                      "drop_page_cache": args.drop_page_cache, "load_average_after": os.getloadavg()[0],
+                      **_checkpoint_figures(args, saves)}))
+
+
+def _checkpoint_figures(args, saves):
+    if not saves:
+        return {}
+    return {"checkpoint_every": args.checkpoint_every, "full_copy_checkpoint": args.full_copy_checkpoint,
+            "checkpoint_written_mb": [save[0] / 2 ** 20 for save in saves],
+            "checkpoint_s": [save[1] for save in saves],
+            "journal_mb_per_step": sum(save[2] for save in saves) / (len(saves) * args.checkpoint_every) / 2 ** 20}
 
 
 def run(args, total_gb, budget_gb, storage):
     command = [sys.executable, os.path.abspath(__file__), "--child", "--total_gb", str(total_gb), "--budget_gb",
                str(budget_gb), "--storage", storage, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--embedding_dim", str(args.embedding_dim), "--threads",
-               str(args.threads), "--model", args.model] + (["--drop_page_cache"] if args.drop_page_cache else [])
+               str(args.threads), "--model", args.model] + (["--drop_page_cache"] if args.drop_page_cache else []) + \
+        (["--checkpoint_every", str(args.checkpoint_every)] if args.checkpoint_every else []) + \
+        (["--full_copy_checkpoint"] if args.full_copy_checkpoint else [])
     print(f"[table_files] {args.model}: {total_gb} GB of tables, budget {budget_gb} GB", flush=True)
     try:
         proc = subprocess.run(command, capture_output=True, text=True, cwd=RECIPE)
     finally:
         shutil.rmtree(storage, ignore_errors=True)   # this run's table files: the next run needs the disk
+        shutil.rmtree(f"{storage}.checkpoints", ignore_errors=True)
     if proc.returncode:
         raise SystemExit(f"run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     record = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -151,6 +185,9 @@ def _parser():
     p.add_argument("--embedding_dim", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--drop_page_cache", action="store_true")
+    p.add_argument("--checkpoint_every", type=int, default=None, help="save a checkpoint every this many timed steps")
+    p.add_argument("--full_copy_checkpoint", action="store_true",
+                   help="checkpoints copy the tables in files (as before incremental checkpoints), for comparison")
     p.add_argument("--storage", default=None, help="where the table files go (default: a new directory in /tmp)")
     p.add_argument("--output", default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

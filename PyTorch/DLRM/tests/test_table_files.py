@@ -178,9 +178,13 @@ def test_the_benchmark_runs_the_same_model_from_ram_and_from_files(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "benchmarks/table_files.py", "--file_gb", "0.01", "--ram_gb", "0.005",
                            "--budget_gb", "0.015", "--steps", "3", "--warmup", "1", "--batch", "64",
-                           "--embedding_dim", "8", "--storage", str(tmp_path), "--output", str(out)],
+                           "--embedding_dim", "8", "--checkpoint_every", "3", "--storage", str(tmp_path),
+                           "--output", str(out)],
                           cwd=RECIPE_DIR, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["in_ram"]["in_files_gb"] == 0 and report["in_files"][0]["in_files_gb"] > 0.005
+    in_files = report["in_files"][0]   # the tables in RAM and the MLPs (2.5 MB); with the tables in files: 10.6 MB
+    assert len(in_files["checkpoint_written_mb"]) == 1 and in_files["checkpoint_written_mb"][0] < 7
+    assert in_files["journal_mb_per_step"] > 0 and "journal_mb_per_step" in report["in_ram"]
     assert os.listdir(tmp_path) == ["bench.json"]   # the run removed the table files it made
