@@ -251,9 +251,10 @@ CPU_MAX_LEARNING_RATE = 0.004   # the best rate measured at -b 4096 and 16384: l
 # With none of CPU_MODEL_FLAGS on the command line, a CPU run trains the published NeuMF's model and optimizer (He et
 # al.'s code, which the NCF, DeepCF and ConvNCF papers ran) instead of NVIDIA's, which are tuned for a 1M batch on
 # GPUs (64 factors, MLP 256-256-128-64, dropout 0.5, Adam (0.25, 0.5)). Against NVIDIA's model at the measured rate,
-# on six datasets of 0.25-6.3 % density: a higher test HR@10 on the three where any model beat popularity (ML-1M
-# +0.017, ML-100K +0.007, a 1.4 % set +0.025, means of two seeds), popularity's level like every candidate on the three
-# where none did, at 1/5 of the floats per row (RESULTS.md, "CPU defaults"; benchmarks/cpu_rules.py's paper-f*).
+# on six datasets of 0.25-6.3 % density: the same or a higher test HR@10 on the three where any model beat
+# popularity (ML-1M a tie, reached in fewer epochs; ML-100K +0.007; a 1.4 % set +0.025; means of two seeds),
+# popularity's level like every candidate on the three where none did, at 1/5 of the floats per row (RESULTS.md,
+# "CPU defaults"; benchmarks/cpu_rules.py's paper-f* candidates).
 CPU_MODEL = {"factors": 16, "layers": (64, 32, 16, 8), "dropout": 0.0, "beta1": 0.9, "beta2": 0.999}
 CPU_MODEL_BATCH, CPU_MODEL_LEARNING_RATE = 256, 0.001   # the paper code's -b and -l
 # Above this many steps per epoch the batch doubles (and -l grows by sqrt(2), up to CPU_MAX_LEARNING_RATE): -b 256
