@@ -86,14 +86,18 @@ def _checkpoint(args, trainable, config, step):
     """A checkpoint as training saves one: ``(bytes this process wrote, seconds, undo journal bytes since the last)``
     (the journal starts anew at each checkpoint)."""
     from dlrm import checkpointing
-    embeddings = trainable.core.embeddings
-    journal = embeddings.journal.bytes_written if embeddings.journal is not None else 0
+    journal = _journal_bytes(trainable.core.embeddings)
     if args.full_copy_checkpoint:   # the tables in files go through DCP into the checkpoint, as before
         checkpointing._table_storage = lambda trainable: None
     written, start = _counters()[1], time.perf_counter()
     checkpointing.save_checkpoint(f"{args.storage}.checkpoints", trainable, config.to_dict(), {"global_step": step},
                                   0, 1, keep=1)
     return _counters()[1] - written, time.perf_counter() - start, journal
+
+
+def _journal_bytes(embeddings):
+    """The bytes of the current undo journal (each checkpoint starts a new one)."""
+    return embeddings.journal.bytes_written if embeddings.journal is not None else 0
 
 
 def child(args):
@@ -113,7 +117,7 @@ def child(args):
     embeddings, rng, trained_s, saves = trainable.core.embeddings, np.random.default_rng(0), 0.0, []
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            before, trained_s = _counters(), 0.0
+            before, trained_s, journal_before = _counters(), 0.0, _journal_bytes(embeddings)
         numerical, categorical, label = _batch(rng, sizes, config.hotness, args.batch)
         start = time.perf_counter()
         trainable.zero_grad()
@@ -137,16 +141,19 @@ def child(args):
                       "major_faults_per_step": major / args.steps, "minor_faults_per_step": minor / args.steps,
                       "faults_served_from_memory": minor / max(major + minor, 1),
                       "drop_page_cache": args.drop_page_cache, "load_average_after": os.getloadavg()[0],
-                      **_checkpoint_figures(args, saves)}))
+                      **_checkpoint_figures(args, saves, journal_before)}))
 
 
-def _checkpoint_figures(args, saves):
+def _checkpoint_figures(args, saves, journal_before):
+    """The checkpoints' figures; the journal's bytes per timed step (those of the warmup steps taken out), for
+    incremental checkpoints only (a full copy commits no generation, so its journal never starts anew)."""
     if not saves:
         return {}
+    journal = (sum(save[2] for save in saves) - journal_before) / (len(saves) * args.checkpoint_every) / 2 ** 20
     return {"checkpoint_every": args.checkpoint_every, "full_copy_checkpoint": args.full_copy_checkpoint,
             "checkpoint_written_mb": [save[0] / 2 ** 20 for save in saves],
             "checkpoint_s": [save[1] for save in saves],
-            "journal_mb_per_step": sum(save[2] for save in saves) / (len(saves) * args.checkpoint_every) / 2 ** 20}
+            "journal_mb_per_step": None if args.full_copy_checkpoint else journal}
 
 
 def run(args, total_gb, budget_gb, storage):
