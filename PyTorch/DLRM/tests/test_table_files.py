@@ -96,6 +96,18 @@ def test_the_resident_set_stays_bounded_while_every_row_is_touched(tmp_path):
     assert float(emb.tables[1].weight[rows - 1].abs().sum()) > 0
 
 
+def test_the_resident_set_stays_bounded_while_evaluating_every_row(tmp_path):
+    """Lookups without gradients (evaluation, --mode test) drop the pages they map as training does."""
+    rows = 3 << 20   # x 4 floats x 4 bytes = 48 MiB per table
+    emb = TieredTableEmbeddings([rows, rows], 4, [True, True], storage_dir=str(tmp_path))
+    emb.release_pages()
+    before = _rss_file_bytes()
+    with torch.no_grad():
+        for start in range(0, rows, 1 << 18):
+            emb(torch.arange(start, min(start + (1 << 18), rows)).repeat(2, 1).T.contiguous())
+    assert _rss_file_bytes() - before < 16 << 20   # 96 MiB of pages were read
+
+
 def test_hot_pages_stay_mapped_under_the_limit_and_are_dropped_above_it(tmp_path):
     rows = 1 << 20   # 16 MiB per table of 4 floats
     emb = TieredTableEmbeddings([rows], 4, [True], storage_dir=str(tmp_path), mapped_limit_bytes=8 << 20)

@@ -373,7 +373,7 @@ class TieredTableEmbeddings(nn.Module):
         if torch.is_grad_enabled() and table.weight.requires_grad:
             self.journal_rows(t, ids)
             return _LookupFusedUpdate.apply(table.weight, ids, self, table)
-        return table.weight.index_select(0, ids)
+        return gather_rows(table.weight, ids, table)   # evaluation too drops the pages it maps
 
     _rows = lookup
 
