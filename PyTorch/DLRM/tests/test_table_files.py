@@ -200,3 +200,18 @@ def test_the_benchmark_runs_the_same_model_from_ram_and_from_files(tmp_path):
     assert len(in_files["checkpoint_written_mb"]) == 1 and in_files["checkpoint_written_mb"][0] < 7
     assert in_files["journal_mb_per_step"] > 0 and "journal_mb_per_step" in report["in_ram"]
     assert os.listdir(tmp_path) == ["bench.json"]   # the run removed the table files it made
+
+
+def test_the_checkpoints_nan_check_reads_tables_in_ram_in_blocks(tmp_path, monkeypatch):
+    """The NaN/inf check before a checkpoint made temporaries the size of each table kept in RAM (isfinite of a whole
+    3M-row table: +3 GB resident, measured at 2x RAM); it checks row blocks of at most FINITE_CHECK_ELEMENTS now,
+    and still finds a NaN in the last block."""
+    monkeypatch.setattr(table_files, "FINITE_CHECK_ELEMENTS", 64)
+    emb = TieredTableEmbeddings([100, 50], 4, [False, True], storage_dir=str(tmp_path), adagrad=True)
+    checked, isfinite = [], torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: checked.append(t.numel()) or isfinite(t))
+    assert bool(emb.changed_rows_finite())
+    assert checked and max(checked) <= 64
+    with torch.no_grad():
+        emb.tables[0].weight[99, 3] = float("nan")
+    assert not bool(emb.changed_rows_finite())

@@ -48,6 +48,7 @@ INIT_ROWS = 1 << 16          # rows initialised per piece (torch's CPU uniform_ 
 # Ids gathered or updated per piece, the mapped pages dropped after each: a step maps at most this many pages of a
 # file (one per id), whatever the batch (MLPerf's uniform multi-hot ids touch a new page almost every time).
 CHUNK_IDS = 1 << 15
+FINITE_CHECK_ELEMENTS = 1 << 22   # elements per block of a table in RAM checked for NaN/inf at a checkpoint
 
 
 def plan_tables(table_sizes: Sequence[int], dim: int, budget_bytes: Optional[float], adagrad: bool,
@@ -441,8 +442,9 @@ class TieredTableEmbeddings(nn.Module):
         since were checked by that checkpoint): a check without reading the tables in files."""
         flags = [torch.ones((), dtype=torch.bool)]
         for t, table in enumerate(self.tables):
-            if not self.in_files[t]:
-                flags += [torch.isfinite(tensor).all() for tensor in self._tensors(t)]
+            if not self.in_files[t]:   # in row blocks: isfinite of a whole table makes temporaries of its size
+                rows = max(1, FINITE_CHECK_ELEMENTS // max(1, self.embedding_dim))
+                flags += [torch.isfinite(block).all() for tensor in self._tensors(t) for block in tensor.split(rows)]
                 continue
             changed = torch.from_numpy(np.flatnonzero(self.journaled[t]))
             for start in range(0, len(changed), CHUNK_IDS):
@@ -554,8 +556,7 @@ class TieredTableEmbeddings(nn.Module):
         for t, in_file in enumerate(self.in_files):
             if not in_file:
                 for name, tensor in zip(("table", "adagrad_sum"), self._tensors(t)):
-                    tensor.copy_(_read_table(generation_file(self.storage_dir, name, t, generation),
-                                             *tensor.shape))
+                    _read_table_into(generation_file(self.storage_dir, name, t, generation), tensor)
 
     def _remove_other_generations(self, keep: Optional[int]) -> None:
         """Remove the journals and RAM-table files of every generation but ``keep`` (None: all)."""
@@ -612,14 +613,28 @@ def _write_table(path: str, tensor: torch.Tensor) -> None:
         raise table_storage.storage_failure(path, "cannot write the table", error) from None
 
 
-def _read_table(path: str, rows: int, dim: int) -> torch.Tensor:
-    """The ``[rows, dim]`` float32 table in file ``path``, refusing a missing or wrongly sized file (naming it)."""
+def _check_table_file(path: str, rows: int, dim: int) -> None:
+    """Refuse a missing or wrongly sized table file, naming it."""
     wanted = rows * dim * FLOAT_BYTES
     size = os.path.getsize(path) if os.path.exists(path) else None
     if size != wanted:
         raise TableStorageError(f"{path}: {'missing' if size is None else f'{size} bytes'}, a [{rows}, {dim}] "
                                 f"float32 table needs {wanted} (truncated, deleted or another model's)")
+
+
+def _read_table(path: str, rows: int, dim: int) -> torch.Tensor:
+    """The ``[rows, dim]`` float32 table in file ``path``, refusing a missing or wrongly sized file (naming it)."""
+    _check_table_file(path, rows, dim)
     return torch.from_numpy(np.fromfile(path, dtype=np.float32, count=rows * dim).reshape(rows, dim))
+
+
+def _read_table_into(path: str, tensor: torch.Tensor) -> None:
+    """Read the table file ``path`` straight into ``tensor`` (a contiguous float32 ``[rows, dim]`` table in RAM):
+    no second copy of the table, which at resume would lift the resident set above the budget by the largest table
+    kept in RAM (measured: 9.3 GB peak with a 6 GB budget)."""
+    _check_table_file(path, *tensor.shape)
+    with open(path, "rb") as f:
+        f.readinto(memoryview(tensor.detach().numpy()).cast("B"))
 
 
 # ------------------------------------------------------------------------------------ finding and reading storages
