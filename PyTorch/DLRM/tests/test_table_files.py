@@ -138,6 +138,7 @@ def test_file_errors_name_the_file(tmp_path, monkeypatch):
     (tmp_path / "b" / "notes.txt").write_text("a user's file")
     with pytest.raises(TableStorageError, match="not empty"):
         TieredTableEmbeddings(SIZES, 4, [True] * 3, storage_dir=str(tmp_path / "b"))
+    assert os.listdir(tmp_path / "b") == ["notes.txt"]   # refused before anything of ours was written there
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -147,10 +147,18 @@ def _file_names(in_files: Sequence[bool], adagrad: bool) -> List[Tuple[int, str]
     return [(t, name) for t, in_file in enumerate(in_files) if in_file for name in names]
 
 
+def _refuse_foreign(directory: str) -> None:
+    """Refuse a directory holding files but no storage manifest (a user's, not ours)."""
+    if set(os.listdir(directory)) - {table_storage.LOCK}:
+        raise TableStorageError(f"--embedding_storage_dir {directory} is not empty and holds no {MANIFEST}")
+
+
 def _open_storage(directory: str, identity: Dict[str, Any]) -> Tuple[StorageLock, Dict[str, Any], bool]:
     """Create ``directory`` or check that it holds this model's tables (its manifest), refusing a foreign one, and
     lock it: ``(lock, manifest, created)``."""
     os.makedirs(directory, exist_ok=True)
+    if not os.path.exists(os.path.join(directory, MANIFEST)):
+        _refuse_foreign(directory)   # before the lock file: a refused directory is left as it was
     lock = StorageLock(directory, exclusive=True)
     manifest = read_manifest(directory)
     if manifest is not None:
@@ -159,8 +167,7 @@ def _open_storage(directory: str, identity: Dict[str, Any]) -> Tuple[StorageLock
             raise TableStorageError(f"{os.path.join(directory, MANIFEST)}: tables of another model or budget "
                                     f"({saved}); use another --embedding_storage_dir")
         return lock, manifest, False
-    if set(os.listdir(directory)) - {table_storage.LOCK}:
-        raise TableStorageError(f"--embedding_storage_dir {directory} is not empty and holds no {MANIFEST}")
+    _refuse_foreign(directory)
     manifest = dict(identity, generation=0, token=None, prepared=None)
     write_manifest(directory, manifest)
     return lock, manifest, True
